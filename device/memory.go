@@ -1,0 +1,426 @@
+package device
+
+import (
+	"sort"
+	"sync"
+	"unsafe"
+)
+
+// Ptr is an address in device memory (from Malloc) or in pinned host memory
+// (from MallocHost). Zero is the nil address. Every call that takes a Ptr and a
+// length checks the whole range against the live allocations of the process
+// before it touches a byte: a bad address or length is an ErrInvalidValue error
+// naming both, never a silent overwrite.
+type Ptr uintptr
+
+// Add returns p advanced by off bytes.
+func (p Ptr) Add(off int64) Ptr { return p + Ptr(off) }
+
+// MemcpyKind is the direction of a copy. The values are aclrtMemcpyKind's.
+type MemcpyKind int32
+
+// Copy kinds, with ACL's values.
+const (
+	MemcpyHostToHost          MemcpyKind = 0 // ACL_MEMCPY_HOST_TO_HOST
+	MemcpyHostToDevice        MemcpyKind = 1 // ACL_MEMCPY_HOST_TO_DEVICE
+	MemcpyDeviceToHost        MemcpyKind = 2 // ACL_MEMCPY_DEVICE_TO_HOST
+	MemcpyDeviceToDevice      MemcpyKind = 3 // ACL_MEMCPY_DEVICE_TO_DEVICE
+	MemcpyDefault             MemcpyKind = 4 // ACL_MEMCPY_DEFAULT: direction taken from the addresses
+	MemcpyHostToBufToDevice   MemcpyKind = 5 // ACL_MEMCPY_HOST_TO_BUF_TO_DEVICE: not supported
+	MemcpyInnerDeviceToDevice MemcpyKind = 6 // ACL_MEMCPY_INNER_DEVICE_TO_DEVICE: both on the same device
+	MemcpyInterDeviceToDevice MemcpyKind = 7 // ACL_MEMCPY_INTER_DEVICE_TO_DEVICE: on two different devices
+)
+
+var kindNames = [...]string{"HostToHost", "HostToDevice", "DeviceToHost", "DeviceToDevice", "Default",
+	"HostToBufToDevice", "InnerDeviceToDevice", "InterDeviceToDevice"}
+
+func (k MemcpyKind) String() string {
+	if k >= 0 && int(k) < len(kindNames) {
+		return kindNames[k]
+	}
+	return "MemcpyKind(" + itoa(int64(k)) + ")"
+}
+
+// allocation is one live Malloc or MallocHost.
+type allocation struct {
+	dev  *Device
+	base Ptr
+	mem  []byte
+	host bool // MallocHost: pinned host memory rather than device memory
+
+	// use is held for reading by every task that touches the memory, and for
+	// writing by Free, so that a Free racing with queued work waits for it and
+	// the work after it fails cleanly instead of touching unmapped memory.
+	use   sync.RWMutex
+	freed bool
+}
+
+// pin holds the allocations behind r and o for the duration of an access and
+// reports whether both are still live. unpin releases them.
+func pin(rs ...region) bool {
+	for i, r := range rs {
+		if r.a == nil || seen(rs[:i], r.a) {
+			continue
+		}
+		r.a.use.RLock()
+		if r.a.freed {
+			r.a.use.RUnlock()
+			unpin(rs[:i]...)
+			return false
+		}
+	}
+	return true
+}
+
+func unpin(rs ...region) {
+	for i, r := range rs {
+		if r.a == nil || seen(rs[:i], r.a) {
+			continue
+		}
+		r.a.use.RUnlock()
+	}
+}
+
+func seen(rs []region, a *allocation) bool {
+	for _, r := range rs {
+		if r.a == a {
+			return true
+		}
+	}
+	return false
+}
+
+// release marks a freed and unmaps it once no task is using it.
+func (a *allocation) release(be backend) error {
+	a.use.Lock()
+	defer a.use.Unlock()
+	if a.freed {
+		return nil
+	}
+	a.freed = true
+	return be.free(a.mem)
+}
+
+func (a *allocation) size() int64 { return int64(len(a.mem)) }
+
+// allocTable holds every live allocation of the process, sorted by base, so that
+// a range can be checked in O(log n) and copies between devices can be checked
+// too.
+type allocTable struct {
+	mu     sync.RWMutex
+	sorted []*allocation
+}
+
+var allocs allocTable
+
+func (t *allocTable) insert(a *allocation) {
+	t.mu.Lock()
+	i := sort.Search(len(t.sorted), func(i int) bool { return t.sorted[i].base > a.base })
+	t.sorted = append(t.sorted, nil)
+	copy(t.sorted[i+1:], t.sorted[i:])
+	t.sorted[i] = a
+	t.mu.Unlock()
+}
+
+// remove deletes the allocation that starts exactly at p and belongs to dev
+// (any device when dev is nil).
+func (t *allocTable) remove(p Ptr, dev *Device) *allocation {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	i := sort.Search(len(t.sorted), func(i int) bool { return t.sorted[i].base >= p })
+	if i == len(t.sorted) || t.sorted[i].base != p || (dev != nil && t.sorted[i].dev != dev) {
+		return nil
+	}
+	a := t.sorted[i]
+	t.sorted = append(t.sorted[:i], t.sorted[i+1:]...)
+	return a
+}
+
+// find returns the live allocation that holds [p, p+n), or nil.
+func (t *allocTable) find(p Ptr, n int64) *allocation {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	i := sort.Search(len(t.sorted), func(i int) bool { return t.sorted[i].base > p }) - 1
+	if i < 0 {
+		return nil
+	}
+	a := t.sorted[i]
+	off := int64(p - a.base)
+	if off < 0 || off > a.size() || n > a.size()-off {
+		return nil
+	}
+	return a
+}
+
+// region is a checked range: the allocation and the bytes of [p, p+n).
+type region struct {
+	a   *allocation
+	mem []byte
+}
+
+// resolve checks [p, p+n) and returns its bytes. what names the argument in the
+// error ("dst", "src", "desc").
+func resolve(op string, dev *Device, stream int64, what string, p Ptr, n int64) (region, error) {
+	devID := -1
+	if dev != nil {
+		devID = dev.id
+	}
+	if n < 0 {
+		return region{}, newErr(op, devID, stream, ErrInvalidValue, "%s length %d is negative", what, n)
+	}
+	if p == 0 {
+		if n == 0 {
+			return region{}, nil
+		}
+		return region{}, newErr(op, devID, stream, ErrInvalidValue, "%s is a nil address", what)
+	}
+	a := allocs.find(p, n)
+	if a == nil {
+		if b := allocs.find(p, 0); b != nil {
+			return region{}, newErr(op, devID, stream, ErrInvalidValue,
+				"%s range [%#x, +%d) runs %d bytes past the end of its allocation [%#x, +%d)",
+				what, uintptr(p), n, n-(b.size()-int64(p-b.base)), uintptr(b.base), b.size())
+		}
+		return region{}, newErr(op, devID, stream, ErrInvalidValue,
+			"%s address %#x (length %d) is not in any live allocation", what, uintptr(p), n)
+	}
+	off := int64(p - a.base)
+	return region{a: a, mem: a.mem[off : off+n : off+n]}, nil
+}
+
+func itoa(v int64) string {
+	if v == 0 {
+		return "0"
+	}
+	neg := v < 0
+	if neg {
+		v = -v
+	}
+	var b [24]byte
+	i := len(b)
+	for v > 0 {
+		i--
+		b[i] = byte('0' + v%10)
+		v /= 10
+	}
+	if neg {
+		i--
+		b[i] = '-'
+	}
+	return string(b[i:])
+}
+
+// Malloc allocates size bytes of device memory on d, zeroed
+// (aclrtMalloc / cuMemAlloc). size must be positive.
+func (d *Device) Malloc(size int64) (Ptr, error) { return d.malloc("Malloc", size, false) }
+
+// MallocHost allocates size bytes of pinned host memory (aclrtMallocHost /
+// cuMemAllocHost): the host side of an asynchronous copy.
+func (d *Device) MallocHost(size int64) (Ptr, error) { return d.malloc("MallocHost", size, true) }
+
+func (d *Device) malloc(op string, size int64, host bool) (Ptr, error) {
+	if err := d.check(op); err != nil {
+		return 0, err
+	}
+	if size <= 0 {
+		return 0, newErr(op, d.id, -1, ErrInvalidValue, "size %d must be positive", size)
+	}
+	if size > maxAlloc {
+		return 0, newErr(op, d.id, -1, ErrMemoryAllocation, "size %d exceeds the %d-byte limit of one allocation", size, int64(maxAlloc))
+	}
+	mem, err := d.be.alloc(size, host)
+	if err != nil {
+		return 0, &Error{Op: op, Device: d.id, Stream: -1, Code: ErrMemoryAllocation,
+			Msg: "allocating " + itoa(size) + " bytes", Err: err}
+	}
+	a := &allocation{dev: d, base: Ptr(unsafe.Pointer(&mem[0])), mem: mem, host: host}
+	allocs.insert(a)
+	d.mu.Lock()
+	d.nalloc++
+	d.mu.Unlock()
+	return a.base, nil
+}
+
+// maxAlloc bounds one allocation (1 TiB): a larger request is a mistake, not a
+// wish the kernel should try to honour.
+const maxAlloc = 1 << 40
+
+// Free releases memory from Malloc or MallocHost on d. p must be the address
+// the allocation returned. Work still queued on a stream that touches the memory
+// must be complete first (synchronize), as with aclrtFree; a later access through
+// p is an ErrInvalidValue error, but a slice obtained from Bytes must not be used
+// after Free.
+func (d *Device) Free(p Ptr) error {
+	if err := d.check("Free"); err != nil {
+		return err
+	}
+	a := allocs.remove(p, d)
+	if a == nil {
+		return newErr("Free", d.id, -1, ErrInvalidValue, "address %#x is not the start of a live allocation on this device", uintptr(p))
+	}
+	d.mu.Lock()
+	d.nalloc--
+	d.mu.Unlock()
+	if err := a.release(d.be); err != nil {
+		return &Error{Op: "Free", Device: d.id, Stream: -1, Code: ErrInternal, Err: err}
+	}
+	return nil
+}
+
+// Bytes returns the n bytes at p as a slice, after checking the range: the
+// host backend's zero-copy view of device memory, which the layers above use to
+// move data without a staging copy. The slice is valid until the memory is
+// freed. On a backend without host-visible memory it returns
+// ErrFeatureNotSupported.
+func (d *Device) Bytes(p Ptr, n int64) ([]byte, error) {
+	if err := d.check("Bytes"); err != nil {
+		return nil, err
+	}
+	r, err := resolve("Bytes", d, -1, "address", p, n)
+	if err != nil {
+		return nil, err
+	}
+	return r.mem, nil
+}
+
+// Memset sets n bytes at p to value and returns when done (aclrtMemset).
+func (d *Device) Memset(p Ptr, n int64, value byte) error {
+	if err := d.check("Memset"); err != nil {
+		return err
+	}
+	r, err := resolve("Memset", d, -1, "dst", p, n)
+	if err != nil {
+		return err
+	}
+	fill(r.mem, value)
+	return nil
+}
+
+func fill(b []byte, v byte) {
+	if len(b) == 0 {
+		return
+	}
+	b[0] = v
+	for i := 1; i < len(b); i *= 2 {
+		copy(b[i:], b[:i])
+	}
+}
+
+// checkKind resolves both sides of a copy and checks them against kind.
+func checkKind(op string, d *Device, stream int64, dst, src Ptr, n int64, kind MemcpyKind) (dr, sr region, err error) {
+	switch kind {
+	case MemcpyHostToBufToDevice:
+		return dr, sr, newErr(op, d.id, stream, ErrFeatureNotSupported, "copy kind %v is not supported by the %s backend", kind, d.be.name())
+	case MemcpyHostToHost, MemcpyHostToDevice, MemcpyDeviceToHost, MemcpyDeviceToDevice, MemcpyDefault,
+		MemcpyInnerDeviceToDevice, MemcpyInterDeviceToDevice:
+	default:
+		return dr, sr, newErr(op, d.id, stream, ErrInvalidValue, "unknown copy kind %d", int32(kind))
+	}
+	if dr, err = resolve(op, d, stream, "dst", dst, n); err != nil {
+		return
+	}
+	if sr, err = resolve(op, d, stream, "src", src, n); err != nil {
+		return
+	}
+	if n == 0 {
+		return
+	}
+	side := func(r region) string {
+		if r.a.host {
+			return "host"
+		}
+		return "device"
+	}
+	want := func(r region, host bool, what string) error {
+		if r.a.host != host {
+			return newErr(op, d.id, stream, ErrInvalidValue, "copy kind %v needs %s memory at %s, got %s memory", kind, map[bool]string{true: "host", false: "device"}[host], what, side(r))
+		}
+		return nil
+	}
+	switch kind {
+	case MemcpyHostToHost:
+		err = firstErr(want(dr, true, "dst"), want(sr, true, "src"))
+	case MemcpyHostToDevice:
+		err = firstErr(want(dr, false, "dst"), want(sr, true, "src"))
+	case MemcpyDeviceToHost:
+		err = firstErr(want(dr, true, "dst"), want(sr, false, "src"))
+	case MemcpyDeviceToDevice:
+		err = firstErr(want(dr, false, "dst"), want(sr, false, "src"))
+	case MemcpyInnerDeviceToDevice:
+		err = firstErr(want(dr, false, "dst"), want(sr, false, "src"))
+		if err == nil && (dr.a.dev.id != d.id || sr.a.dev.id != d.id) {
+			err = newErr(op, d.id, stream, ErrInvalidValue, "copy kind %v needs both sides on device %d, got dst on %d and src on %d", kind, d.id, dr.a.dev.id, sr.a.dev.id)
+		}
+	case MemcpyInterDeviceToDevice:
+		err = firstErr(want(dr, false, "dst"), want(sr, false, "src"))
+		if err == nil && dr.a.dev.id == sr.a.dev.id {
+			err = newErr(op, d.id, stream, ErrInvalidValue, "copy kind %v needs two different devices, both sides are on device %d", kind, dr.a.dev.id)
+		}
+	}
+	return
+}
+
+func firstErr(errs ...error) error {
+	for _, e := range errs {
+		if e != nil {
+			return e
+		}
+	}
+	return nil
+}
+
+// Memcpy copies n bytes from src to dst and returns when done (aclrtMemcpy).
+// The kind must match where dst and src live (MemcpyDefault infers it).
+// Overlapping ranges are copied as by memmove.
+func (d *Device) Memcpy(dst, src Ptr, n int64, kind MemcpyKind) error {
+	if err := d.check("Memcpy"); err != nil {
+		return err
+	}
+	dr, sr, err := checkKind("Memcpy", d, -1, dst, src, n, kind)
+	if err != nil {
+		return err
+	}
+	d.be.copy(dr.mem, sr.mem)
+	return nil
+}
+
+// MemcpyHtoD copies the Go slice src to device (or pinned host) memory at dst
+// and returns when done.
+func (d *Device) MemcpyHtoD(dst Ptr, src []byte) error {
+	if err := d.check("MemcpyHtoD"); err != nil {
+		return err
+	}
+	dr, err := resolve("MemcpyHtoD", d, -1, "dst", dst, int64(len(src)))
+	if err != nil {
+		return err
+	}
+	d.be.copy(dr.mem, src)
+	return nil
+}
+
+// MemcpyDtoH copies len(dst) bytes at src into the Go slice dst and returns
+// when done.
+func (d *Device) MemcpyDtoH(dst []byte, src Ptr) error {
+	if err := d.check("MemcpyDtoH"); err != nil {
+		return err
+	}
+	sr, err := resolve("MemcpyDtoH", d, -1, "src", src, int64(len(dst)))
+	if err != nil {
+		return err
+	}
+	d.be.copy(dst, sr.mem)
+	return nil
+}
+
+// removeDevice removes and returns one allocation of dev, or nil when none is left.
+func (t *allocTable) removeDevice(dev *Device) *allocation {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for i, a := range t.sorted {
+		if a.dev == dev {
+			t.sorted = append(t.sorted[:i], t.sorted[i+1:]...)
+			return a
+		}
+	}
+	return nil
+}

@@ -1,0 +1,467 @@
+package device
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hcomm-dev/hcomm/internal/spin"
+)
+
+// Stream is a FIFO queue of tasks that run asynchronously and in order
+// (aclrtStream / CUstream). Calls that enqueue return at once; a task that
+// fails makes the stream skip the tasks after it until the failure is reported
+// by the next Synchronize (and through the device's exception callback).
+//
+// All methods are safe for concurrent use; tasks enqueued from several
+// goroutines run in the order their enqueue calls took effect.
+type Stream struct {
+	dev       *Device
+	id        int64
+	tid       uint32
+	isDefault bool
+
+	mu        sync.Mutex
+	q         []*task
+	head      int
+	submitted uint64        // tasks enqueued so far (seq of the newest)
+	nsub      atomic.Uint64 // submitted, for lock-free polls
+	completed atomic.Uint64 // tasks finished (run, skipped or failed)
+	err       error         // first failure not yet reported by Synchronize
+	abortTo   uint64        // tasks with seq <= abortTo are dropped
+	stop      chan struct{} // closed when the running task must give up
+	stopErr   error
+	waiters   []*progressWaiter
+	destroyed bool
+	cbs       sync.WaitGroup // non-blocking callbacks still running
+
+	wake chan struct{}
+	quit chan struct{}
+	done chan struct{}
+
+	report atomic.Pointer[reportThread]
+}
+
+// task is one unit of stream work.
+type task struct {
+	seq  uint64
+	name string
+	run  func(stop <-chan struct{}) error
+}
+
+type progressWaiter struct {
+	target uint64
+	ch     chan struct{}
+}
+
+func newStream(d *Device) *Stream {
+	s := &Stream{
+		dev:  d,
+		id:   nextStreamID.Add(1),
+		tid:  nextThreadID.Add(1),
+		stop: make(chan struct{}),
+		wake: make(chan struct{}, 1),
+		quit: make(chan struct{}),
+		done: make(chan struct{}),
+	}
+	go s.loop()
+	return s
+}
+
+// ID returns the stream's id, unique in the process (the stream id of
+// exception info).
+func (s *Stream) ID() int64 { return s.id }
+
+// Device returns the device the stream belongs to.
+func (s *Stream) Device() *Device { return s.dev }
+
+func (s *Stream) errf(op string, code Code, format string, args ...any) *Error {
+	return newErr(op, s.dev.id, s.id, code, format, args...)
+}
+
+// Launch enqueues fn as a task: the way the layers above run their kernels
+// (copies between peers, reductions, notify waits) on a stream. fn must return
+// promptly once stop is closed (the stream was aborted or its device closed).
+// A non-nil error fails the stream; name says what the task was in errors.
+func (s *Stream) Launch(name string, fn func(stop <-chan struct{}) error) error {
+	_, err := s.enqueue(name, fn)
+	return err
+}
+
+// enqueue appends a task and returns its sequence number.
+func (s *Stream) enqueue(name string, fn func(stop <-chan struct{}) error) (uint64, error) {
+	if s == nil {
+		return 0, newErr(name, -1, -1, ErrInvalidHandle, "nil stream")
+	}
+	s.mu.Lock()
+	if s.destroyed {
+		s.mu.Unlock()
+		return 0, s.errf(name, ErrInvalidHandle, "stream is destroyed")
+	}
+	s.submitted++
+	seq := s.submitted
+	s.q = append(s.q, &task{seq: seq, name: name, run: fn})
+	s.nsub.Store(seq)
+	s.mu.Unlock()
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+	return seq, nil
+}
+
+// loop is the stream's worker: it runs the tasks in order.
+func (s *Stream) loop() {
+	defer close(s.done)
+	var popped uint64
+	for {
+		s.mu.Lock()
+		if s.head < len(s.q) {
+			t := s.q[s.head]
+			s.q[s.head] = nil
+			s.head++
+			if s.head == len(s.q) {
+				s.q, s.head = s.q[:0], 0
+			}
+			skip := s.err != nil || t.seq <= s.abortTo
+			stop := s.stop
+			s.mu.Unlock()
+			popped = t.seq
+			var err error
+			if !skip {
+				err = s.runTask(t, stop)
+			}
+			s.finish(t, err)
+			continue
+		}
+		if s.destroyed {
+			s.mu.Unlock()
+			return
+		}
+		s.mu.Unlock()
+		if spin.Until(spin.Default, func() bool { return s.nsub.Load() > popped }) {
+			continue
+		}
+		select {
+		case <-s.wake:
+		case <-s.quit:
+		}
+	}
+}
+
+func (s *Stream) runTask(t *task, stop <-chan struct{}) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = s.errf(t.name, ErrInternal, "task panicked: %v", r)
+		}
+	}()
+	return t.run(stop)
+}
+
+func (s *Stream) finish(t *task, err error) {
+	if err != nil {
+		var e *Error
+		if !errors.As(err, &e) {
+			err = &Error{Op: t.name, Device: s.dev.id, Stream: s.id, Code: CodeOf(err), Err: err}
+		}
+	}
+	s.mu.Lock()
+	if err != nil && s.err == nil {
+		s.err = err
+	}
+	c := s.completed.Add(1)
+	if len(s.waiters) > 0 {
+		keep := s.waiters[:0]
+		for _, w := range s.waiters {
+			if w.target <= c {
+				close(w.ch)
+			} else {
+				keep = append(keep, w)
+			}
+		}
+		for i := len(keep); i < len(s.waiters); i++ {
+			s.waiters[i] = nil
+		}
+		s.waiters = keep
+	}
+	s.mu.Unlock()
+	if err != nil {
+		s.dev.raise(s, t.seq, err)
+	}
+}
+
+// awaitResult says why awaitProgress returned.
+type awaitResult int
+
+const (
+	reached awaitResult = iota
+	stopped
+	expired
+)
+
+// awaitProgress blocks until s has completed target tasks, spinning for up to
+// spinFor first. It gives up when stop or done closes.
+func (s *Stream) awaitProgress(target uint64, spinFor time.Duration, stop, done <-chan struct{}) awaitResult {
+	if spin.Until(spinFor, func() bool { return s.completed.Load() >= target }) {
+		return reached
+	}
+	w := &progressWaiter{target: target, ch: make(chan struct{})}
+	s.mu.Lock()
+	if s.completed.Load() >= target {
+		s.mu.Unlock()
+		return reached
+	}
+	s.waiters = append(s.waiters, w)
+	s.mu.Unlock()
+	var r awaitResult
+	select {
+	case <-w.ch:
+		return reached
+	case <-stop:
+		r = stopped
+	case <-done:
+		r = expired
+	}
+	s.mu.Lock()
+	for i, x := range s.waiters {
+		if x == w {
+			s.waiters = append(s.waiters[:i], s.waiters[i+1:]...)
+			break
+		}
+	}
+	s.mu.Unlock()
+	select {
+	case <-w.ch:
+		return reached
+	default:
+	}
+	return r
+}
+
+// Synchronize blocks until every task enqueued before the call is complete or
+// ctx is done (aclrtSynchronizeStream). It returns the first task failure since
+// the previous Synchronize, and clears it so that the stream runs tasks again;
+// ErrStreamSyncTimeout (matching context.DeadlineExceeded) when ctx expires.
+func (s *Stream) Synchronize(ctx context.Context) error {
+	if s == nil {
+		return newErr("Stream.Synchronize", -1, -1, ErrInvalidHandle, "nil stream")
+	}
+	s.mu.Lock()
+	target := s.submitted
+	destroyed := s.destroyed
+	s.mu.Unlock()
+	if destroyed {
+		return s.errf("Stream.Synchronize", ErrInvalidHandle, "stream is destroyed")
+	}
+	if s.completed.Load() < target {
+		if ctx.Err() != nil {
+			return s.syncTimeout(ctx, target)
+		}
+		if s.awaitProgress(target, spin.Default, nil, ctx.Done()) != reached {
+			return s.syncTimeout(ctx, target)
+		}
+	}
+	s.mu.Lock()
+	err := s.err
+	s.err = nil
+	s.mu.Unlock()
+	return err
+}
+
+func (s *Stream) syncTimeout(ctx context.Context, target uint64) error {
+	e := s.errf("Stream.Synchronize", ErrStreamSyncTimeout, "%d of %d tasks complete", s.completed.Load(), target)
+	e.Err = ctx.Err()
+	return e
+}
+
+// SynchronizeWithTimeout is Synchronize with ACL's timeout convention
+// (aclrtSynchronizeStreamWithTimeout): negative waits forever, zero polls once.
+func (s *Stream) SynchronizeWithTimeout(timeout time.Duration) error {
+	ctx, cancel := timeoutContext(timeout)
+	defer cancel()
+	return s.Synchronize(ctx)
+}
+
+// Query reports whether all the stream's tasks are complete without blocking
+// (aclrtStreamQuery / cuStreamQuery): nil when they are, ErrStreamNotComplete
+// when some are not.
+func (s *Stream) Query() error {
+	if s == nil {
+		return newErr("Stream.Query", -1, -1, ErrInvalidHandle, "nil stream")
+	}
+	s.mu.Lock()
+	target, destroyed := s.submitted, s.destroyed
+	s.mu.Unlock()
+	if destroyed {
+		return s.errf("Stream.Query", ErrInvalidHandle, "stream is destroyed")
+	}
+	if s.completed.Load() < target {
+		return s.errf("Stream.Query", ErrStreamNotComplete, "%d of %d tasks complete", s.completed.Load(), target)
+	}
+	return nil
+}
+
+// Abort drops the tasks queued on the stream and makes the running one give up
+// (aclrtStreamAbort): they fail with ErrStreamAbort, which the next
+// Synchronize returns. The stream stays usable.
+func (s *Stream) Abort() error {
+	if s == nil {
+		return newErr("Stream.Abort", -1, -1, ErrInvalidHandle, "nil stream")
+	}
+	s.abort(ErrStreamAbort, "stream aborted")
+	return nil
+}
+
+func (s *Stream) abort(code Code, why string) {
+	s.mu.Lock()
+	s.abortTo = s.submitted
+	close(s.stop)
+	s.stop = make(chan struct{})
+	if s.err == nil && s.completed.Load() < s.submitted {
+		s.err = s.errf("Stream.Abort", code, "%s with %d tasks pending", why, s.submitted-s.completed.Load())
+	}
+	s.mu.Unlock()
+}
+
+// Destroy waits for the tasks already queued to finish, stops the stream's
+// goroutine and releases the stream (aclrtDestroyStream). Later calls on the
+// stream return ErrInvalidHandle. Destroy is idempotent; on the default stream
+// it does nothing (the device's Close destroys it).
+func (s *Stream) Destroy() error {
+	if s == nil {
+		return newErr("Stream.Destroy", -1, -1, ErrInvalidHandle, "nil stream")
+	}
+	if s.isDefault {
+		return nil
+	}
+	s.destroy()
+	return nil
+}
+
+func (s *Stream) destroy() {
+	s.mu.Lock()
+	if s.destroyed {
+		s.mu.Unlock()
+		<-s.done
+		return
+	}
+	s.destroyed = true
+	s.mu.Unlock()
+	close(s.quit)
+	<-s.done
+	s.cbs.Wait()
+	if rt := s.report.Load(); rt != nil {
+		rt.drop(s)
+	}
+	s.dev.forget(s)
+}
+
+// stopError turns a closed stop channel into the error the task reports.
+func (s *Stream) stopError(op string) error {
+	s.mu.Lock()
+	s.dev.mu.Lock()
+	closed := s.dev.closed
+	s.dev.mu.Unlock()
+	s.mu.Unlock()
+	if closed {
+		return s.errf(op, ErrDeviceTaskAbort, "device closed while the task was running")
+	}
+	return s.errf(op, ErrStreamAbort, "stream aborted while the task was running")
+}
+
+// MemcpyAsync enqueues a copy of n bytes from src to dst (aclrtMemcpyAsync).
+// Both ranges are checked now; kind must match where they live
+// (MemcpyDefault infers it). Neither range may be freed or written by others
+// until the copy completes.
+func (s *Stream) MemcpyAsync(dst, src Ptr, n int64, kind MemcpyKind) error {
+	const op = "MemcpyAsync"
+	if err := s.usable(op); err != nil {
+		return err
+	}
+	dr, sr, err := checkKind(op, s.dev, s.id, dst, src, n, kind)
+	if err != nil {
+		return err
+	}
+	return s.Launch(op, func(<-chan struct{}) error { return s.copyTask(op, dr, sr, nil) })
+}
+
+// MemcpyHtoDAsync enqueues a copy of the Go slice src to dst. src must not be
+// modified until the copy completes.
+func (s *Stream) MemcpyHtoDAsync(dst Ptr, src []byte) error {
+	const op = "MemcpyHtoDAsync"
+	if err := s.usable(op); err != nil {
+		return err
+	}
+	dr, err := resolve(op, s.dev, s.id, "dst", dst, int64(len(src)))
+	if err != nil {
+		return err
+	}
+	return s.Launch(op, func(<-chan struct{}) error { return s.copyTask(op, dr, region{mem: src}, nil) })
+}
+
+// MemcpyDtoHAsync enqueues a copy of len(dst) bytes at src into the Go slice
+// dst, which must not be read until the copy completes.
+func (s *Stream) MemcpyDtoHAsync(dst []byte, src Ptr) error {
+	const op = "MemcpyDtoHAsync"
+	if err := s.usable(op); err != nil {
+		return err
+	}
+	sr, err := resolve(op, s.dev, s.id, "src", src, int64(len(dst)))
+	if err != nil {
+		return err
+	}
+	return s.Launch(op, func(<-chan struct{}) error { return s.copyTask(op, region{mem: dst}, sr, nil) })
+}
+
+// MemsetAsync enqueues setting n bytes at p to value (aclrtMemsetAsync).
+func (s *Stream) MemsetAsync(p Ptr, n int64, value byte) error {
+	const op = "MemsetAsync"
+	if err := s.usable(op); err != nil {
+		return err
+	}
+	r, err := resolve(op, s.dev, s.id, "dst", p, n)
+	if err != nil {
+		return err
+	}
+	return s.Launch(op, func(<-chan struct{}) error {
+		return s.copyTask(op, r, region{}, func() { fill(r.mem, value) })
+	})
+}
+
+// usable checks the stream handle and its device.
+func (s *Stream) usable(op string) error {
+	if s == nil {
+		return newErr(op, -1, -1, ErrInvalidHandle, "nil stream")
+	}
+	if err := s.dev.check(op); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	d := s.destroyed
+	s.mu.Unlock()
+	if d {
+		return s.errf(op, ErrInvalidHandle, "stream is destroyed")
+	}
+	return nil
+}
+
+func (s *Stream) String() string { return fmt.Sprintf("stream %d (device %d)", s.id, s.dev.id) }
+
+// copyTask runs a copy (or, with fn, any access) between checked regions,
+// holding their allocations so that a concurrent Free waits; memory freed
+// before the task ran fails it with ErrInvalidValue.
+func (s *Stream) copyTask(op string, dst, src region, fn func()) error {
+	if !pin(dst, src) {
+		return s.errf(op, ErrInvalidValue, "memory was freed before the task ran")
+	}
+	defer unpin(dst, src)
+	if fn != nil {
+		fn()
+	} else {
+		s.dev.be.copy(dst.mem, src.mem)
+	}
+	return nil
+}

@@ -1,0 +1,155 @@
+// Package notify provides the one-shot signal that hcomm's handshakes are made
+// of (aclrtNotify): a stream task records it, a task on another stream waits for
+// it and resets it (aclrtWaitAndResetNotify).
+//
+// Why not an event: an event wait waits for what the event captured when the
+// wait was enqueued, and an event never recorded counts as complete; a notify
+// wait must instead wait for a record that may be enqueued later, by another
+// stream or another rank. So a notify is a flag with waiters, and its record and
+// wait are ordinary stream tasks (device.Stream.Launch), ordered with the copies
+// around them exactly as event records and waits are.
+//
+// Waits spin briefly (yielding) and then sleep; a wait that outlives its timeout
+// fails its stream with device.ErrWaitTimeout, naming the notify.
+package notify
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hcomm-dev/hcomm/device"
+	"github.com/hcomm-dev/hcomm/internal/spin"
+)
+
+// Notify is a one-shot signal. Records collapse: two records with no wait in
+// between set it once. The zero value is not usable; use New.
+// All methods are safe for concurrent use.
+type Notify struct {
+	name string
+
+	set     atomic.Uint32
+	mu      sync.Mutex
+	waiters []chan struct{}
+}
+
+// New returns a notify in the reset state. name says whose it is ("rank 0
+// channel to 1 notify 2"); it appears in every error about the notify.
+func New(name string) *Notify { return &Notify{name: name} }
+
+// Name returns the name given to New.
+func (n *Notify) Name() string { return n.name }
+
+// Set records the notify now, from the calling goroutine: what a Record task
+// does when it runs, and what a transport does when a peer's record arrives.
+func (n *Notify) Set() {
+	if n.set.Swap(1) == 1 {
+		return
+	}
+	n.mu.Lock()
+	ws := n.waiters
+	n.waiters = nil
+	n.mu.Unlock()
+	for _, w := range ws {
+		close(w)
+	}
+}
+
+// TryReset resets a recorded notify and reports whether it was recorded.
+func (n *Notify) TryReset() bool { return n.set.CompareAndSwap(1, 0) }
+
+// IsSet reports whether the notify is recorded and not yet waited for.
+func (n *Notify) IsSet() bool { return n.set.Load() == 1 }
+
+// Reset returns the notify to the reset state (the end of a failed handshake).
+func (n *Notify) Reset() { n.set.Store(0) }
+
+// Record enqueues on s a task that records the notify (aclrtRecordNotify).
+func (n *Notify) Record(s *device.Stream) error {
+	return s.Launch("Notify.Record", func(<-chan struct{}) error {
+		n.Set()
+		return nil
+	})
+}
+
+// Wait enqueues on s a task that waits until the notify is recorded and then
+// resets it (aclrtWaitAndResetNotify). A timeout <= 0 waits forever (ACL's and
+// HCCL's 0); otherwise the task fails with device.ErrWaitTimeout after timeout.
+func (n *Notify) Wait(s *device.Stream, timeout time.Duration) error {
+	return s.Launch("Notify.Wait", func(stop <-chan struct{}) error {
+		return n.await(s, timeout, stop)
+	})
+}
+
+// WaitNow blocks the calling goroutine until the notify is recorded, then
+// resets it: Wait's task body, for transports and tests. When ctx ends first it
+// returns device.ErrWaitTimeout (deadline) or device.ErrStreamAbort (cancel).
+func (n *Notify) WaitNow(ctx context.Context) error {
+	err := n.await(nil, 0, ctx.Done())
+	if err != nil && ctx.Err() == context.DeadlineExceeded {
+		return n.fail(nil, device.ErrWaitTimeout, "wait for %s timed out: %v", n.name, ctx.Err())
+	}
+	return err
+}
+
+func (n *Notify) await(s *device.Stream, timeout time.Duration, stop <-chan struct{}) error {
+	if spin.Until(spin.Default, n.TryReset) {
+		return nil
+	}
+	var expire <-chan time.Time
+	if timeout > 0 {
+		t := time.NewTimer(timeout)
+		defer t.Stop()
+		expire = t.C
+	}
+	for {
+		ch := make(chan struct{})
+		n.mu.Lock()
+		if n.TryReset() {
+			n.mu.Unlock()
+			return nil
+		}
+		n.waiters = append(n.waiters, ch)
+		n.mu.Unlock()
+		select {
+		case <-ch:
+			if n.TryReset() {
+				return nil
+			}
+			continue // another waiter took it
+		case <-stop:
+			n.forget(ch)
+			return n.fail(s, device.ErrStreamAbort, "wait for %s abandoned: stream aborted or device closed", n.name)
+		case <-expire:
+			n.forget(ch)
+			if n.TryReset() {
+				return nil
+			}
+			return n.fail(s, device.ErrWaitTimeout, "wait for %s timed out after %v", n.name, timeout)
+		}
+	}
+}
+
+func (n *Notify) forget(ch chan struct{}) {
+	n.mu.Lock()
+	for i, w := range n.waiters {
+		if w == ch {
+			n.waiters = append(n.waiters[:i], n.waiters[i+1:]...)
+			break
+		}
+	}
+	n.mu.Unlock()
+}
+
+func (n *Notify) fail(s *device.Stream, code device.Code, format string, args ...any) error {
+	e := &device.Error{Op: "Notify.Wait", Device: -1, Stream: -1, Code: code, Msg: fmt.Sprintf(format, args...)}
+	if s != nil {
+		e.Device, e.Stream = s.Device().ID(), s.ID()
+	}
+	if code == device.ErrWaitTimeout {
+		e.Err = context.DeadlineExceeded
+	}
+	return e
+}
