@@ -1,0 +1,139 @@
+package collectives
+
+import (
+	"context"
+	"reflect"
+	"unsafe"
+
+	"github.com/hcomm-dev/hcomm/device"
+	"github.com/hcomm-dev/hcomm/hcomm"
+)
+
+// Float16 is an IEEE 754 half-precision number held in its bits, so that the
+// host-slice layer can carry HCCL_DATA_TYPE_FP16.
+type Float16 uint16
+
+// BFloat16 is a bfloat16 number held in its bits (HCCL_DATA_TYPE_BFP16).
+type BFloat16 uint16
+
+// Number is an element type of the host-slice layer.
+type Number interface {
+	~int8 | ~int16 | ~int32 | ~int64 | ~uint8 | ~uint16 | ~uint32 | ~uint64 | ~float32 | ~float64
+}
+
+// DataTypeOf returns the HCCL data type of T.
+func DataTypeOf[T Number]() hcomm.DataType {
+	var z T
+	switch any(z).(type) {
+	case Float16:
+		return hcomm.Float16
+	case BFloat16:
+		return hcomm.BFloat16
+	}
+	switch reflect.TypeFor[T]().Kind() {
+	case reflect.Int8:
+		return hcomm.Int8
+	case reflect.Int16:
+		return hcomm.Int16
+	case reflect.Int32:
+		return hcomm.Int32
+	case reflect.Int64:
+		return hcomm.Int64
+	case reflect.Uint8:
+		return hcomm.Uint8
+	case reflect.Uint16:
+		return hcomm.Uint16
+	case reflect.Uint32:
+		return hcomm.Uint32
+	case reflect.Uint64:
+		return hcomm.Uint64
+	case reflect.Float32:
+		return hcomm.Float32
+	default:
+		return hcomm.Float64
+	}
+}
+
+func asBytes[T Number](s []T) []byte {
+	if len(s) == 0 {
+		return nil
+	}
+	var z T
+	return unsafe.Slice((*byte)(unsafe.Pointer(&s[0])), len(s)*int(unsafe.Sizeof(z)))
+}
+
+// hostRun stages host data through device memory and runs one collective on
+// the communicator's own stream, waiting for it within ctx.
+func hostRun(ctx context.Context, c *hcomm.Comm, op string, in, out []byte, run func(dev device.Ptr, s *device.Stream) error) error {
+	st, err := getState(c)
+	if err != nil {
+		return collErr(c, op, hcomm.ResultOf(err), err, "setting up the collective channels")
+	}
+	st.mu.Lock()
+	if st.own == nil {
+		st.own, err = c.Device().CreateStream()
+		if err != nil {
+			st.mu.Unlock()
+			return collErr(c, op, hcomm.ErrRuntime, err, "")
+		}
+	}
+	need := int64(max(len(in), len(out)))
+	if need > st.stagingN {
+		if st.staging != 0 {
+			c.Device().Free(st.staging)
+		}
+		st.staging, st.stagingN = 0, 0
+		if p, err := c.Device().Malloc(need); err != nil {
+			st.mu.Unlock()
+			return collErr(c, op, hcomm.ErrMemory, err, "staging %d bytes", need)
+		} else {
+			st.staging, st.stagingN = p, need
+		}
+	}
+	s, buf := st.own, st.staging
+	st.mu.Unlock()
+	if len(in) > 0 {
+		if err := c.Device().MemcpyHtoD(buf, in); err != nil {
+			return collErr(c, op, hcomm.ErrRuntime, err, "")
+		}
+	}
+	if err := run(buf, s); err != nil {
+		return err
+	}
+	if err := s.Synchronize(ctx); err != nil {
+		return collErr(c, op, hcomm.ResultOf(err), err, "")
+	}
+	if len(out) > 0 {
+		if err := c.Device().MemcpyDtoH(out, buf); err != nil {
+			return collErr(c, op, hcomm.ErrRuntime, err, "")
+		}
+	}
+	return nil
+}
+
+// AllReduceSlice reduces send across all ranks into recv (len(recv) must equal
+// len(send); they may be the same slice) and returns when done or when ctx
+// ends. A collective cut short by ctx leaves the communicator out of step with
+// its peers: Abort it.
+func AllReduceSlice[T Number](ctx context.Context, c *hcomm.Comm, send, recv []T, op hcomm.ReduceOp, o *Options) error {
+	if len(send) != len(recv) {
+		return collErr(c, "AllReduce", hcomm.ErrPara, nil, "send has %d elements, recv %d", len(send), len(recv))
+	}
+	dt := DataTypeOf[T]()
+	return hostRun(ctx, c, "AllReduce", asBytes(send), asBytes(recv), func(p device.Ptr, s *device.Stream) error {
+		return AllReduce(p, p, int64(len(send)), dt, op, c, s, o)
+	})
+}
+
+// BroadcastSlice copies root's buf into every rank's buf and returns when done
+// or when ctx ends.
+func BroadcastSlice[T Number](ctx context.Context, c *hcomm.Comm, buf []T, root int, o *Options) error {
+	dt := DataTypeOf[T]()
+	var in []byte
+	if c.Rank() == root {
+		in = asBytes(buf)
+	}
+	return hostRun(ctx, c, "Broadcast", in, asBytes(buf), func(p device.Ptr, s *device.Stream) error {
+		return Broadcast(p, int64(len(buf)), dt, root, c, s, o)
+	})
+}

@@ -1,0 +1,83 @@
+package device_test
+
+import (
+	"testing"
+
+	"github.com/hcomm-dev/hcomm/device"
+)
+
+// BenchmarkEmptyTask: enqueue one empty task and wait for its completion.
+func BenchmarkEmptyTask(b *testing.B) {
+	d, _ := device.Open(0)
+	defer d.Close()
+	s, _ := d.CreateStream()
+	e, _ := d.CreateEventWithFlags(device.EventDisableTiming)
+	nop := func(<-chan struct{}) error { return nil }
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		s.Launch("nop", nop)
+		e.Record(s)
+		if err := e.SynchronizeWithTimeout(-1); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkEventCrossStreamWait: record on one stream, wait on another, and
+// see the waiting stream's next task complete.
+func BenchmarkEventCrossStreamWait(b *testing.B) {
+	d, _ := device.Open(0)
+	defer d.Close()
+	s1, _ := d.CreateStream()
+	s2, _ := d.CreateStream()
+	e, _ := d.CreateEventWithFlags(device.EventDisableTiming)
+	done, _ := d.CreateEventWithFlags(device.EventDisableTiming)
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		e.Record(s1)
+		s2.WaitEvent(e)
+		done.Record(s2)
+		if err := done.SynchronizeWithTimeout(-1); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+const copySize = 64 << 20
+
+// BenchmarkMemcpyAsyncD2D: a 64 MiB device-to-device MemcpyAsync, synchronized.
+func BenchmarkMemcpyAsyncD2D(b *testing.B) {
+	d, _ := device.Open(0)
+	defer d.Close()
+	s, _ := d.CreateStream()
+	src, _ := d.Malloc(copySize)
+	dst, _ := d.Malloc(copySize)
+	d.Memset(src, copySize, 1)
+	d.Memset(dst, copySize, 2)
+	b.SetBytes(copySize)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		s.MemcpyAsync(dst, src, copySize, device.MemcpyDeviceToDevice)
+		if err := s.SynchronizeWithTimeout(-1); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkGoCopy: Go's copy() of 64 MiB between the same kind of mappings,
+// the yardstick for BenchmarkMemcpyAsyncD2D.
+func BenchmarkGoCopy(b *testing.B) {
+	d, _ := device.Open(0)
+	defer d.Close()
+	src, _ := d.Malloc(copySize)
+	dst, _ := d.Malloc(copySize)
+	d.Memset(src, copySize, 1)
+	d.Memset(dst, copySize, 2)
+	sb, _ := d.Bytes(src, copySize)
+	db, _ := d.Bytes(dst, copySize)
+	b.SetBytes(copySize)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		copy(db, sb)
+	}
+}
