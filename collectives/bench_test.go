@@ -1,0 +1,106 @@
+package collectives_test
+
+import (
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/hcomm-dev/hcomm/collectives"
+	"github.com/hcomm-dev/hcomm/device"
+	"github.com/hcomm-dev/hcomm/hcomm"
+)
+
+// benchColl measures one collective with nccl-tests' conventions: every rank
+// enqueues b.N back-to-back calls on its stream and synchronizes once; time per
+// call = elapsed / b.N; algbw = size / time; busbw = algbw * factor.
+func benchColl(b *testing.B, n int, size int64, factor float64, call func(c *hcomm.Comm, s *device.Stream, send, recv device.Ptr, count int64) error) {
+	comms, err := hcomm.InitAll(n, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer func() {
+		for _, c := range comms {
+			c.Destroy()
+		}
+	}()
+	type rank struct {
+		s          *device.Stream
+		send, recv device.Ptr
+	}
+	rs := make([]rank, n)
+	for i, c := range comms {
+		s, _ := c.Device().CreateStream()
+		send, _ := c.Device().Malloc(max(size, 8))
+		recv, _ := c.Device().Malloc(max(size, 8))
+		c.Device().Memset(send, size, 1)
+		rs[i] = rank{s, send, recv}
+	}
+	count := size / 4
+	iter := func(iters int) {
+		var wg sync.WaitGroup
+		for i, c := range comms {
+			wg.Add(1)
+			go func(i int, c *hcomm.Comm) {
+				defer wg.Done()
+				for k := 0; k < iters; k++ {
+					if err := call(c, rs[i].s, rs[i].send, rs[i].recv, count); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+				if err := rs[i].s.SynchronizeWithTimeout(-1); err != nil {
+					b.Error(err)
+				}
+			}(i, c)
+		}
+		wg.Wait()
+	}
+	iter(2) // warm-up: channel setup, page faults
+	b.SetBytes(size)
+	b.ResetTimer()
+	iter(b.N)
+	b.StopTimer()
+	sec := b.Elapsed().Seconds() / float64(b.N)
+	b.ReportMetric(sec*1e6, "µs/op")
+	b.ReportMetric(float64(size)/sec/1e9, "algbw_GB/s")
+	b.ReportMetric(float64(size)/sec/1e9*factor, "busbw_GB/s")
+	for _, r := range rs {
+		r.s.Destroy()
+	}
+}
+
+var benchSizes = []int64{8, 4 << 10, 1 << 20, 64 << 20}
+
+func sizeName(n int64) string {
+	switch {
+	case n >= 1<<20:
+		return fmt.Sprintf("%dMiB", n>>20)
+	case n >= 1<<10:
+		return fmt.Sprintf("%dKiB", n>>10)
+	}
+	return fmt.Sprintf("%dB", n)
+}
+
+func BenchmarkAllReduce(b *testing.B) {
+	for _, n := range []int{2, 4} {
+		for _, size := range benchSizes {
+			b.Run(fmt.Sprintf("ranks=%d/%s", n, sizeName(size)), func(b *testing.B) {
+				benchColl(b, n, size, 2*float64(n-1)/float64(n), func(c *hcomm.Comm, s *device.Stream, send, recv device.Ptr, count int64) error {
+					return collectives.AllReduce(send, recv, count, hcomm.Float32, hcomm.Sum, c, s, nil)
+				})
+			})
+		}
+	}
+}
+
+func BenchmarkBroadcast(b *testing.B) {
+	for _, n := range []int{2, 4} {
+		for _, size := range benchSizes {
+			b.Run(fmt.Sprintf("ranks=%d/%s", n, sizeName(size)), func(b *testing.B) {
+				benchColl(b, n, size, 1, func(c *hcomm.Comm, s *device.Stream, send, recv device.Ptr, count int64) error {
+					return collectives.Broadcast(send, count, hcomm.Float32, 0, c, s, nil)
+				})
+			})
+		}
+	}
+}
