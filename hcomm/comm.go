@@ -1,0 +1,488 @@
+package hcomm
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/hcomm-dev/hcomm/channel"
+	"github.com/hcomm-dev/hcomm/channel/inproc"
+	"github.com/hcomm-dev/hcomm/device"
+	"github.com/hcomm-dev/hcomm/notify"
+	"github.com/hcomm-dev/hcomm/thread"
+)
+
+// Comm is one rank's communicator (HcclComm). It owns a device context, the
+// HCCL buffer, and the channels and threads acquired through it.
+//
+// All methods are safe for concurrent use. Destroy and Abort are idempotent.
+type Comm struct {
+	name string
+	rank int
+	size int
+	cfg  Config
+	dev  *device.Device
+
+	buf      device.Ptr
+	bufSize  int64
+	registry *channel.Registry
+	fabric   *inproc.Fabric
+
+	mu       sync.Mutex
+	closed   bool
+	aborted  bool
+	channels map[chanKey]*Channel
+	threads  []*Thread
+	values   map[any]any
+}
+
+type chanKey struct {
+	engine   Engine
+	remote   int
+	protocol Protocol
+	tag      string
+}
+
+// Thread is a communication thread (ThreadHandle): a stream and its notifies.
+type Thread = thread.Thread
+
+// InitAll creates n communicators, one per rank, over devices 0..n-1 of this
+// process (HcclCommInitAll). cfg may be nil. On error nothing is left open.
+func InitAll(n int, cfg *Config) ([]*Comm, error) {
+	var c Config
+	if cfg != nil {
+		c = *cfg
+	}
+	c, err := c.resolve()
+	if err != nil {
+		return nil, &Error{Op: "InitAll", Comm: c.Name, Rank: -1, Peer: -1, Code: ErrPara, Err: err}
+	}
+	if n <= 0 || n > device.MaxDevices {
+		return nil, &Error{Op: "InitAll", Comm: c.Name, Rank: -1, Peer: -1, Code: ErrPara,
+			Msg: fmt.Sprintf("rank count %d is outside [1, %d]", n, device.MaxDevices)}
+	}
+	fab := inproc.NewFabric()
+	comms := make([]*Comm, 0, n)
+	for r := 0; r < n; r++ {
+		cm, err := newComm(c, r, n, fab)
+		if err != nil {
+			for _, x := range comms {
+				x.Destroy()
+			}
+			return nil, err
+		}
+		comms = append(comms, cm)
+	}
+	return comms, nil
+}
+
+func newComm(c Config, rank, size int, fab *inproc.Fabric) (*Comm, error) {
+	fail := func(code Result, err error) (*Comm, error) {
+		return nil, &Error{Op: "InitAll", Comm: c.Name, Rank: rank, Peer: -1, Code: code, Err: err}
+	}
+	dev, err := device.Open(rank)
+	if err != nil {
+		return fail(ErrRuntime, err)
+	}
+	bufSize := 2 * c.BufferSize
+	buf, err := dev.Malloc(bufSize)
+	if err != nil {
+		dev.Close()
+		return fail(ErrMemory, err)
+	}
+	cm := &Comm{name: c.Name, rank: rank, size: size, cfg: c, dev: dev, buf: buf, bufSize: bufSize,
+		registry: &channel.Registry{}, fabric: fab, channels: make(map[chanKey]*Channel), values: make(map[any]any)}
+	cm.registry.Add(channel.Mem{Tag: "hccl buffer", Addr: buf, Size: bufSize})
+	return cm, nil
+}
+
+// Rank returns the communicator's rank (HcclGetRankId).
+func (c *Comm) Rank() int { return c.rank }
+
+// Size returns the number of ranks (HcclGetRankSize).
+func (c *Comm) Size() int { return c.size }
+
+// Name returns the communicator's name.
+func (c *Comm) Name() string { return c.name }
+
+// Device returns the device context the communicator runs on.
+func (c *Comm) Device() *device.Device { return c.dev }
+
+// Config returns the communicator's resolved configuration.
+func (c *Comm) Config() Config { return c.cfg }
+
+func (c *Comm) errorf(op string, peer int, code Result, cause error, format string, args ...any) *Error {
+	msg := format
+	if len(args) > 0 {
+		msg = fmt.Sprintf(format, args...)
+	}
+	return &Error{Op: op, Comm: c.name, Rank: c.rank, Peer: peer, Code: code, Msg: msg, Err: cause}
+}
+
+// usable returns an error when the communicator is destroyed or aborted.
+func (c *Comm) usable(op string) error {
+	if c == nil {
+		return &Error{Op: op, Rank: -1, Peer: -1, Code: ErrPtr, Msg: "nil communicator"}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return c.errorf(op, -1, ErrUnavail, nil, "communicator is destroyed")
+	}
+	if c.aborted {
+		return c.errorf(op, -1, ErrUnavail, ErrAborted, "")
+	}
+	return nil
+}
+
+// GetHcclBuffer returns the communicator's HCCL buffer (HcclGetHcclBuffer):
+// device memory owned by the communicator, 2 × BufferSize bytes, never to be
+// freed by the caller. Peers may write into it through channels at any time a
+// handshake allows.
+func (c *Comm) GetHcclBuffer() (device.Ptr, int64, error) {
+	if err := c.usable("GetHcclBuffer"); err != nil {
+		return 0, 0, err
+	}
+	return c.buf, c.bufSize, nil
+}
+
+// MemHandle is memory registered with CommMemReg.
+type MemHandle struct {
+	comm *Comm
+	mem  channel.Mem
+}
+
+// Mem returns the registered range.
+func (h *MemHandle) Mem() channel.Mem { return h.mem }
+
+// CommMemReg registers device memory so that peers may read and write it
+// through channels (HcclCommMemReg). Channels acquired afterwards with the
+// handle in ChannelDesc.MemHandles report it in ChannelGetRemoteMems; on
+// transports that map memory (inproc) a registered range is reachable at once.
+func (c *Comm) CommMemReg(tag string, p device.Ptr, size int64) (*MemHandle, error) {
+	const op = "CommMemReg"
+	if err := c.usable(op); err != nil {
+		return nil, err
+	}
+	if len(tag) > 255 {
+		return nil, c.errorf(op, -1, ErrPara, nil, "tag is %d bytes; at most 255", len(tag))
+	}
+	if _, err := c.dev.Bytes(p, size); err != nil || size <= 0 {
+		return nil, c.errorf(op, -1, ErrPara, err, "range [%#x, +%d) is not live device memory of this rank", uintptr(p), size)
+	}
+	m := channel.Mem{Tag: tag, Addr: p, Size: size}
+	c.registry.Add(m)
+	return &MemHandle{comm: c, mem: m}, nil
+}
+
+// CommMemDereg undoes CommMemReg. Peers must have stopped using the memory.
+func (c *Comm) CommMemDereg(h *MemHandle) error {
+	if h == nil || h.comm != c {
+		return c.errorf("CommMemDereg", -1, ErrPtr, nil, "handle does not belong to this communicator")
+	}
+	if !c.registry.Remove(h.mem.Addr, h.mem.Tag) {
+		return c.errorf("CommMemDereg", -1, ErrNotFound, nil, "range [%#x, +%d) is not registered", uintptr(h.mem.Addr), h.mem.Size)
+	}
+	return nil
+}
+
+// ChannelDesc describes a channel to acquire (HcclChannelDesc). Start from
+// ChannelDescInit.
+type ChannelDesc struct {
+	RemoteRank int      // the peer; -1 (HCCL's ~0U) until set
+	Protocol   Protocol // ProtocolAuto lets hcomm pick
+	NotifyNum  int      // local notifies on this channel (the index space of waits)
+	MemHandles []*MemHandle
+	// Tag separates channels to the same peer with the same protocol: HCCL keys
+	// channels by (engine, remote rank, protocol); hcomm adds this tag so that
+	// a library (the collectives) can keep channels of its own.
+	Tag string
+}
+
+// ChannelDescInit returns n descriptors with HcclChannelDescInit's defaults:
+// no remote rank, protocol unset (ProtocolAuto), no notifies, no memory.
+func ChannelDescInit(n int) []ChannelDesc {
+	d := make([]ChannelDesc, n)
+	for i := range d {
+		d[i] = ChannelDesc{RemoteRank: -1, Protocol: ProtocolAuto}
+	}
+	return d
+}
+
+// Channel is a channel handle: this rank's end of a connection to one peer.
+type Channel struct {
+	comm   *Comm
+	engine Engine
+	proto  Protocol
+	ch     *channel.Channel
+	remote []channel.Mem
+}
+
+// RemoteRank returns the peer's rank.
+func (ch *Channel) RemoteRank() int { return ch.ch.Remote }
+
+// Protocol returns the protocol the channel was acquired with.
+func (ch *Channel) Protocol() Protocol { return ch.proto }
+
+// Transport names the transport that carries the channel ("inproc").
+func (ch *Channel) Transport() string { return ch.ch.Transport().Name() }
+
+// NotifyNum returns the number of local notifies.
+func (ch *Channel) NotifyNum() int { return ch.ch.NotifyNum() }
+
+// ChannelAcquire gets or creates channels to the peers the descriptors name
+// (HcclChannelAcquire). It is collective between the two ends of each channel:
+// both must call it (in any order, within ConnectTimeout), and the call returns
+// when every channel is connected. It is idempotent per (engine, remote rank,
+// protocol, tag): a second call returns the same channel.
+func (c *Comm) ChannelAcquire(engine Engine, descs []ChannelDesc) ([]*Channel, error) {
+	const op = "ChannelAcquire"
+	if err := c.usable(op); err != nil {
+		return nil, err
+	}
+	if !engine.supported() {
+		return nil, c.errorf(op, -1, ErrNotSupport, nil, "engine %v is not supported: hcomm runs on the host (CPU, CPU_TS)", engine)
+	}
+	if len(descs) == 0 || len(descs) > 1<<20 {
+		return nil, c.errorf(op, -1, ErrPara, nil, "channel count %d is outside (0, %d]", len(descs), 1<<20)
+	}
+	for i, d := range descs {
+		switch {
+		case d.RemoteRank < 0 || d.RemoteRank >= c.size:
+			return nil, c.errorf(op, d.RemoteRank, ErrPara, nil, "descriptor %d: remote rank %d is outside [0, %d)", i, d.RemoteRank, c.size)
+		case d.RemoteRank == c.rank:
+			return nil, c.errorf(op, d.RemoteRank, ErrPara, nil, "descriptor %d: a channel to oneself", i)
+		case d.NotifyNum < 0 || d.NotifyNum > thread.MaxNotifies:
+			return nil, c.errorf(op, d.RemoteRank, ErrPara, nil, "descriptor %d: notify count %d is outside [0, %d]", i, d.NotifyNum, thread.MaxNotifies)
+		}
+		switch d.Protocol {
+		case ProtocolAuto, ProtocolHCCS, ProtocolSIO, ProtocolHCCSOnly, ProtocolPCIE:
+		case ProtocolROCE, ProtocolUBCCTP, ProtocolUBCTP, ProtocolUBMem, ProtocolUBOE:
+			return nil, c.errorf(op, d.RemoteRank, ErrNotSupport, nil, "descriptor %d: protocol %v needs the network transport, which this build does not have", i, d.Protocol)
+		default:
+			return nil, c.errorf(op, d.RemoteRank, ErrPara, nil, "descriptor %d: unknown protocol %d", i, int32(d.Protocol))
+		}
+		for _, h := range d.MemHandles {
+			if h == nil || h.comm != c {
+				return nil, c.errorf(op, d.RemoteRank, ErrPtr, nil, "descriptor %d: a memory handle of another communicator", i)
+			}
+		}
+	}
+	out := make([]*Channel, len(descs))
+	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.ConnectTimeout)
+	defer cancel()
+	for i, d := range descs {
+		ch, err := c.acquireOne(ctx, engine, d)
+		if err != nil {
+			return nil, err
+		}
+		out[i] = ch
+	}
+	return out, nil
+}
+
+func (c *Comm) acquireOne(ctx context.Context, engine Engine, d ChannelDesc) (*Channel, error) {
+	k := chanKey{engine: engine, remote: d.RemoteRank, protocol: d.Protocol, tag: d.Tag}
+	c.mu.Lock()
+	if ch, ok := c.channels[k]; ok {
+		c.mu.Unlock()
+		return ch, nil
+	}
+	c.mu.Unlock()
+	name := fmt.Sprintf("comm %s rank %d channel to rank %d (%v", c.name, c.rank, d.RemoteRank, d.Protocol)
+	if d.Tag != "" {
+		name += ", " + d.Tag
+	}
+	name += ")"
+	notifies := make([]*notify.Notify, d.NotifyNum)
+	for i := range notifies {
+		notifies[i] = notify.New(fmt.Sprintf("%s notify %d", name, i))
+	}
+	local := &inproc.Endpoint{Rank: c.rank, Device: c.dev, Registry: c.registry, Notifies: notifies,
+		HCCLBuf: channel.Mem{Tag: "hccl buffer", Addr: c.buf, Size: c.bufSize}}
+	fk := inproc.Key{Local: c.rank, Remote: d.RemoteRank, Tag: fmt.Sprintf("%d/%d/%s", engine, d.Protocol, d.Tag)}
+	tr, peer, err := c.fabric.Connect(ctx, fk, local)
+	if err != nil {
+		return nil, c.errorf("ChannelAcquire", d.RemoteRank, ErrTimeout, err, "")
+	}
+	remote := []channel.Mem{peer.HCCLBuf}
+	for _, m := range peer.Registry.List() {
+		if m.Addr != peer.HCCLBuf.Addr {
+			remote = append(remote, m)
+		}
+	}
+	ch := &Channel{comm: c, engine: engine, proto: d.Protocol,
+		ch: channel.New(name, c.rank, d.RemoteRank, int32(d.Protocol), notifies, len(peer.Notifies), remote, tr)}
+	ch.remote = remote
+	c.mu.Lock()
+	if old, ok := c.channels[k]; ok { // a concurrent acquire won
+		c.mu.Unlock()
+		return old, nil
+	}
+	c.channels[k] = ch
+	c.mu.Unlock()
+	return ch, nil
+}
+
+// ChannelGetHcclBuffer returns the peer's HCCL buffer as this channel knows
+// it (HcclChannelGetHcclBuffer).
+func (c *Comm) ChannelGetHcclBuffer(ch *Channel) (device.Ptr, int64, error) {
+	if err := c.checkChannel("ChannelGetHcclBuffer", ch); err != nil {
+		return 0, 0, err
+	}
+	m := ch.remote[0]
+	return m.Addr, m.Size, nil
+}
+
+// ChannelGetRemoteMems returns the memory the peer had registered when the
+// channel was acquired, HCCL buffer first (HcclChannelGetRemoteMems).
+func (c *Comm) ChannelGetRemoteMems(ch *Channel) ([]channel.Mem, error) {
+	if err := c.checkChannel("ChannelGetRemoteMems", ch); err != nil {
+		return nil, err
+	}
+	return append([]channel.Mem(nil), ch.remote...), nil
+}
+
+func (c *Comm) checkChannel(op string, ch *Channel) error {
+	if err := c.usable(op); err != nil {
+		return err
+	}
+	if ch == nil || ch.comm != c {
+		return c.errorf(op, -1, ErrPtr, nil, "channel is nil or belongs to another communicator")
+	}
+	return nil
+}
+
+// ThreadAcquire creates n threads, each a new stream with notifyNumPerThread
+// notifies (HcclThreadAcquire). The communicator owns them: Destroy frees them.
+func (c *Comm) ThreadAcquire(engine Engine, n, notifyNumPerThread int) ([]*Thread, error) {
+	const op = "ThreadAcquire"
+	if err := c.usable(op); err != nil {
+		return nil, err
+	}
+	if !engine.supported() {
+		return nil, c.errorf(op, -1, ErrNotSupport, nil, "engine %v is not supported: hcomm runs on the host (CPU, CPU_TS)", engine)
+	}
+	ts, err := thread.Acquire(c.dev, fmt.Sprintf("comm %s rank %d", c.name, c.rank), n, notifyNumPerThread)
+	if err != nil {
+		return nil, c.errorf(op, -1, ErrPara, err, "")
+	}
+	c.mu.Lock()
+	c.threads = append(c.threads, ts...)
+	c.mu.Unlock()
+	return ts, nil
+}
+
+// ThreadAcquireWithStream wraps a stream the caller owns, which must belong to
+// the communicator's device (HcclThreadAcquireWithStream). The caller
+// synchronizes and destroys the stream.
+func (c *Comm) ThreadAcquireWithStream(engine Engine, s *device.Stream, notifyNum int) (*Thread, error) {
+	const op = "ThreadAcquireWithStream"
+	if err := c.usable(op); err != nil {
+		return nil, err
+	}
+	if !engine.supported() {
+		return nil, c.errorf(op, -1, ErrNotSupport, nil, "engine %v is not supported: hcomm runs on the host (CPU, CPU_TS)", engine)
+	}
+	if s == nil || s.Device() != c.dev {
+		return nil, c.errorf(op, -1, ErrPtr, nil, "stream is nil or belongs to another device context")
+	}
+	t, err := thread.WithStream(s, fmt.Sprintf("comm %s rank %d", c.name, c.rank), notifyNum)
+	if err != nil {
+		return nil, c.errorf(op, -1, ErrPara, err, "")
+	}
+	c.mu.Lock()
+	c.threads = append(c.threads, t)
+	c.mu.Unlock()
+	return t, nil
+}
+
+// Value returns the value stored under key, calling init to create it on
+// first use: per-communicator state for the libraries built on hcomm (the
+// collectives keep their schedules' counters here). Values are dropped by
+// Destroy; a value with a Close() method is closed then.
+func (c *Comm) Value(key any, init func() any) any {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.values == nil { // destroyed
+		return nil
+	}
+	v, ok := c.values[key]
+	if !ok && init != nil {
+		v = init()
+		c.values[key] = v
+	}
+	return v
+}
+
+// Abort makes every pending operation of the communicator fail promptly: the
+// streams of its threads are aborted (pending waits end with an error wrapping
+// ErrAborted and device.ErrStreamAbort), and later calls fail with ErrUnavail.
+// It does not wait for peers. Destroy is still needed afterwards. Idempotent.
+func (c *Comm) Abort() error {
+	if c == nil {
+		return &Error{Op: "Abort", Rank: -1, Peer: -1, Code: ErrPtr, Msg: "nil communicator"}
+	}
+	c.mu.Lock()
+	if c.aborted || c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.aborted = true
+	ts := append([]*Thread(nil), c.threads...)
+	c.mu.Unlock()
+	for _, t := range ts {
+		t.Stream().Abort()
+	}
+	return nil
+}
+
+// Destroy waits for the work queued on the communicator's threads, frees its
+// threads, channels and HCCL buffer, and closes its device context
+// (HcclCommDestroy). To stop at once, Abort first. Idempotent.
+func (c *Comm) Destroy() error {
+	if c == nil {
+		return &Error{Op: "Destroy", Rank: -1, Peer: -1, Code: ErrPtr, Msg: "nil communicator"}
+	}
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	ts := c.threads
+	chs := c.channels
+	vals := c.values
+	c.threads, c.channels, c.values = nil, nil, nil
+	c.mu.Unlock()
+	for _, v := range vals {
+		if cl, ok := v.(interface{ Close() error }); ok {
+			cl.Close()
+		}
+	}
+	for _, t := range ts {
+		t.Free()
+	}
+	for _, ch := range chs {
+		ch.ch.Close()
+	}
+	c.fabric.Forget(c.rank)
+	return c.dev.Close()
+}
+
+// execTimeout turns a wait's timeout into the one to use: <= 0 means the
+// communicator's ExecTimeout; a negative ExecTimeout means forever (0 for notify).
+func (c *Comm) execTimeout(t time.Duration) time.Duration {
+	if t > 0 {
+		return t
+	}
+	if c.cfg.ExecTimeout < 0 {
+		return 0
+	}
+	return c.cfg.ExecTimeout
+}
+
+// Check returns nil when the communicator can be used, else an error saying
+// why (destroyed, aborted).
+func (c *Comm) Check() error { return c.usable("Check") }

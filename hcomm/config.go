@@ -1,0 +1,78 @@
+package hcomm
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+	"time"
+)
+
+// Defaults, from HCCL's documentation.
+const (
+	DefaultBufferSize     = 200 << 20          // HCCL_BUFFSIZE: 200 MB
+	DefaultExecTimeout    = 1836 * time.Second // HCCL_EXEC_TIMEOUT: 1836 s
+	DefaultConnectTimeout = 120 * time.Second  // HCCL_CONNECT_TIMEOUT: 120 s
+)
+
+// Config sets up a communicator (HcclCommConfig). The zero value of a field
+// means "take the environment variable, else HCCL's default"; a value set in
+// code wins over the environment.
+type Config struct {
+	// Name names the communicator in errors and logs ("comm0" when empty).
+	Name string
+	// BufferSize is HCCL_BUFFSIZE in bytes (the variable itself is in MB). As in
+	// HCCL, the communicator's HCCL buffer is twice this size.
+	BufferSize int64
+	// ExecTimeout bounds every notify wait that does not give its own timeout
+	// (HCCL_EXEC_TIMEOUT, seconds). Negative means never time out (HCCL's 0).
+	ExecTimeout time.Duration
+	// ConnectTimeout bounds channel setup (HCCL_CONNECT_TIMEOUT, seconds).
+	ConnectTimeout time.Duration
+}
+
+// resolve fills the zero fields from the environment and HCCL's defaults.
+func (c Config) resolve() (Config, error) {
+	if c.Name == "" {
+		c.Name = "comm0"
+	}
+	if c.BufferSize == 0 {
+		mb, err := envInt("HCCL_BUFFSIZE", DefaultBufferSize>>20, 1)
+		if err != nil {
+			return c, err
+		}
+		c.BufferSize = mb << 20
+	}
+	if c.BufferSize < 0 {
+		return c, fmt.Errorf("Config.BufferSize %d is negative", c.BufferSize)
+	}
+	if c.ExecTimeout == 0 {
+		s, err := envInt("HCCL_EXEC_TIMEOUT", int64(DefaultExecTimeout/time.Second), 0)
+		if err != nil {
+			return c, err
+		}
+		c.ExecTimeout = time.Duration(s) * time.Second
+		if s == 0 {
+			c.ExecTimeout = -1
+		}
+	}
+	if c.ConnectTimeout == 0 {
+		s, err := envInt("HCCL_CONNECT_TIMEOUT", int64(DefaultConnectTimeout/time.Second), 1)
+		if err != nil {
+			return c, err
+		}
+		c.ConnectTimeout = time.Duration(s) * time.Second
+	}
+	return c, nil
+}
+
+func envInt(name string, def, min int64) (int64, error) {
+	v, ok := os.LookupEnv(name)
+	if !ok || v == "" {
+		return def, nil
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n < min {
+		return 0, fmt.Errorf("environment variable %s=%q: want an integer >= %d", name, v, min)
+	}
+	return n, nil
+}
