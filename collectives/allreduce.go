@@ -71,17 +71,32 @@ func AllReduce(send, recv device.Ptr, count int64, dt hcomm.DataType, op hcomm.R
 	if err := checkBuf(c, name, "recv", recv, n); err != nil {
 		return err
 	}
+	return issue(c, name, s, o, n, func(sc *sched, algo Algorithm) error {
+		switch {
+		case count == 0:
+		case c.Size() == 1:
+			sc.copy(recv, send, n)
+		case algo == AlgoOneShot:
+			allReduceOneShot(sc, send, recv, count, dt, op)
+		case algo == AlgoRing:
+			allReduceRing(sc, send, recv, count, dt, op)
+		default:
+			return collErr(c, name, hcomm.ErrNotSupport, nil, "algorithm %v is not available for allreduce", algo)
+		}
+		return nil
+	})
+}
+
+// issue runs the part every collective shares: set up (first call), order
+// after the previous collective, pick the algorithm for the message of n
+// bytes, issue the schedule, and record the completion.
+func issue(c *hcomm.Comm, name string, s *device.Stream, o *Options, n int64, body func(sc *sched, algo Algorithm) error) error {
 	st, err := getState(c)
 	if err != nil {
 		return collErr(c, name, hcomm.ResultOf(err), err, "setting up the collective channels")
 	}
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	t, err := st.begin(s)
-	if err != nil {
-		return collErr(c, name, hcomm.ResultOf(err), err, "")
-	}
-	sc := &sched{st: st, t: t}
 	algo := algoOf(o)
 	if algo == AlgoAuto {
 		algo = AlgoRing
@@ -89,19 +104,16 @@ func AllReduce(send, recv device.Ptr, count int64, dt hcomm.DataType, op hcomm.R
 			algo = AlgoOneShot
 		}
 	}
-	switch {
-	case count == 0:
-	case c.Size() == 1:
-		sc.copy(recv, send, n)
-	case algo == AlgoOneShot:
-		if n > st.lay.oneSlot {
-			return collErr(c, name, hcomm.ErrPara, nil, "oneshot takes at most %d bytes per rank with this HCCL buffer, got %d", st.lay.oneSlot, n)
-		}
-		allReduceOneShot(sc, send, recv, count, dt, op)
-	case algo == AlgoRing:
-		allReduceRing(sc, send, recv, count, dt, op)
-	default:
-		return collErr(c, name, hcomm.ErrNotSupport, nil, "algorithm %v is not available for allreduce", algo)
+	if algo == AlgoOneShot && n > st.lay.oneSlot && c.Size() > 1 {
+		return collErr(c, name, hcomm.ErrPara, nil, "oneshot takes at most %d bytes per rank with this HCCL buffer, got %d", st.lay.oneSlot, n)
+	}
+	t, err := st.begin(s)
+	if err != nil {
+		return collErr(c, name, hcomm.ResultOf(err), err, "")
+	}
+	sc := &sched{st: st, t: t}
+	if err := body(sc, algo); err != nil {
+		return err
 	}
 	if sc.err == nil {
 		sc.do(st.end(s))
@@ -156,45 +168,37 @@ func allReduceOneShot(sc *sched, send, recv device.Ptr, count int64, dt hcomm.Da
 // chunk moved in pieces through the neighbour's two ring slots, so that the
 // write of one piece overlaps the reduction of the previous one.
 func allReduceRing(sc *sched, send, recv device.Ptr, count int64, dt hcomm.DataType, op hcomm.ReduceOp) {
-	st := sc.st
-	c := st.comm
-	me, n := c.Rank(), c.Size()
 	es := int64(dt.Size())
-	per := st.lay.pieceMax / es
+	per := sc.st.lay.pieceMax / es
 	sc.copy(recv, send, count*es)
 	at := func(elem int64) device.Ptr { return recv.Add(elem * es) }
 	// reduce-scatter: after step s this rank holds the partial sums of chunk me-s-1.
-	for step := 0; step < n-1; step++ {
-		sOff, sCnt := chunk(count, n, mod(me-step, n))
-		rOff, rCnt := chunk(count, n, mod(me-step-1, n))
-		ps, pr := pieces(sCnt, per), pieces(rCnt, per)
-		for q := int64(0); q < ps || q < pr; q++ {
-			if q < ps {
-				lo := q * per
-				sc.sendPiece(at(sOff+lo), min(per, sCnt-lo)*es)
-			}
-			if q < pr {
-				lo := q * per
-				slot, done := sc.recvPiece()
-				sc.reduce(at(rOff+lo), slot, min(per, rCnt-lo), dt, op)
-				done()
-			}
-		}
-	}
+	ringSteps(sc, count, per, es, 0, at, func(dst, slot device.Ptr, cnt int64) {
+		sc.reduce(dst, slot, cnt, dt, op)
+	})
 	// all-gather: pass the reduced chunks on around the ring.
+	ringSteps(sc, count, per, es, 1, at, func(dst, slot device.Ptr, cnt int64) {
+		sc.copy(dst, slot, cnt*es)
+	})
+}
+
+// ringSteps runs n-1 ring steps: at step s this rank sends chunk me+shift-s
+// and receives chunk me+shift-s-1, piece by piece, consuming each received
+// piece with consume(dst, slot, elements).
+func ringSteps(sc *sched, count, per, es int64, shift int, at func(int64) device.Ptr, consume func(dst, slot device.Ptr, cnt int64)) {
+	me, n := sc.st.comm.Rank(), sc.st.comm.Size()
 	for step := 0; step < n-1; step++ {
-		sOff, sCnt := chunk(count, n, mod(me+1-step, n))
-		rOff, rCnt := chunk(count, n, mod(me-step, n))
+		sOff, sCnt := chunk(count, n, mod(me+shift-step, n))
+		rOff, rCnt := chunk(count, n, mod(me+shift-step-1, n))
 		ps, pr := pieces(sCnt, per), pieces(rCnt, per)
 		for q := int64(0); q < ps || q < pr; q++ {
+			lo := q * per
 			if q < ps {
-				lo := q * per
 				sc.sendPiece(at(sOff+lo), min(per, sCnt-lo)*es)
 			}
 			if q < pr {
-				lo := q * per
 				slot, done := sc.recvPiece()
-				sc.copy(at(rOff+lo), slot, min(per, rCnt-lo)*es)
+				consume(at(rOff+lo), slot, min(per, rCnt-lo))
 				done()
 			}
 		}

@@ -22,44 +22,18 @@ func Broadcast(buf device.Ptr, count int64, dt hcomm.DataType, root int, c *hcom
 	if err := checkBuf(c, name, "buf", buf, n); err != nil {
 		return err
 	}
-	st, err := getState(c)
-	if err != nil {
-		return collErr(c, name, hcomm.ResultOf(err), err, "setting up the collective channels")
-	}
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	t, err := st.begin(s)
-	if err != nil {
-		return collErr(c, name, hcomm.ResultOf(err), err, "")
-	}
-	sc := &sched{st: st, t: t}
-	algo := algoOf(o)
-	if algo == AlgoAuto {
-		algo = AlgoRing
-		if n <= st.lay.oneSlot {
-			algo = AlgoOneShot
+	return issue(c, name, s, o, n, func(sc *sched, algo Algorithm) error {
+		switch {
+		case count == 0 || c.Size() == 1:
+		case algo == AlgoOneShot:
+			broadcastOneShot(sc, buf, n, root)
+		case algo == AlgoRing:
+			broadcastRing(sc, buf, n, root)
+		default:
+			return collErr(c, name, hcomm.ErrNotSupport, nil, "algorithm %v is not available for broadcast", algo)
 		}
-	}
-	switch {
-	case count == 0 || c.Size() == 1:
-	case algo == AlgoOneShot:
-		if n > st.lay.oneSlot {
-			return collErr(c, name, hcomm.ErrPara, nil, "oneshot takes at most %d bytes with this HCCL buffer, got %d", st.lay.oneSlot, n)
-		}
-		broadcastOneShot(sc, buf, n, root)
-	case algo == AlgoRing:
-		broadcastRing(sc, buf, n, root)
-	default:
-		return collErr(c, name, hcomm.ErrNotSupport, nil, "algorithm %v is not available for broadcast", algo)
-	}
-	if sc.err == nil {
-		sc.do(st.end(s))
-	}
-	if sc.err != nil {
-		st.err = sc.err
-		return collErr(c, name, hcomm.ResultOf(sc.err), sc.err, "issuing the schedule")
-	}
-	return nil
+		return nil
+	})
 }
 
 // broadcastOneShot: the root writes into a slot of every peer and signals;
