@@ -1,10 +1,3 @@
-// Package reduce holds hcomm's reduction kernels: dst = dst (op) src over raw
-// little-endian element buffers, for every HcclDataType hcomm supports and the
-// four HcclReduceOp reductions.
-//
-// Semantics: integer SUM and PROD wrap around (two's complement, as in C);
-// float MAX and MIN return NaN when either operand is NaN; fp16 and bf16 are
-// computed in float32 and rounded back to nearest, ties to even.
 package reduce
 
 import (
