@@ -33,6 +33,7 @@ type Notify struct {
 	set     atomic.Uint32
 	mu      sync.Mutex
 	waiters []chan struct{}
+	broken  error // set once by Break; guarded by mu
 }
 
 // New returns a notify in the reset state. name says whose it is ("rank 0
@@ -55,6 +56,31 @@ func (n *Notify) Set() {
 	for _, w := range ws {
 		close(w)
 	}
+}
+
+// Break makes every pending and future wait on the notify fail at once with an
+// error wrapping err (unless the notify is already recorded, which a wait still
+// consumes first). A transport calls it on the notifies of a channel whose
+// peer is lost, so that no wait sits out its timeout for a record that cannot
+// come. The first Break wins; later ones are ignored.
+func (n *Notify) Break(err error) {
+	n.mu.Lock()
+	if n.broken == nil {
+		n.broken = err
+	}
+	ws := n.waiters
+	n.waiters = nil
+	n.mu.Unlock()
+	for _, w := range ws {
+		close(w)
+	}
+}
+
+// Broken returns the error given to Break, or nil.
+func (n *Notify) Broken() error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.broken
 }
 
 // TryReset resets a recorded notify and reports whether it was recorded.
@@ -111,6 +137,10 @@ func (n *Notify) await(s *device.Stream, timeout time.Duration, stop <-chan stru
 			n.mu.Unlock()
 			return nil
 		}
+		if b := n.broken; b != nil {
+			n.mu.Unlock()
+			return n.failErr(s, b)
+		}
 		n.waiters = append(n.waiters, ch)
 		n.mu.Unlock()
 		select {
@@ -141,6 +171,14 @@ func (n *Notify) forget(ch chan struct{}) {
 		}
 	}
 	n.mu.Unlock()
+}
+
+// failErr is the error of a wait on a broken notify: ErrStreamAbort-coded,
+// wrapping the cause given to Break.
+func (n *Notify) failErr(s *device.Stream, cause error) error {
+	e := n.fail(s, device.ErrStreamAbort, "wait for %s failed: %v", n.name, cause).(*device.Error)
+	e.Err = cause
+	return e
 }
 
 func (n *Notify) fail(s *device.Stream, code device.Code, format string, args ...any) error {

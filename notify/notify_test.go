@@ -135,3 +135,35 @@ func BenchmarkNotifyHandoff(b *testing.B) {
 	s1.SynchronizeWithTimeout(-1)
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/2/1000, "µs/handoff")
 }
+
+func TestBreakFailsPendingAndLaterWaits(t *testing.T) {
+	dev, err := device.Open(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Close()
+	s, _ := dev.CreateStream()
+	defer s.Destroy()
+	n := notify.New("peer notify")
+	if err := n.Wait(s, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	lost := errors.New("rank 3 is lost")
+	time.Sleep(10 * time.Millisecond) // let the wait go to sleep
+	start := time.Now()
+	n.Break(lost)
+	err = s.SynchronizeWithTimeout(-1)
+	if !errors.Is(err, lost) || time.Since(start) > 10*time.Second {
+		t.Fatalf("pending wait after Break: %v after %v; want an error wrapping %q at once", err, time.Since(start), lost)
+	}
+	if err := n.WaitNow(context.Background()); !errors.Is(err, lost) {
+		t.Fatalf("later wait: %v, want %q", err, lost)
+	}
+	n.Set() // a record that arrived before the loss is still consumed
+	if err := n.WaitNow(context.Background()); err != nil {
+		t.Fatalf("wait on a recorded, broken notify: %v", err)
+	}
+	if n.Broken() != lost {
+		t.Fatalf("Broken() = %v", n.Broken())
+	}
+}
