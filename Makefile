@@ -2,9 +2,12 @@
 GO ?= go
 
 .PHONY: test bench lint demo
-# The README's test command: every package, with the race detector.
+# The README's test command: every package with the race detector, then the
+# collective matrices whole without it.
 test:
 	$(GO) test -race -count=1 -timeout 12m ./...
+	# The collective matrices whole, at full size (the race run covers fewer types).
+	$(GO) test -count=1 -timeout 8m -run 'Matrix|Large' ./collectives
 
 bench:
 	$(GO) test -run XXX -bench . -benchtime 2000x ./device ./notify

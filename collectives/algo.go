@@ -7,27 +7,6 @@ import (
 	"github.com/hcomm-dev/hcomm/hcomm"
 )
 
-// Algorithm names a schedule. The zero value lets the selector choose.
-type Algorithm int
-
-const (
-	AlgoAuto    Algorithm = iota // the selector decides by size
-	AlgoOneShot                  // every rank sends its whole buffer to every peer's HCCL buffer: latency-optimised
-	AlgoRing                     // ring through the HCCL buffers, pipelined in pieces: bandwidth-optimised
-)
-
-func (a Algorithm) String() string {
-	switch a {
-	case AlgoAuto:
-		return "auto"
-	case AlgoOneShot:
-		return "oneshot"
-	case AlgoRing:
-		return "ring"
-	}
-	return "unknown"
-}
-
 // sched issues one rank's part of a schedule on a thread. It only enqueues:
 // the work runs when the stream reaches it. The first error stops issuing.
 type sched struct {
@@ -50,6 +29,20 @@ func (s *sched) mySlot(off int64) device.Ptr             { return s.st.buf.Add(o
 func (s *sched) write(peer int, dst, src device.Ptr, n int64) {
 	if s.ok() && n > 0 {
 		s.do(hcomm.WriteOnThread(s.t, s.st.chans[peer], dst, src, n))
+	}
+}
+
+// launch enqueues a local task of the schedule (the handshake's header
+// writing and checking).
+func (s *sched) launch(name string, fn func() error) {
+	if s.ok() {
+		s.do(s.t.Stream().Launch(name, func(<-chan struct{}) error { return fn() }))
+	}
+}
+
+func (s *sched) read(peer int, dst, src device.Ptr, n int64) {
+	if s.ok() && n > 0 {
+		s.do(hcomm.ReadOnThread(s.t, s.st.chans[peer], dst, src, n))
 	}
 }
 
@@ -77,34 +70,11 @@ func (s *sched) reduce(dst, src device.Ptr, count int64, dt hcomm.DataType, op h
 	}
 }
 
-// --- the ring link: this rank writes pieces into its right neighbour's two
-// ring slots and reads pieces its left neighbour wrote into its own.
-
-func (s *sched) right() int { return (s.st.comm.Rank() + 1) % s.st.comm.Size() }
-func (s *sched) left() int  { return (s.st.comm.Rank() + s.st.comm.Size() - 1) % s.st.comm.Size() }
-
-// sendPiece writes n bytes at src into the right neighbour's next ring slot.
-func (s *sched) sendPiece(src device.Ptr, n int64) {
-	i := s.st.ringSent
-	s.st.ringSent++
-	k := i % 2
-	r := s.right()
-	if i >= 2 {
-		s.wait(r, nAck+int(k)) // the neighbour consumed the slot's last piece
+// reduceTo enqueues dst = a op b.
+func (s *sched) reduceTo(dst, a, b device.Ptr, count int64, dt hcomm.DataType, op hcomm.ReduceOp) {
+	if s.ok() && count > 0 {
+		s.do(hcomm.LocalReduceToOnThread(s.t, dst, a, b, count, dt, op))
 	}
-	s.write(r, s.peerSlot(r, s.st.lay.ringSlotOff(k)), src, n)
-	s.record(r, nData+int(k))
-}
-
-// recvPiece waits for the next piece from the left neighbour and returns where
-// it lies in this rank's HCCL buffer; done must be called once it is consumed.
-func (s *sched) recvPiece() (slot device.Ptr, done func()) {
-	j := s.st.ringRecvd
-	s.st.ringRecvd++
-	k := j % 2
-	l := s.left()
-	s.wait(l, nData+int(k))
-	return s.mySlot(s.st.lay.ringSlotOff(k)), func() { s.record(l, nAck+int(k)) }
 }
 
 // chunk returns the element range of chunk c of count split n ways.

@@ -5,6 +5,7 @@ import (
 
 	"github.com/hcomm-dev/hcomm/device"
 	"github.com/hcomm-dev/hcomm/hcomm"
+	"github.com/hcomm-dev/hcomm/internal/reduce"
 )
 
 // Options tune one collective call. The zero value (or nil) lets hcomm choose.
@@ -71,15 +72,17 @@ func AllReduce(send, recv device.Ptr, count int64, dt hcomm.DataType, op hcomm.R
 	if err := checkBuf(c, name, "recv", recv, n); err != nil {
 		return err
 	}
-	return issue(c, name, s, o, n, func(sc *sched, algo Algorithm) error {
-		switch {
-		case count == 0:
-		case c.Size() == 1:
-			sc.copy(recv, send, n)
-		case algo == AlgoOneShot:
-			allReduceOneShot(sc, send, recv, count, dt, op)
-		case algo == AlgoRing:
+	h := header{kind: kAllReduce, dt: dt, op: op, flags: flagOp, count: count}
+	return issue(c, name, kAllReduce, s, o, n, func(sc *sched, algo Algorithm) error {
+		switch algo {
+		case AlgoOneShot:
+			allReduceOneShot(sc, h, send, recv, count, dt, op)
+		case AlgoRing:
+			sc.open(h, algo)
 			allReduceRing(sc, send, recv, count, dt, op)
+		case AlgoHD:
+			sc.open(h, algo)
+			allReduceHD(sc, send, recv, count, dt, op)
 		default:
 			return collErr(c, name, hcomm.ErrNotSupport, nil, "algorithm %v is not available for allreduce", algo)
 		}
@@ -88,9 +91,10 @@ func AllReduce(send, recv device.Ptr, count int64, dt hcomm.DataType, op hcomm.R
 }
 
 // issue runs the part every collective shares: set up (first call), order
-// after the previous collective, pick the algorithm for the message of n
-// bytes, issue the schedule, and record the completion.
-func issue(c *hcomm.Comm, name string, s *device.Stream, o *Options, n int64, body func(sc *sched, algo Algorithm) error) error {
+// after the previous collective, pick the algorithm for kind k and a message
+// of n bytes per rank, issue the schedule (which opens with the handshake),
+// and record the completion.
+func issue(c *hcomm.Comm, name string, k kind, s *device.Stream, o *Options, n int64, body func(sc *sched, algo Algorithm) error) error {
 	st, err := getState(c)
 	if err != nil {
 		return collErr(c, name, hcomm.ResultOf(err), err, "setting up the collective channels")
@@ -99,21 +103,31 @@ func issue(c *hcomm.Comm, name string, s *device.Stream, o *Options, n int64, bo
 	defer st.mu.Unlock()
 	algo := algoOf(o)
 	if algo == AlgoAuto {
-		algo = AlgoRing
-		if n <= st.lay.oneSlot {
-			algo = AlgoOneShot
-		}
+		algo = st.forced[k]
 	}
-	if algo == AlgoOneShot && n > st.lay.oneSlot && c.Size() > 1 {
-		return collErr(c, name, hcomm.ErrPara, nil, "oneshot takes at most %d bytes per rank with this HCCL buffer, got %d", st.lay.oneSlot, n)
+	if algo == AlgoAuto {
+		algo = choose(k, n, st.lay, st.mapped)
+	}
+	if !has(k, algo) {
+		return collErr(c, name, hcomm.ErrNotSupport, nil, "%v has no %v algorithm (it has %v)", k, algo, algorithms[k])
+	}
+	if algo == AlgoOneShot && n > st.lay.inline() {
+		return collErr(c, name, hcomm.ErrPara, nil, "oneshot takes at most %d bytes per rank with this HCCL buffer, got %d", st.lay.inline(), n)
 	}
 	t, err := st.begin(s)
 	if err != nil {
 		return collErr(c, name, hcomm.ResultOf(err), err, "")
 	}
+	// BeginOp numbers the collective for errors and logs, and times it when
+	// metrics are on; endOp enqueues the closing task.
+	_, endOp := c.BeginOp(t, name, algo.String())
 	sc := &sched{st: st, t: t}
+	st.seq++
 	if err := body(sc, algo); err != nil {
 		return err
+	}
+	if sc.err == nil {
+		sc.do(endOp())
 	}
 	if sc.err == nil {
 		sc.do(st.end(s))
@@ -125,82 +139,156 @@ func issue(c *hcomm.Comm, name string, s *device.Stream, o *Options, n int64, bo
 	return nil
 }
 
-// allReduceOneShot: every rank writes its input into a slot of every peer's
-// HCCL buffer and signals; once all peers' inputs have arrived, each rank
-// reduces the n inputs in rank order into recv. One hand-off deep.
-func allReduceOneShot(sc *sched, send, recv device.Ptr, count int64, dt hcomm.DataType, op hcomm.ReduceOp) {
-	st := sc.st
-	c := st.comm
-	me, n := c.Rank(), c.Size()
+// allReduceOneShot: every rank's input travels inline with its hello into
+// every peer's hello slot; once all have arrived, each rank reduces the n
+// inputs in rank order into recv (so that every rank gets the same bits).
+// One hand-off deep.
+func allReduceOneShot(sc *sched, h header, send, recv device.Ptr, count int64, dt hcomm.DataType, op hcomm.ReduceOp) {
+	n := sc.st.comm.Size()
 	bytes := count * int64(dt.Size())
-	par := make([]uint64, n)
-	for p := 0; p < n; p++ {
-		if p == me {
-			continue
+	h.algo = AlgoOneShot
+	dev := sc.st.comm.Device()
+	// The reduction runs in the handshake's check task: one task fewer on
+	// the latency path, and the check costs no task of its own. Inputs are
+	// read from the hello slots (this rank's own copy included), so in
+	// place is safe.
+	sc.helloThen(h, sc.others(), send, bytes, nil, func(at func(int) device.Ptr) error {
+		if count == 0 {
+			return nil
 		}
-		par[p] = st.pairSeq[p] % 2
-		st.pairSeq[p]++
-		sc.write(p, sc.peerSlot(p, st.lay.oneSlotOff(me, par[p])), send, bytes)
-		sc.record(p, nOne+int(par[p]))
-	}
-	// This rank's own input goes to its own slot first: in-place, recv is
-	// overwritten before the input would be read.
-	mine := sc.mySlot(st.lay.oneSlotOff(me, 0))
-	sc.copy(mine, send, bytes)
-	for p := 0; p < n; p++ {
-		if p != me {
-			sc.wait(p, nOne+int(par[p]))
+		dst, err := dev.Bytes(recv, bytes)
+		if err != nil {
+			return err
 		}
-	}
-	src := func(p int) device.Ptr {
-		if p == me {
-			return mine
+		in := func(p int) ([]byte, error) { return dev.Bytes(at(p), bytes) }
+		a, err := in(0)
+		if err != nil {
+			return err
 		}
-		return sc.mySlot(st.lay.oneSlotOff(p, par[p]))
-	}
-	sc.copy(recv, src(0), bytes)
-	for p := 1; p < n; p++ {
-		sc.reduce(recv, src(p), count, dt, op)
-	}
+		if n == 1 {
+			copy(dst, a)
+			return nil
+		}
+		b, err := in(1)
+		if err != nil {
+			return err
+		}
+		if err := reduce.Reduce3(dst, a, b, int(count), dt, op); err != nil {
+			return err
+		}
+		for p := 2; p < n; p++ {
+			x, err := in(p)
+			if err != nil {
+				return err
+			}
+			if err := reduce.Reduce(dst, x, int(count), dt, op); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
 }
 
-// allReduceRing: reduce-scatter then all-gather around the ring, each step's
-// chunk moved in pieces through the neighbour's two ring slots, so that the
-// write of one piece overlaps the reduction of the previous one.
+// allReduceRing: a ring reduce-scatter, then an all-gather in which every
+// rank reads the other ranks' results straight from their HCCL buffers — run
+// on blocks of n pieces, so that a block's data stays in cache from the first
+// step to the last (NCCL's ring loop does the same).
+//
+// In a block, chunk c is piece c. The reduce-scatter moves one piece per step
+// through the right neighbour's two ring slots. A received piece is combined
+// with this rank's own input straight into its destination
+// (LocalReduceToOnThread): no pass copies send to recv first. The last step's
+// result goes into one of this rank's two gather slots; the rank copies it to
+// its recv, signals every peer, and every peer reads it from there into its own
+// recv: one copy per receiver, where a ring all-gather costs a write and a
+// copy. Memory traffic is then close to the floor: each input read once, each
+// output written once.
 func allReduceRing(sc *sched, send, recv device.Ptr, count int64, dt hcomm.DataType, op hcomm.ReduceOp) {
+	st := sc.st
 	es := int64(dt.Size())
-	per := sc.st.lay.pieceMax / es
-	sc.copy(recv, send, count*es)
-	at := func(elem int64) device.Ptr { return recv.Add(elem * es) }
-	// reduce-scatter: after step s this rank holds the partial sums of chunk me-s-1.
-	ringSteps(sc, count, per, es, 0, at, func(dst, slot device.Ptr, cnt int64) {
-		sc.reduce(dst, slot, cnt, dt, op)
-	})
-	// all-gather: pass the reduced chunks on around the ring.
-	ringSteps(sc, count, per, es, 1, at, func(dst, slot device.Ptr, cnt int64) {
-		sc.copy(dst, slot, cnt*es)
-	})
+	n := int64(st.comm.Size())
+	if n == 1 {
+		sc.copy(recv, send, count*es)
+		return
+	}
+	block := n * (st.lay.piece / es)
+	// Software-pipelined: the all-gather reads of block b are issued after the
+	// reduce-scatter of block b+1, so that by the time this rank waits for a
+	// peer's result the peer has long published it, and a rank that is a
+	// little behind does not stall the others at every block.
+	var gather func()
+	for base := int64(0); base < count; base += block {
+		next := allReduceBlock(sc, send.Add(base*es), recv.Add(base*es), min(block, count-base), dt, op)
+		if gather != nil {
+			gather()
+		}
+		gather = next
+	}
+	if gather != nil {
+		gather()
+	}
 }
 
-// ringSteps runs n-1 ring steps: at step s this rank sends chunk me+shift-s
-// and receives chunk me+shift-s-1, piece by piece, consuming each received
-// piece with consume(dst, slot, elements).
-func ringSteps(sc *sched, count, per, es int64, shift int, at func(int64) device.Ptr, consume func(dst, slot device.Ptr, cnt int64)) {
-	me, n := sc.st.comm.Rank(), sc.st.comm.Size()
+// allReduceBlock issues the reduce-scatter of one block and publishes this
+// rank's result; it returns the function that issues the block's all-gather.
+func allReduceBlock(sc *sched, send, recv device.Ptr, count int64, dt hcomm.DataType, op hcomm.ReduceOp) (gather func()) {
+	st := sc.st
+	me, n := st.comm.Rank(), st.comm.Size()
+	es := int64(dt.Size())
+	others := sc.others()
+	k, slot := sc.claimGather(others)
+	// Rank p ends the reduce-scatter with the result of chunk p+1, in its
+	// gather slot.
+	ringReduceScatter(sc, 0, func(c int) (int64, int64) { return chunk(count, n, c) }, send,
+		func(int) device.Ptr { return slot }, dt, op)
+	sc.publish(k, others)
+	off, cnt := chunk(count, n, mod(me+1, n))
+	sc.copy(recv.Add(off*es), slot, cnt*es)
+	ks := make([]uint64, n)
+	for _, p := range others {
+		ks[p] = sc.nextGather(p)
+	}
+	return func() {
+		for i := 1; i < n; i++ {
+			p := mod(me-i, n)
+			off, cnt := chunk(count, n, mod(p+1, n))
+			sc.readGather(p, ks[p], recv.Add(off*es), 0, cnt*es)
+		}
+	}
+}
+
+// ringReduceScatter reduces n chunks (chunkAt(c): element offset into send
+// and count; each fits one piece) around the ring: at step s this rank sends
+// its partial result of chunk me+shift-s to its right neighbour and combines
+// the partial of chunk me+shift-s-1 from its left with its own input. Step 0
+// sends straight from send; partials between steps live in the scratch slot;
+// the last step writes chunk me+shift+1 to final(chunk).
+func ringReduceScatter(sc *sched, shift int, chunkAt func(c int) (int64, int64), send device.Ptr, final func(c int) device.Ptr, dt hcomm.DataType, op hcomm.ReduceOp) {
+	st := sc.st
+	me, n := st.comm.Rank(), st.comm.Size()
+	es := int64(dt.Size())
+	scratch := sc.mySlot(st.lay.scratchOff())
+	right, left := mod(me+1, n), mod(me-1, n)
 	for step := 0; step < n-1; step++ {
-		sOff, sCnt := chunk(count, n, mod(me+shift-step, n))
-		rOff, rCnt := chunk(count, n, mod(me+shift-step-1, n))
-		ps, pr := pieces(sCnt, per), pieces(rCnt, per)
-		for q := int64(0); q < ps || q < pr; q++ {
-			lo := q * per
-			if q < ps {
-				sc.sendPiece(at(sOff+lo), min(per, sCnt-lo)*es)
+		sc_ := mod(me+shift-step, n)
+		rc := mod(me+shift-step-1, n)
+		sOff, sCnt := chunkAt(sc_)
+		rOff, rCnt := chunkAt(rc)
+		if sCnt > 0 {
+			src := scratch
+			if step == 0 {
+				src = send.Add(sOff * es)
 			}
-			if q < pr {
-				slot, done := sc.recvPiece()
-				consume(at(rOff+lo), slot, min(per, rCnt-lo))
-				done()
+			sc.pipeSend(right, src, sCnt*es)
+		}
+		if rCnt > 0 {
+			piece, done := sc.pipeRecv(left)
+			dst := scratch
+			if step == n-2 {
+				dst = final(rc)
 			}
+			sc.reduceTo(dst, send.Add(rOff*es), piece, rCnt, dt, op)
+			done()
 		}
 	}
 }

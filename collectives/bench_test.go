@@ -104,3 +104,66 @@ func BenchmarkBroadcast(b *testing.B) {
 		}
 	}
 }
+
+// benchOp is one collective as nccl-tests measures it: size is S, the
+// per-rank buffer that names the row (the whole output for all-gather, the
+// whole input for reduce-scatter and all-to-all), and factor turns algbw into
+// busbw.
+type benchOp struct {
+	name   string
+	factor func(n int) float64
+	call   func(c *hcomm.Comm, s *device.Stream, send, recv device.Ptr, size int64, n int, algo collectives.Algorithm) error
+}
+
+var benchOps = []benchOp{
+	{"AllReduce", func(n int) float64 { return 2 * float64(n-1) / float64(n) },
+		func(c *hcomm.Comm, s *device.Stream, send, recv device.Ptr, size int64, n int, a collectives.Algorithm) error {
+			return collectives.AllReduce(send, recv, size/4, hcomm.Float32, hcomm.Sum, c, s, &collectives.Options{Algorithm: a})
+		}},
+	{"Broadcast", func(int) float64 { return 1 },
+		func(c *hcomm.Comm, s *device.Stream, send, recv device.Ptr, size int64, n int, a collectives.Algorithm) error {
+			return collectives.Broadcast(send, size/4, hcomm.Float32, 0, c, s, &collectives.Options{Algorithm: a})
+		}},
+	{"Reduce", func(int) float64 { return 1 },
+		func(c *hcomm.Comm, s *device.Stream, send, recv device.Ptr, size int64, n int, a collectives.Algorithm) error {
+			return collectives.Reduce(send, recv, size/4, hcomm.Float32, hcomm.Sum, 0, c, s, &collectives.Options{Algorithm: a})
+		}},
+	{"AllGather", func(n int) float64 { return float64(n-1) / float64(n) },
+		func(c *hcomm.Comm, s *device.Stream, send, recv device.Ptr, size int64, n int, a collectives.Algorithm) error {
+			return collectives.AllGather(send, recv, size/4/int64(n), hcomm.Float32, c, s, &collectives.Options{Algorithm: a})
+		}},
+	{"ReduceScatter", func(n int) float64 { return float64(n-1) / float64(n) },
+		func(c *hcomm.Comm, s *device.Stream, send, recv device.Ptr, size int64, n int, a collectives.Algorithm) error {
+			return collectives.ReduceScatter(send, recv, size/4/int64(n), hcomm.Float32, hcomm.Sum, c, s, &collectives.Options{Algorithm: a})
+		}},
+	{"AlltoAll", func(n int) float64 { return float64(n-1) / float64(n) },
+		func(c *hcomm.Comm, s *device.Stream, send, recv device.Ptr, size int64, n int, a collectives.Algorithm) error {
+			bl := size / 4 / int64(n)
+			return collectives.AlltoAll(send, bl, hcomm.Float32, recv, bl, hcomm.Float32, c, s, &collectives.Options{Algorithm: a})
+		}},
+}
+
+// BenchmarkCollectives measures every collective with every algorithm it has
+// (and the selector's choice, "auto") at 4 KiB, 1 MiB and 64 MiB for 2 and 4
+// ranks: the figures behind BENCHMARKS.md's per-algorithm table.
+//
+//	go test -run XXX -bench 'Collectives/AllGather' -benchtime 20x ./collectives
+func BenchmarkCollectives(b *testing.B) {
+	for _, op := range benchOps {
+		algos := append([]collectives.Algorithm{collectives.AlgoAuto}, collectives.Algorithms(op.name)...)
+		for _, n := range []int{2, 4} {
+			for _, size := range []int64{4 << 10, 1 << 20, 64 << 20} {
+				for _, a := range algos {
+					b.Run(fmt.Sprintf("%s/ranks=%d/%s/%v", op.name, n, sizeName(size), a), func(b *testing.B) {
+						if a == collectives.AlgoOneShot && size/int64(n) > 64<<10 {
+							b.Skip("larger than the one-shot slots")
+						}
+						benchColl(b, n, size, op.factor(n), func(c *hcomm.Comm, s *device.Stream, send, recv device.Ptr, count int64) error {
+							return op.call(c, s, send, recv, count*4, n, a)
+						})
+					})
+				}
+			}
+		}
+	}
+}

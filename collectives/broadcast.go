@@ -22,12 +22,18 @@ func Broadcast(buf device.Ptr, count int64, dt hcomm.DataType, root int, c *hcom
 	if err := checkBuf(c, name, "buf", buf, n); err != nil {
 		return err
 	}
-	return issue(c, name, s, o, n, func(sc *sched, algo Algorithm) error {
+	h := header{kind: kBroadcast, dt: dt, flags: flagRoot, root: int32(root), count: count}
+	return issue(c, name, kBroadcast, s, o, n, func(sc *sched, algo Algorithm) error {
 		switch {
-		case count == 0 || c.Size() == 1:
+		case c.Size() == 1:
+			sc.open(h, algo)
 		case algo == AlgoOneShot:
-			broadcastOneShot(sc, buf, n, root)
+			broadcastOneShot(sc, h, buf, n, root)
+		case algo == AlgoDirect:
+			sc.open(h, algo)
+			broadcastDirect(sc, buf, n, root)
 		case algo == AlgoRing:
+			sc.open(h, algo)
 			broadcastRing(sc, buf, n, root)
 		default:
 			return collErr(c, name, hcomm.ErrNotSupport, nil, "algorithm %v is not available for broadcast", algo)
@@ -36,53 +42,64 @@ func Broadcast(buf device.Ptr, count int64, dt hcomm.DataType, root int, c *hcom
 	})
 }
 
-// broadcastOneShot: the root writes into a slot of every peer and signals;
-// each peer copies out and acknowledges, and the root waits for the acks so
-// that the slot is free before it is written again.
-func broadcastOneShot(sc *sched, buf device.Ptr, bytes int64, root int) {
-	st := sc.st
-	me, n := st.comm.Rank(), st.comm.Size()
+// broadcastOneShot: the root's data travels inline with its hello; every
+// other rank copies it out of its hello slot.
+func broadcastOneShot(sc *sched, h header, buf device.Ptr, bytes int64, root int) {
+	h.algo = AlgoOneShot
+	me := sc.st.comm.Rank()
+	var inline int64
 	if me == root {
-		par := make([]uint64, n)
-		for p := 0; p < n; p++ {
-			if p == me {
-				continue
-			}
-			par[p] = st.pairSeq[p] % 2
-			st.pairSeq[p]++
-			sc.write(p, sc.peerSlot(p, st.lay.oneSlotOff(me, par[p])), buf, bytes)
-			sc.record(p, nOne+int(par[p]))
-		}
-		for p := 0; p < n; p++ {
-			if p != me {
-				sc.wait(p, nOne+int(par[p]))
-			}
-		}
-		return
+		inline = bytes
 	}
-	par := st.pairSeq[root] % 2
-	st.pairSeq[root]++
-	sc.wait(root, nOne+int(par))
-	sc.copy(buf, sc.mySlot(st.lay.oneSlotOff(root, par)), bytes)
-	sc.record(root, nOne+int(par))
+	at := sc.hello(h, sc.others(), buf, inline, nil)
+	if me != root {
+		sc.copy(buf, at(root), bytes)
+	}
 }
 
-// broadcastRing: pieces flow root -> root+1 -> ... -> root-1; each rank
-// forwards a piece from its ring slot before copying it out.
+// broadcastDirect: the root puts each piece in one of its gather slots and
+// every other rank reads it from there straight into its buf: one copy per
+// rank, which beats forwarding along a ring wherever a read is a memmove.
+func broadcastDirect(sc *sched, buf device.Ptr, bytes int64, root int) {
+	me := sc.st.comm.Rank()
+	per := sc.st.lay.piece
+	var readers []int
+	for p := 0; p < sc.st.comm.Size(); p++ {
+		if p != root {
+			readers = append(readers, p)
+		}
+	}
+	for lo := int64(0); lo < bytes; lo += per {
+		m := min(per, bytes-lo)
+		if me == root {
+			k, slot := sc.claimGather(readers)
+			sc.copy(slot, buf.Add(lo), m)
+			sc.publish(k, readers)
+			continue
+		}
+		sc.readGather(root, sc.nextGather(root), buf.Add(lo), 0, m)
+	}
+}
+
+// broadcastRing: pieces flow root -> root+1 -> ... -> root-1 through the
+// pipes; each rank forwards a piece from its inbox before copying it out.
+// Every link carries the data once: the choice where a read crosses a
+// network.
 func broadcastRing(sc *sched, buf device.Ptr, bytes int64, root int) {
 	st := sc.st
 	me, n := st.comm.Rank(), st.comm.Size()
 	pos := mod(me-root, n)
-	per := st.lay.pieceMax
+	right, left := mod(me+1, n), mod(me-1, n)
+	per := st.lay.piece
 	for lo := int64(0); lo < bytes; lo += per {
 		m := min(per, bytes-lo)
 		if pos == 0 {
-			sc.sendPiece(buf.Add(lo), m)
+			sc.pipeSend(right, buf.Add(lo), m)
 			continue
 		}
-		slot, done := sc.recvPiece()
+		slot, done := sc.pipeRecv(left)
 		if pos < n-1 {
-			sc.sendPiece(slot, m)
+			sc.pipeSend(right, slot, m)
 		}
 		sc.copy(buf.Add(lo), slot, m)
 		done()

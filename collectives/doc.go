@@ -1,22 +1,60 @@
-// Package collectives implements collective operations — today AllReduce and
-// Broadcast — as schedules of hcomm's data-plane operations only
-// (WriteOnThread, notify record/wait, LocalCopy/LocalReduce), so that they run
+// Package collectives implements hcomm's collective operations as schedules
+// of the data-plane operations only (WriteOnThread, ReadOnThread, notify
+// record/wait, LocalCopy, LocalReduce/LocalReduceTo), so that they run
 // unchanged on every transport.
 //
-// Two layers: the stream-ordered calls, like HcclAllReduce(send, recv, count,
-// dtype, op, comm, stream), enqueue on a device stream and return; the
-// host-slice calls (AllReduceSlice, BroadcastSlice) take Go slices of any
-// number type and a context, and return when the result is in place.
+// # Where to start
 //
-// Algorithms: a one-shot exchange through every peer's HCCL buffer for small
-// messages (one hand-off deep), and a ring — reduce-scatter then all-gather,
-// pipelined in pieces through two slots of each neighbour's HCCL buffer — for
-// large ones, so buffers of any size pass through an HCCL buffer of any size.
+// The stream-ordered calls follow HCCL's signatures and enqueue on a device
+// stream: AllReduce, Broadcast, Reduce, AllGather, AllGatherV, ReduceScatter,
+// ReduceScatterV, Scatter, Gather, AlltoAll, AlltoAllV, Barrier, Send, Recv
+// and BatchSendRecv. Synchronize the stream to wait. The host-slice layer
+// (AllReduceSlice, BroadcastSlice, AllGatherSlice, ReduceScatterSlice,
+// ReduceSlice, AlltoAllSlice, BarrierContext) takes Go slices of any number
+// type and a context and returns when the result is in place.
+//
+// # The handshake
+//
+// Every collective opens with a hello: each rank writes a 64-byte header —
+// collective, count, data type, reduce op, root, algorithm, sequence number
+// — into a slot of every peer's HCCL buffer, waits for every peer's, and
+// checks them. A rank that called something else gets an error matching
+// ErrMismatch that names both ranks and both calls, on every rank, instead of
+// a hang or wrong data. Small messages travel inline in the hello (the
+// one-shot algorithms), so the check costs no extra hand-off there. Set
+// HCOMM_COLL_CHECK=0 to skip the comparison (the exchange stays: it is what
+// makes slot reuse safe); BENCHMARKS.md gives its cost.
+//
+// # Algorithms
+//
+// Each collective has the schedules Algorithms lists; the selector picks one
+// by collective, message size and transport, HCCL_ALGO overrides it for all
+// ranks ("level0:NA;level1:ring" or per collective
+// "allreduce=level0:NA;level1:ring/allgather=level0:NA;level1:fullmesh"), and
+// Options.Algorithm overrides it per call (every rank must pick the same; the
+// handshake checks).
+//
+//   - oneshot: data inline with the hello, one hand-off: small messages.
+//   - ring: pieces through each neighbour's inbox slots; every link carries
+//     the data once. The all-reduce runs a ring reduce-scatter on blocks of
+//     n pieces, so that a block stays in cache from its first step to its
+//     last, and then every rank reads the others' results straight from their
+//     HCCL buffers (one copy per receiver, not a write and a copy).
+//   - direct: every rank reads each piece straight from its owner's HCCL
+//     buffer (broadcast, all-gather); the choice wherever a read is a
+//     memmove (inproc, shm).
+//   - pairwise: n-1 rounds of exchanges (all-to-all, scatter, gather).
+//
 // Every rank reduces in the same order, so results are bit-identical on all
 // ranks.
 //
-// The caller's duties: every rank calls the same collectives in the same
-// order with the same count, type, op and root; collectives of one
-// communicator are issued from one goroutine at a time (calls on different
-// streams are ordered by an event, as NCCL orders them).
+// # The caller's duties
+//
+//  1. Every rank calls the same collectives in the same order with the same
+//     count, type, op and root (the handshake reports a breach).
+//  2. Collectives of one communicator are issued from one goroutine at a
+//     time; calls on different streams are ordered by an event, as NCCL
+//     orders them.
+//  3. A buffer is not touched while a collective that uses it is pending on
+//     its stream.
 package collectives

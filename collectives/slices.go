@@ -137,3 +137,89 @@ func BroadcastSlice[T Number](ctx context.Context, c *hcomm.Comm, buf []T, root 
 		return Broadcast(p, int64(len(buf)), dt, root, c, s, o)
 	})
 }
+
+// AllGatherSlice gathers every rank's send into recv, rank r's at
+// recv[r*len(send):]; len(recv) must be Size()*len(send).
+func AllGatherSlice[T Number](ctx context.Context, c *hcomm.Comm, send, recv []T, o *Options) error {
+	n := c.Size()
+	if len(recv) != n*len(send) {
+		return collErr(c, "AllGather", hcomm.ErrPara, nil, "recv has %d elements, want %d ranks x %d", len(recv), n, len(send))
+	}
+	dt := DataTypeOf[T]()
+	es := int64(dt.Size())
+	// Staging: [recv | send] in one device buffer.
+	in := make([]byte, int64(len(recv))*es+int64(len(send))*es)
+	copy(in[int64(len(recv))*es:], asBytes(send))
+	return hostRun(ctx, c, "AllGather", in, asBytes(recv), func(p device.Ptr, s *device.Stream) error {
+		return AllGather(p.Add(int64(len(recv))*es), p, int64(len(send)), dt, c, s, o)
+	})
+}
+
+// ReduceScatterSlice reduces send (Size()*len(recv) elements) across all
+// ranks; rank r receives the reduced elements [r*len(recv), (r+1)*len(recv)).
+func ReduceScatterSlice[T Number](ctx context.Context, c *hcomm.Comm, send, recv []T, op hcomm.ReduceOp, o *Options) error {
+	n := c.Size()
+	if len(send) != n*len(recv) {
+		return collErr(c, "ReduceScatter", hcomm.ErrPara, nil, "send has %d elements, want %d ranks x %d", len(send), n, len(recv))
+	}
+	dt := DataTypeOf[T]()
+	return hostRun(ctx, c, "ReduceScatter", asBytes(send), asBytes(recv), func(p device.Ptr, s *device.Stream) error {
+		// In place: rank r's result lands over its own part of the input,
+		// then is copied out from the start of the staging buffer.
+		es := int64(dt.Size())
+		mine := p.Add(int64(c.Rank()) * int64(len(recv)) * es)
+		if err := ReduceScatter(p, mine, int64(len(recv)), dt, op, c, s, o); err != nil {
+			return err
+		}
+		if mine != p && len(recv) > 0 {
+			return s.MemcpyAsync(p, mine, int64(len(recv))*es, device.MemcpyDeviceToDevice)
+		}
+		return nil
+	})
+}
+
+// ReduceSlice reduces send across all ranks into root's recv (recv is only
+// written on root; other ranks may pass nil).
+func ReduceSlice[T Number](ctx context.Context, c *hcomm.Comm, send, recv []T, op hcomm.ReduceOp, root int, o *Options) error {
+	if c.Rank() == root && len(recv) != len(send) {
+		return collErr(c, "Reduce", hcomm.ErrPara, nil, "send has %d elements, recv %d", len(send), len(recv))
+	}
+	dt := DataTypeOf[T]()
+	var out []byte
+	if c.Rank() == root {
+		out = asBytes(recv)
+	}
+	return hostRun(ctx, c, "Reduce", asBytes(send), out, func(p device.Ptr, s *device.Stream) error {
+		return Reduce(p, p, int64(len(send)), dt, op, root, c, s, o)
+	})
+}
+
+// AlltoAllSlice sends block p of send (len(send)/Size() elements) to rank p,
+// which stores it as block r of its recv.
+func AlltoAllSlice[T Number](ctx context.Context, c *hcomm.Comm, send, recv []T, o *Options) error {
+	n := c.Size()
+	if len(send) != len(recv) || len(send)%n != 0 {
+		return collErr(c, "AlltoAll", hcomm.ErrPara, nil, "send has %d elements and recv %d: want equal lengths divisible by %d ranks", len(send), len(recv), n)
+	}
+	dt := DataTypeOf[T]()
+	es := int64(dt.Size())
+	in := make([]byte, 2*int64(len(send))*es)
+	copy(in, asBytes(send))
+	out := make([]byte, 2*int64(len(send))*es)
+	if err := hostRun(ctx, c, "AlltoAll", in, out, func(p device.Ptr, s *device.Stream) error {
+		bl := int64(len(send) / n)
+		return AlltoAll(p, bl, dt, p.Add(int64(len(send))*es), bl, dt, c, s, o)
+	}); err != nil {
+		return err
+	}
+	copy(asBytes(recv), out[int64(len(send))*es:])
+	return nil
+}
+
+// BarrierContext returns once every rank has reached the barrier, or when
+// ctx ends.
+func BarrierContext(ctx context.Context, c *hcomm.Comm) error {
+	return hostRun(ctx, c, "Barrier", nil, nil, func(_ device.Ptr, s *device.Stream) error {
+		return Barrier(c, s)
+	})
+}

@@ -2,6 +2,7 @@ package collectives
 
 import (
 	"fmt"
+	"os"
 	"sync"
 
 	"github.com/hcomm-dev/hcomm/device"
@@ -13,58 +14,66 @@ import (
 // without two records of one index collapsing (a notify is a flag, not a
 // counter).
 const (
-	nData     = 0 // + slot: "piece written into your ring slot"
-	nAck      = 2 // + slot: "ring slot consumed, you may write it again"
-	nOne      = 4 // + parity: one-shot exchange (data, or a broadcast's ack)
-	notifyNum = 6
+	nData     = 0 // + slot: "a piece is in your inbox slot from me"
+	nAck      = 2 // + slot: "inbox slot consumed, you may write it again"
+	nHello    = 4 // + parity: the handshake that opens every collective
+	nReady    = 6 // + slot: "my gather slot holds what you may read now"
+	nDone     = 8 // + slot: "I have read your gather slot"
+	notifyNum = 10
 	chanTag   = "hcomm/collectives"
 )
 
 // layout is how a rank's HCCL buffer is cut up; every rank computes the same.
+//
+//	[hello slots: n ranks x 2 parities x helloSlot]
+//	[inbox slots: n sources x 2 x piece]  pipes: a peer writes a piece, this rank consumes it
+//	[gather slots: 2 x piece]             this rank publishes a piece, peers read it
+//	[scratch: 1 piece]                    partial results between ring steps
 type layout struct {
-	oneSlot  int64 // bytes of one one-shot slot (0: no one-shot)
-	oneArea  int64 // n * 2 one-shot slots
-	ringOff  int64 // start of the two ring slots
-	ringSlot int64 // bytes of one ring slot
-	pieceMax int64 // bytes moved per ring piece
-	bufSize  int64
+	helloSlot int64 // bytes of one hello slot: a 64-byte header + inline payload
+	inboxOff  int64
+	gatherOff int64
+	piece     int64 // bytes of one inbox or gather slot: the pipeline's piece
+	n         int
+	bufSize   int64
 }
 
-// oneShotMax bounds the one-shot algorithms: above it the ring's pipelining wins.
-const oneShotMax = 64 << 10
+// helloMax bounds a hello slot: payloads up to helloMax-headerSize travel
+// inline with the handshake (the one-shot algorithms).
+const helloMax = 64<<10 + headerSize
 
-// ringPieceMax is the piece of the ring pipeline: small enough to stay in cache
-// between the write and the reduce, big enough to amortise the hand-offs.
-const ringPieceMax = 512 << 10
+// pieceMax is the pipeline's piece: small enough that a block of n pieces
+// stays in cache from the first step of a schedule to the last, big enough to
+// amortise the hand-offs.
+const pieceMax = 512 << 10
 
 func newLayout(n int, bufSize int64) (layout, error) {
-	l := layout{bufSize: bufSize}
-	slot := (bufSize / 4) / int64(2*n)
-	slot = slot &^ 63
-	if slot > oneShotMax {
-		slot = oneShotMax
-	}
-	if slot >= 64 {
-		l.oneSlot = slot
-		l.oneArea = slot * int64(2*n)
-	}
-	l.ringOff = (l.oneArea + 4095) &^ 4095
-	l.ringSlot = ((bufSize - l.ringOff) / 2) &^ 63
-	if l.ringSlot < 64 {
-		return l, fmt.Errorf("HCCL buffer of %d bytes is too small for %d ranks: the collectives need at least %d", bufSize, n, l.ringOff+128)
-	}
-	l.pieceMax = l.ringSlot
-	if l.pieceMax > ringPieceMax {
-		l.pieceMax = ringPieceMax
+	l := layout{n: n, bufSize: bufSize}
+	l.helloSlot = min(helloMax, ((bufSize/4)/int64(2*n))&^63)
+	l.inboxOff = (l.helloSlot*int64(2*n) + 4095) &^ 4095
+	l.piece = min(pieceMax, ((bufSize-l.inboxOff)/int64(2*n+3))&^63)
+	l.gatherOff = l.inboxOff + l.piece*int64(2*n)
+	if l.helloSlot < 2*headerSize || l.piece < 64 {
+		return l, fmt.Errorf("HCCL buffer of %d bytes is too small for %d ranks: the collectives need at least %d", bufSize, n, int64(4*2*n*2*headerSize)+int64(2*n+3)*64+4096)
 	}
 	return l, nil
 }
 
-func (l layout) oneSlotOff(from int, parity uint64) int64 {
-	return (int64(from)*2 + int64(parity)) * l.oneSlot
+// helloOff is the hello slot that rank from writes into, for parity par.
+func (l layout) helloOff(from int, par uint64) int64 {
+	return (int64(from)*2 + int64(par)) * l.helloSlot
 }
 
-func (l layout) ringSlotOff(k uint64) int64 { return l.ringOff + int64(k)*l.ringSlot }
+// inline is the payload a hello slot carries after its header.
+func (l layout) inline() int64 { return l.helloSlot - headerSize }
+
+func (l layout) inboxSlotOff(from int, k uint64) int64 {
+	return l.inboxOff + (int64(from)*2+int64(k))*l.piece
+}
+
+func (l layout) gatherSlotOff(k uint64) int64 { return l.gatherOff + int64(k)*l.piece }
+
+func (l layout) scratchOff() int64 { return l.gatherOff + 2*l.piece }
 
 // state is what a communicator's collectives remember between calls.
 type state struct {
@@ -76,9 +85,18 @@ type state struct {
 	peerBuf []device.Ptr     // peers' HCCL buffers
 	threads map[*device.Stream]*hcomm.Thread
 
-	pairSeq   []uint64 // one-shot exchanges with each peer so far
-	ringSent  uint64   // ring pieces written to the right neighbour
-	ringRecvd uint64   // ring pieces received from the left neighbour
+	seq     uint64             // collectives issued so far (the handshake's sequence number)
+	hellos  []uint64           // handshakes with each peer so far (their parity)
+	sent    []uint64           // pieces written into each peer's inbox
+	recvd   []uint64           // pieces consumed from each peer's inbox
+	gathers []uint64           // pieces each rank has published in its gather slots
+	readers [2][]int           // the ranks that read this rank's gather slot k last
+	noCheck bool               // skip the handshake's check (HCOMM_COLL_CHECK=0), for measuring its cost
+	mapped  bool               // every peer's memory is mapped (inproc, shm): a read is a memmove
+	forced  map[kind]Algorithm // HCCL_ALGO
+
+	side           *hcomm.Thread // the side thread (fork/join), made on first use
+	forkEv, joinEv *device.Event
 
 	last       *device.Event // the previous collective's completion
 	lastStream *device.Stream
@@ -110,17 +128,25 @@ func getState(c *hcomm.Comm) (*state, error) {
 		}
 		return st, nil
 	}
-	st.err = st.setup()
-	return st, st.err
+	if st.err = st.setup(); st.err != nil {
+		return nil, st.err
+	}
+	return st, nil
 }
 
 func (st *state) init1() {
 	c := st.comm
 	st.threads = make(map[*device.Stream]*hcomm.Thread)
-	st.pairSeq = make([]uint64, c.Size())
+	st.hellos = make([]uint64, c.Size())
+	st.sent = make([]uint64, c.Size())
+	st.recvd = make([]uint64, c.Size())
+	st.gathers = make([]uint64, c.Size())
 	buf, size, _ := c.GetHcclBuffer()
 	st.buf = buf
 	st.lay, _ = newLayout(c.Size(), size)
+	st.mapped = true
+	st.noCheck = os.Getenv("HCOMM_COLL_CHECK") == "0"
+	st.forced, st.err = envAlgo()
 }
 
 // setup acquires a channel to every peer (collective: every rank calls it at
@@ -128,6 +154,9 @@ func (st *state) init1() {
 func (st *state) setup() error {
 	c := st.comm
 	st.init1()
+	if st.err != nil {
+		return st.err
+	}
 	if _, err := newLayout(c.Size(), st.lay.bufSize); err != nil {
 		return err
 	}
@@ -157,6 +186,9 @@ func (st *state) setup() error {
 			return fmt.Errorf("rank %d's HCCL buffer is %d bytes, this rank's %d: every rank must use the same HCCL_BUFFSIZE", ch.RemoteRank(), size, st.lay.bufSize)
 		}
 		st.peerBuf[ch.RemoteRank()] = p
+		if tr := ch.Transport(); tr != "inproc" && tr != "shm" {
+			st.mapped = false
+		}
 	}
 	return nil
 }
@@ -171,6 +203,11 @@ func (st *state) Close() error {
 	}
 	if st.last != nil {
 		st.last.Destroy()
+	}
+	for _, e := range []*device.Event{st.forkEv, st.joinEv} {
+		if e != nil {
+			e.Destroy()
+		}
 	}
 	return nil
 }
@@ -206,4 +243,55 @@ func (st *state) end(s *device.Stream) error {
 	}
 	st.lastStream = s
 	return st.last.Record(s)
+}
+
+// fork returns the side thread, ordered after everything enqueued on s so
+// far: a schedule puts there what must not wait behind its main thread (the
+// receives of BatchSendRecv).
+func (st *state) fork(s *device.Stream) (*hcomm.Thread, error) {
+	if st.side == nil {
+		ts, err := st.comm.ThreadAcquire(hcomm.EngineCPUTS, 1, 0)
+		if err != nil {
+			return nil, err
+		}
+		st.side = ts[0]
+		dev := st.comm.Device()
+		if st.forkEv, err = dev.CreateEventWithFlags(device.EventDisableTiming); err != nil {
+			return nil, err
+		}
+		if st.joinEv, err = dev.CreateEventWithFlags(device.EventDisableTiming); err != nil {
+			return nil, err
+		}
+	}
+	if err := st.forkEv.Record(s); err != nil {
+		return nil, err
+	}
+	if err := st.side.Stream().WaitEvent(st.forkEv); err != nil {
+		return nil, err
+	}
+	return st.side, nil
+}
+
+// join orders what comes after on s after everything enqueued on the side
+// thread so far.
+func (st *state) join(s *device.Stream) error {
+	if err := st.joinEv.Record(st.side.Stream()); err != nil {
+		return err
+	}
+	return s.WaitEvent(st.joinEv)
+}
+
+// InlineBytes returns how many bytes per rank the one-shot algorithms carry
+// inline with the handshake on this communicator (it depends on the HCCL
+// buffer size and the rank count); the selector picks them up to that size.
+func InlineBytes(c *hcomm.Comm) int64 {
+	_, size, err := c.GetHcclBuffer()
+	if err != nil {
+		return 0
+	}
+	l, err := newLayout(c.Size(), size)
+	if err != nil {
+		return 0
+	}
+	return l.inline()
 }

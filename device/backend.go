@@ -1,9 +1,5 @@
 package device
 
-import (
-	"golang.org/x/sys/unix"
-)
-
 // backend is what a kind of accelerator must provide. The host backend below is
 // the default and the only one built today; a CUDA backend (cgo, behind a build
 // tag) would implement the same methods, and nothing above this package changes.
@@ -16,27 +12,26 @@ type backend interface {
 	// name is a short word for logs and errors ("host").
 	name() string
 	// alloc returns size bytes of device memory, zeroed, at a stable address,
-	// outside the Go heap.
-	alloc(size int64, host bool) ([]byte, error)
-	// free releases memory returned by alloc.
-	free(mem []byte) error
+	// outside the Go heap, and a file descriptor another process can map to
+	// reach the same bytes (-1 when the backend cannot share).
+	alloc(size int64, host bool) (mem []byte, fd int, err error)
+	// free releases memory returned by alloc, and its descriptor.
+	free(mem []byte, fd int) error
 	// copy moves len(src) bytes; dst and src are checked ranges of live allocations.
 	copy(dst, src []byte)
 }
 
-// hostBackend keeps "device" memory in anonymous mappings of the process: the
-// addresses are stable (the Go collector never moves or frees them), so they
-// behave like device addresses, and a later shared-memory transport can map
-// them into other processes.
+// hostBackend keeps "device" memory in shared mappings of memory files
+// (hostmem_linux.go): the addresses are stable (the Go collector never moves or
+// frees them), so they behave like device addresses, and the shared-memory
+// transport can map the same pages into the peer's process.
 type hostBackend struct{}
 
 func (hostBackend) name() string { return "host" }
 
-func (hostBackend) alloc(size int64, _ bool) ([]byte, error) {
-	return unix.Mmap(-1, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
-}
+func (hostBackend) alloc(size int64, _ bool) ([]byte, int, error) { return hostAlloc(size) }
 
-func (hostBackend) free(mem []byte) error { return unix.Munmap(mem) }
+func (hostBackend) free(mem []byte, fd int) error { return hostFree(mem, fd) }
 
 // copy uses Go's copy(): on the machines measured it beats glibc's memcpy
 // (non-temporal stores from 1 MiB up).

@@ -1,6 +1,7 @@
 package device_test
 
 import (
+	"strconv"
 	"testing"
 
 	"github.com/hcomm-dev/hcomm/device"
@@ -79,5 +80,27 @@ func BenchmarkGoCopy(b *testing.B) {
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		copy(db, sb)
+	}
+}
+
+// BenchmarkMallocFree: one Malloc and its Free. Each allocation is a memory
+// file reserved in full (fallocate), so the cost grows with the size even
+// though no page is touched.
+func BenchmarkMallocFree(b *testing.B) {
+	d, _ := device.Open(0)
+	defer d.Close()
+	for _, size := range []int64{4 << 10, 64 << 20} {
+		b.Run(strconv.FormatInt(size>>10, 10)+"KiB", func(b *testing.B) {
+			b.ReportAllocs()
+			for i := 0; i < b.N; i++ {
+				p, err := d.Malloc(size)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := d.Free(p); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }

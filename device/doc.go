@@ -25,6 +25,17 @@
 //     through the exception callback (SetExceptionInfoCallback); the tasks
 //     after a failed one are skipped until then.
 //
+// Memory and other processes: on Linux every allocation of the host backend
+// is its own memfd, reserved in full at Malloc (fallocate), sealed against
+// shrinking and mapped MAP_SHARED; Share hands out a descriptor of it so that
+// another process (the shm transport's peer) maps the same pages. Reserving
+// at Malloc means memory that cannot be had is an ErrMemoryAllocation error
+// naming the size, not a crash at first touch. The size of /dev/shm does not
+// limit it (a memfd lives in no mounted file system); RAM plus swap and the
+// process's memory cgroup do, and the error says which and how to change it.
+// Each allocation holds one file descriptor until Free (the limit is ulimit
+// -n). Nothing is left behind when a process dies.
+//
 // Timeouts: calls that block take a context.Context; their ...WithTimeout twins
 // take ACL's convention as a time.Duration (negative waits forever, zero polls).
 // Timeout errors match context.DeadlineExceeded with errors.Is.

@@ -46,6 +46,7 @@ type allocation struct {
 	dev  *Device
 	base Ptr
 	mem  []byte
+	fd   int  // the memory file behind mem (Share), or -1
 	host bool // MallocHost: pinned host memory rather than device memory
 
 	// use is held for reading by every task that touches the memory, and for
@@ -98,7 +99,7 @@ func (a *allocation) release(be backend) error {
 		return nil
 	}
 	a.freed = true
-	return be.free(a.mem)
+	return be.free(a.mem, a.fd)
 }
 
 func (a *allocation) size() int64 { return int64(len(a.mem)) }
@@ -228,12 +229,12 @@ func (d *Device) malloc(op string, size int64, host bool) (Ptr, error) {
 	if size > maxAlloc {
 		return 0, newErr(op, d.id, -1, ErrMemoryAllocation, "size %d exceeds the %d-byte limit of one allocation", size, int64(maxAlloc))
 	}
-	mem, err := d.be.alloc(size, host)
+	mem, fd, err := d.be.alloc(size, host)
 	if err != nil {
 		return 0, &Error{Op: op, Device: d.id, Stream: -1, Code: ErrMemoryAllocation,
 			Msg: "allocating " + itoa(size) + " bytes", Err: err}
 	}
-	a := &allocation{dev: d, base: Ptr(unsafe.Pointer(&mem[0])), mem: mem, host: host}
+	a := &allocation{dev: d, base: Ptr(unsafe.Pointer(&mem[0])), mem: mem, fd: fd, host: host}
 	allocs.insert(a)
 	d.mu.Lock()
 	d.nalloc++

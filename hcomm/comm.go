@@ -2,14 +2,16 @@ package hcomm
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"os"
 	"sync"
 	"time"
 
 	"github.com/hcomm-dev/hcomm/channel"
 	"github.com/hcomm-dev/hcomm/channel/inproc"
 	"github.com/hcomm-dev/hcomm/device"
-	"github.com/hcomm-dev/hcomm/notify"
+	"github.com/hcomm-dev/hcomm/internal/bootstrap"
 	"github.com/hcomm-dev/hcomm/thread"
 )
 
@@ -27,12 +29,16 @@ type Comm struct {
 	buf      device.Ptr
 	bufSize  int64
 	registry *channel.Registry
-	fabric   *inproc.Fabric
+	boot     *bootState // rendezvous store, peers, inproc fabric (shared by an InitAll group)
+	health   *health    // loss watcher of a multi-process communicator; nil for InitAll
 
 	mu       sync.Mutex
 	closed   bool
 	aborted  bool
 	channels map[chanKey]*Channel
+	attempts map[chanKey]int // channel setups started per key: the exchange's call counter
+	inflight map[chanKey]*acquireCall
+	dialers  map[string]channel.Dialer
 	threads  []*Thread
 	values   map[any]any
 }
@@ -62,10 +68,29 @@ func InitAll(n int, cfg *Config) ([]*Comm, error) {
 		return nil, &Error{Op: "InitAll", Comm: c.Name, Rank: -1, Peer: -1, Code: ErrPara,
 			Msg: fmt.Sprintf("rank count %d is outside [1, %d]", n, device.MaxDevices)}
 	}
-	fab := inproc.NewFabric()
+	if c, err = c.resolveNet(); err != nil {
+		return nil, &Error{Op: "InitAll", Comm: c.Name, Rank: -1, Peer: -1, Code: ErrPara, Err: err}
+	}
+	store := bootstrap.NewMemStore()
+	me := peerInfo{NRanks: n, Host: hostID(), ShmHost: shmHostID(), Proc: procToken, PID: os.Getpid()}
+	me.Hostname, _ = os.Hostname()
+	secret, err := bootstrap.NewSecret()
+	if err != nil {
+		return nil, &Error{Op: "InitAll", Comm: c.Name, Rank: -1, Peer: -1, Code: ErrSyscall, Err: err}
+	}
+	boot := &bootState{store: store, fabric: inproc.NewFabric(), secret: secret, release: store.Close}
+	if c.SocketIfname != "" { // tcp channels (HCOMM_TRANSPORT=tcp) bind to its address
+		if boot.iface, err = bootstrap.PickIface(c.SocketIfname); err != nil {
+			return nil, &Error{Op: "InitAll", Comm: c.Name, Rank: -1, Peer: -1, Code: ErrNetwork, Err: err}
+		}
+	}
+	for r := 0; r < n; r++ {
+		me.Rank = r
+		boot.peers = append(boot.peers, me)
+	}
 	comms := make([]*Comm, 0, n)
 	for r := 0; r < n; r++ {
-		cm, err := newComm(c, r, n, fab)
+		cm, err := newComm("InitAll", c, r, n, r, boot)
 		if err != nil {
 			for _, x := range comms {
 				x.Destroy()
@@ -77,11 +102,17 @@ func InitAll(n int, cfg *Config) ([]*Comm, error) {
 	return comms, nil
 }
 
-func newComm(c Config, rank, size int, fab *inproc.Fabric) (*Comm, error) {
+// newComm makes rank's communicator on device devID over boot, taking a
+// reference on boot (released by Destroy; on error, by newComm itself).
+func newComm(op string, c Config, rank, size, devID int, boot *bootState) (*Comm, error) {
+	boot.mu.Lock()
+	boot.refs++
+	boot.mu.Unlock()
 	fail := func(code Result, err error) (*Comm, error) {
-		return nil, &Error{Op: "InitAll", Comm: c.Name, Rank: rank, Peer: -1, Code: code, Err: err}
+		boot.unref()
+		return nil, &Error{Op: op, Comm: c.Name, Rank: rank, Peer: -1, Code: code, Err: err}
 	}
-	dev, err := device.Open(rank)
+	dev, err := device.Open(devID)
 	if err != nil {
 		return fail(ErrRuntime, err)
 	}
@@ -92,8 +123,10 @@ func newComm(c Config, rank, size int, fab *inproc.Fabric) (*Comm, error) {
 		return fail(ErrMemory, err)
 	}
 	cm := &Comm{name: c.Name, rank: rank, size: size, cfg: c, dev: dev, buf: buf, bufSize: bufSize,
-		registry: &channel.Registry{}, fabric: fab, channels: make(map[chanKey]*Channel), values: make(map[any]any)}
+		registry: &channel.Registry{}, boot: boot, channels: make(map[chanKey]*Channel), attempts: make(map[chanKey]int), inflight: make(map[chanKey]*acquireCall),
+		dialers: make(map[string]channel.Dialer), values: make(map[any]any)}
 	cm.registry.Add(channel.Mem{Tag: "hccl buffer", Addr: buf, Size: bufSize})
+	cm.watchAsync() // asyncerr.go
 	return cm, nil
 }
 
@@ -133,7 +166,7 @@ func (c *Comm) usable(op string) error {
 	if c.aborted {
 		return c.errorf(op, -1, ErrUnavail, ErrAborted, "")
 	}
-	return nil
+	return c.lostCheck(op)
 }
 
 // GetHcclBuffer returns the communicator's HCCL buffer (HcclGetHcclBuffer):
@@ -225,7 +258,8 @@ func (ch *Channel) RemoteRank() int { return ch.ch.Remote }
 // Protocol returns the protocol the channel was acquired with.
 func (ch *Channel) Protocol() Protocol { return ch.proto }
 
-// Transport names the transport that carries the channel ("inproc").
+// Transport names the transport that carries the channel: "inproc", "shm"
+// or "tcp" (see transport.go for how it is chosen).
 func (ch *Channel) Transport() string { return ch.ch.Transport().Name() }
 
 // NotifyNum returns the number of local notifies.
@@ -234,8 +268,11 @@ func (ch *Channel) NotifyNum() int { return ch.ch.NotifyNum() }
 // ChannelAcquire gets or creates channels to the peers the descriptors name
 // (HcclChannelAcquire). It is collective between the two ends of each channel:
 // both must call it (in any order, within ConnectTimeout), and the call returns
-// when every channel is connected. It is idempotent per (engine, remote rank,
-// protocol, tag): a second call returns the same channel.
+// when every channel is connected; the channels of one call are set up
+// concurrently, so the two ends may list them in any order. It is idempotent
+// per (engine, remote rank, protocol, tag): a second call returns the same
+// channel. Each channel's transport follows its protocol and where the peer
+// runs (transport.go); a protocol that cannot reach the peer is ErrNotSupport.
 func (c *Comm) ChannelAcquire(engine Engine, descs []ChannelDesc) ([]*Channel, error) {
 	const op = "ChannelAcquire"
 	if err := c.usable(op); err != nil {
@@ -257,9 +294,11 @@ func (c *Comm) ChannelAcquire(engine Engine, descs []ChannelDesc) ([]*Channel, e
 			return nil, c.errorf(op, d.RemoteRank, ErrPara, nil, "descriptor %d: notify count %d is outside [0, %d]", i, d.NotifyNum, thread.MaxNotifies)
 		}
 		switch d.Protocol {
-		case ProtocolAuto, ProtocolHCCS, ProtocolSIO, ProtocolHCCSOnly, ProtocolPCIE:
-		case ProtocolROCE, ProtocolUBCCTP, ProtocolUBCTP, ProtocolUBMem, ProtocolUBOE:
-			return nil, c.errorf(op, d.RemoteRank, ErrNotSupport, nil, "descriptor %d: protocol %v needs the network transport, which this build does not have", i, d.Protocol)
+		case ProtocolAuto, ProtocolHCCS, ProtocolSIO, ProtocolHCCSOnly, ProtocolPCIE,
+			ProtocolROCE, ProtocolUBCCTP, ProtocolUBCTP, ProtocolUBMem, ProtocolUBOE:
+			if _, err := c.pickTransport(d.RemoteRank, d.Protocol); err != nil {
+				return nil, c.errorf(op, d.RemoteRank, ErrNotSupport, err, "descriptor %d", i)
+			}
 		default:
 			return nil, c.errorf(op, d.RemoteRank, ErrPara, nil, "descriptor %d: unknown protocol %d", i, int32(d.Protocol))
 		}
@@ -272,14 +311,53 @@ func (c *Comm) ChannelAcquire(engine Engine, descs []ChannelDesc) ([]*Channel, e
 	out := make([]*Channel, len(descs))
 	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.ConnectTimeout)
 	defer cancel()
+	defer c.stopOnLoss(cancel)() // a lost rank ends the setup at once
+	// The channels are set up concurrently (at most acquireParallel at once),
+	// so that no order of descriptors on the two ends can deadlock.
+	errs := make([]error, len(descs))
+	sem := make(chan struct{}, acquireParallel)
+	var wg sync.WaitGroup
 	for i, d := range descs {
-		ch, err := c.acquireOne(ctx, engine, d)
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			out[i], errs[i] = c.acquireOne(ctx, engine, d)
+			if errs[i] != nil {
+				cancel() // one failure fails the call: stop waiting for the rest
+			}
+		}()
+	}
+	wg.Wait()
+	if err := c.lostCheck(op); err != nil {
+		for _, e := range errs {
+			if e != nil {
+				return nil, err
+			}
+		}
+	}
+	for _, err := range errs { // the first failure, not one it caused
+		if err != nil && !errors.Is(err, context.Canceled) {
+			return nil, err
+		}
+	}
+	for _, err := range errs {
 		if err != nil {
 			return nil, err
 		}
-		out[i] = ch
 	}
 	return out, nil
+}
+
+// acquireParallel bounds the channel setups one ChannelAcquire runs at once.
+const acquireParallel = 1024
+
+// acquireCall is a channel setup in flight; a concurrent acquire of the same
+// key waits for it instead of starting a second one the peer would not match.
+type acquireCall struct {
+	done chan struct{}
+	ch   *Channel
+	err  error
 }
 
 func (c *Comm) acquireOne(ctx context.Context, engine Engine, d ChannelDesc) (*Channel, error) {
@@ -289,40 +367,91 @@ func (c *Comm) acquireOne(ctx context.Context, engine Engine, d ChannelDesc) (*C
 		c.mu.Unlock()
 		return ch, nil
 	}
+	if call, ok := c.inflight[k]; ok {
+		c.mu.Unlock()
+		select {
+		case <-call.done:
+			return call.ch, call.err
+		case <-ctx.Done():
+			return nil, c.connectErr(ctx, d.RemoteRank, "", ctx.Err())
+		}
+	}
+	call := &acquireCall{done: make(chan struct{})}
+	c.inflight[k] = call
+	attempt := c.attempts[k]
+	c.attempts[k]++
 	c.mu.Unlock()
+	call.ch, call.err = c.setupChannel(ctx, k, attempt, d)
+	c.mu.Lock()
+	delete(c.inflight, k)
+	c.mu.Unlock()
+	close(call.done)
+	return call.ch, call.err
+}
+
+// setupChannel runs one setup of the channel k (attempt: how many came before).
+func (c *Comm) setupChannel(ctx context.Context, k chanKey, attempt int, d ChannelDesc) (*Channel, error) {
+	const op = "ChannelAcquire"
+	engine := k.engine
 	name := fmt.Sprintf("comm %s rank %d channel to rank %d (%v", c.name, c.rank, d.RemoteRank, d.Protocol)
 	if d.Tag != "" {
 		name += ", " + d.Tag
 	}
 	name += ")"
-	notifies := make([]*notify.Notify, d.NotifyNum)
-	for i := range notifies {
-		notifies[i] = notify.New(fmt.Sprintf("%s notify %d", name, i))
-	}
-	local := &inproc.Endpoint{Rank: c.rank, Device: c.dev, Registry: c.registry, Notifies: notifies,
-		HCCLBuf: channel.Mem{Tag: "hccl buffer", Addr: c.buf, Size: c.bufSize}}
-	fk := inproc.Key{Local: c.rank, Remote: d.RemoteRank, Tag: fmt.Sprintf("%d/%d/%s", engine, d.Protocol, d.Tag)}
-	tr, peer, err := c.fabric.Connect(ctx, fk, local)
+	tname, err := c.pickTransport(d.RemoteRank, d.Protocol)
 	if err != nil {
-		return nil, c.errorf("ChannelAcquire", d.RemoteRank, ErrTimeout, err, "")
+		return nil, c.errorf(op, d.RemoteRank, ErrNotSupport, err, "")
 	}
-	remote := []channel.Mem{peer.HCCLBuf}
-	for _, m := range peer.Registry.List() {
-		if m.Addr != peer.HCCLBuf.Addr {
-			remote = append(remote, m)
+	dl, err := c.dialer(tname)
+	if err != nil {
+		return nil, c.errorf(op, d.RemoteRank, ErrInternal, err, "%s transport", tname)
+	}
+	lo, hi := min(c.rank, d.RemoteRank), max(c.rank, d.RemoteRank)
+	base := fmt.Sprintf("ch/%d-%d/%d/%d/%q/%d", lo, hi, engine, d.Protocol, d.Tag, attempt)
+	ex := c.exchanger(base, d.RemoteRank)
+	if err := handshake(ctx, ex, c.rank, d.RemoteRank, tname); err != nil {
+		return nil, c.connectErr(ctx, d.RemoteRank, tname, err)
+	}
+	local := &channel.Local{Comm: c.name, Rank: c.rank, Peer: d.RemoteRank, Device: c.dev, Registry: c.registry,
+		HCCLBuf: channel.Mem{Tag: "hccl buffer", Addr: c.buf, Size: c.bufSize}, NotifyNum: d.NotifyNum, Name: name}
+	conn, err := dl.Connect(ctx, local, ex)
+	if err != nil {
+		return nil, c.connectErr(ctx, d.RemoteRank, tname, err)
+	}
+	if conn == nil || conn.Transport == nil || len(conn.Notifies) != d.NotifyNum || len(conn.RemoteMems) == 0 {
+		if conn != nil && conn.Transport != nil {
+			conn.Transport.Close()
 		}
+		return nil, c.errorf(op, d.RemoteRank, ErrInternal, nil, "%s transport returned an incomplete connection", tname)
 	}
 	ch := &Channel{comm: c, engine: engine, proto: d.Protocol,
-		ch: channel.New(name, c.rank, d.RemoteRank, int32(d.Protocol), notifies, len(peer.Notifies), remote, tr)}
-	ch.remote = remote
+		ch: channel.New(name, c.rank, d.RemoteRank, int32(d.Protocol), conn.Notifies, conn.PeerNotifyNum, conn.RemoteMems, conn.Transport)}
+	ch.remote = conn.RemoteMems
 	c.mu.Lock()
-	if old, ok := c.channels[k]; ok { // a concurrent acquire won
+	if c.closed {
 		c.mu.Unlock()
-		return old, nil
+		conn.Transport.Close()
+		return nil, c.errorf(op, d.RemoteRank, ErrUnavail, nil, "communicator destroyed during channel setup")
 	}
 	c.channels[k] = ch
 	c.mu.Unlock()
 	return ch, nil
+}
+
+// connectErr wraps a failed channel setup: a timeout when ctx ran out
+// (HCCL_CONNECT_TIMEOUT), a connect error otherwise.
+func (c *Comm) connectErr(ctx context.Context, peer int, tname string, err error) *Error {
+	code := ErrTCPConnect
+	switch {
+	case ctx.Err() == context.DeadlineExceeded:
+		code = ErrTimeout
+	case tname != TransportTCP:
+		code = ErrInternal
+	}
+	if tname == "" {
+		tname = "a"
+	}
+	return c.errorf("ChannelAcquire", peer, code, err, "setting up %s channel to rank %d within HCCL_CONNECT_TIMEOUT %v", tname, peer, c.cfg.ConnectTimeout)
 }
 
 // ChannelGetHcclBuffer returns the peer's HCCL buffer as this channel knows
@@ -454,7 +583,8 @@ func (c *Comm) Destroy() error {
 	ts := c.threads
 	chs := c.channels
 	vals := c.values
-	c.threads, c.channels, c.values = nil, nil, nil
+	dls := c.dialers
+	c.threads, c.channels, c.values, c.dialers = nil, nil, nil, nil
 	c.mu.Unlock()
 	for _, v := range vals {
 		if cl, ok := v.(interface{ Close() error }); ok {
@@ -464,10 +594,15 @@ func (c *Comm) Destroy() error {
 	for _, t := range ts {
 		t.Free()
 	}
+	c.unwatch(chs)
 	for _, ch := range chs {
 		ch.ch.Close()
 	}
-	c.fabric.Forget(c.rank)
+	for _, d := range dls {
+		d.Close()
+	}
+	c.boot.unref()
+	c.forgetAsync() // asyncerr.go
 	return c.dev.Close()
 }
 

@@ -2,9 +2,14 @@ package hcomm
 
 import (
 	"fmt"
+	"log/slog"
 	"os"
 	"strconv"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/hcomm-dev/hcomm/internal/metrics"
 )
 
 // Defaults, from HCCL's documentation.
@@ -28,6 +33,31 @@ type Config struct {
 	ExecTimeout time.Duration
 	// ConnectTimeout bounds channel setup (HCCL_CONNECT_TIMEOUT, seconds).
 	ConnectTimeout time.Duration
+
+	// Transport forces one transport on every channel: "inproc", "shm" or
+	// "tcp" (HCOMM_TRANSPORT). Empty lets each channel's protocol and the
+	// peer's locality choose (see transport.go).
+	Transport string
+	// ShmDisable keeps channels off the shared-memory transport
+	// (HCOMM_SHM_DISABLE=1, like NCCL_SHM_DISABLE). Only true is taken from
+	// code; false leaves the decision to the environment.
+	ShmDisable bool
+	// SocketIfname picks the network interface whose address rank 0's
+	// bootstrap store listens on and tcp channels use (HCOMM_SOCKET_IFNAME,
+	// NCCL_SOCKET_IFNAME's syntax: "eth0", "eth,ib", "^docker,lo", "=eth0").
+	SocketIfname string
+
+	// Metrics receives hcomm's Prometheus collectors (see internal/metrics
+	// for the series). nil means no metrics; hcomm never uses the global
+	// registry. Communicators sharing a Registerer share the collectors.
+	Metrics prometheus.Registerer
+	// Logger receives hcomm's log records, each with the communicator's name
+	// and rank. nil takes HCOMM_DEBUG (WARN, INFO or TRACE: text on stderr;
+	// unset: no logging).
+	Logger *slog.Logger
+
+	logger  *slog.Logger // resolved: Logger, else HCOMM_DEBUG's
+	metrics *metrics.Set // resolved from Metrics; nil = none
 }
 
 // resolve fills the zero fields from the environment and HCCL's defaults.
@@ -62,7 +92,7 @@ func (c Config) resolve() (Config, error) {
 		}
 		c.ConnectTimeout = time.Duration(s) * time.Second
 	}
-	return c, nil
+	return c.resolveObs()
 }
 
 func envInt(name string, def, min int64) (int64, error) {

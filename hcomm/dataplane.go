@@ -1,11 +1,12 @@
 package hcomm
 
 import (
-	"errors"
 	"fmt"
 	"time"
 
 	"github.com/hcomm-dev/hcomm/device"
+	"github.com/hcomm-dev/hcomm/internal/memcopy"
+	"github.com/hcomm-dev/hcomm/internal/metrics"
 	"github.com/hcomm-dev/hcomm/internal/reduce"
 )
 
@@ -73,16 +74,7 @@ func (c *Comm) remoteCheck(op string, ch *Channel, what string, p device.Ptr, n 
 func (c *Comm) launch(op string, peer int, t *Thread, fn func(stop <-chan struct{}) error) error {
 	err := t.Stream().Launch(op, func(stop <-chan struct{}) error {
 		if err := fn(stop); err != nil {
-			var he *Error
-			if errors.As(err, &he) {
-				return err
-			}
-			code := ErrRuntime
-			var de *device.Error
-			if errors.As(err, &de) {
-				code = fromDevice(de)
-			}
-			return c.errorf(op, peer, code, err, "")
+			return c.taskFailed(op, peer, err) // metrics.go: wraps, counts, logs
 		}
 		return nil
 	})
@@ -124,7 +116,7 @@ func WriteOnThread(t *Thread, ch *Channel, dst, src device.Ptr, n int64) error {
 		if err != nil {
 			return err
 		}
-		return ch.ch.Transport().Write(stop, dst, b)
+		return c.moved(ch, metrics.Write, n, ch.ch.Transport().Write(stop, dst, b))
 	})
 }
 
@@ -147,7 +139,7 @@ func ReadOnThread(t *Thread, ch *Channel, dst, src device.Ptr, n int64) error {
 		if err != nil {
 			return err
 		}
-		return ch.ch.Transport().Read(stop, b, src)
+		return c.moved(ch, metrics.Read, n, ch.ch.Transport().Read(stop, b, src))
 	})
 }
 
@@ -174,7 +166,7 @@ func WriteReduceOnThread(t *Thread, ch *Channel, dst, src device.Ptr, count int6
 		if err != nil {
 			return err
 		}
-		return ch.ch.Transport().WriteReduce(stop, dst, b, int(count), dt, rop)
+		return c.moved(ch, metrics.Write, n, ch.ch.Transport().WriteReduce(stop, dst, b, int(count), dt, rop))
 	})
 }
 
@@ -201,7 +193,7 @@ func ReadReduceOnThread(t *Thread, ch *Channel, dst, src device.Ptr, count int64
 		if err != nil {
 			return err
 		}
-		return ch.ch.Transport().ReadReduce(stop, b, src, int(count), dt, rop)
+		return c.moved(ch, metrics.Read, n, ch.ch.Transport().ReadReduce(stop, b, src, int(count), dt, rop))
 	})
 }
 
@@ -237,10 +229,8 @@ func ChannelNotifyWaitOnThread(t *Thread, ch *Channel, localIdx int, timeout tim
 	if err != nil {
 		return c.errorf(op, ch.RemoteRank(), ErrPara, err, "")
 	}
-	if err := n.Wait(t.Stream(), c.execTimeout(timeout)); err != nil {
-		return c.errorf(op, ch.RemoteRank(), ResultOf(err), err, "")
-	}
-	return nil
+	// metrics.go: times the wait, and names the collective in its error.
+	return c.launchWait(op, t, ch, localIdx, n, c.execTimeout(timeout))
 }
 
 // ChannelFenceOnThread enqueues a fence: the channel operations before it are
@@ -286,10 +276,34 @@ func LocalCopyOnThread(t *Thread, dst, src device.Ptr, n int64) error {
 	if t == nil {
 		return &Error{Op: "LocalCopyOnThread", Rank: -1, Peer: -1, Code: ErrPtr, Msg: "nil thread"}
 	}
-	if err := t.Stream().MemcpyAsync(dst, src, n, device.MemcpyDeviceToDevice); err != nil {
-		return &Error{Op: "LocalCopyOnThread", Rank: -1, Peer: -1, Code: ResultOf(err), Err: err}
+	// The same checks as a device-to-device MemcpyAsync, then a streaming
+	// copy: a local copy in a schedule is usually the move of a result into
+	// the caller's output, which is not read again soon (internal/memcopy).
+	dev := t.Stream().Device()
+	for _, r := range []struct {
+		what string
+		p    device.Ptr
+	}{{"dst", dst}, {"src", src}} {
+		if _, err := dev.Bytes(r.p, n); err != nil || n < 0 {
+			return &Error{Op: "LocalCopyOnThread", Rank: -1, Peer: -1, Code: ErrPara, Msg: fmt.Sprintf("%s range [%#x, +%d)", r.what, uintptr(r.p), n), Err: err}
+		}
 	}
-	return nil
+	return t.Stream().Launch("LocalCopyOnThread", func(<-chan struct{}) error {
+		d, err := dev.Bytes(dst, n)
+		if err != nil {
+			return err
+		}
+		s, err := dev.Bytes(src, n)
+		if err != nil {
+			return err
+		}
+		if dst < src.Add(n) && src < dst.Add(n) {
+			copy(d, s) // overlapping: memmove semantics
+		} else {
+			memcopy.Stream(d, s)
+		}
+		return nil
+	})
 }
 
 // LocalReduceOnThread enqueues dst = dst op src over count elements of dt

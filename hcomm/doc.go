@@ -21,6 +21,23 @@
 //     dataplane.go's doc, repeated on each function).
 //  3. Destroy every communicator; Abort first to stop pending work at once.
 //
+// Across processes and hosts: rank 0 calls GetRootInfo and hands
+// RootInfo.String() to every rank, each of which calls InitRootInfo
+// (HcclGetRootInfo, HcclCommInitRootInfo); or every rank calls
+// InitClusterInfo with HCCL's rank table (HcclCommInitClusterInfo); or
+// InitFromEnv under torchrun, mpirun, srun or `hcomm run`. Rank 0 serves a
+// small bootstrap store that every connection must prove the communicator's
+// secret to; the ranks publish where they run, and each channel then picks
+// its transport: inproc for a peer in this process, shm for one on this host,
+// tcp otherwise (ProtocolAuto; HCCS, SIO, HCCS_ONLY go over inproc or shm,
+// PCIE over shm, ROCE and the UB protocols over tcp). HCOMM_TRANSPORT
+// (inproc|shm|tcp) forces one, HCOMM_SHM_DISABLE=1 rules shm out, and
+// HCOMM_SOCKET_IFNAME picks the network interface (NCCL_SOCKET_IFNAME's
+// syntax); each is also a Config field. When a rank is lost, every other
+// rank's pending operations fail (ErrRankLost, or the transport's or
+// HCCL_EXEC_TIMEOUT's error naming the rank) and Destroy still returns
+// promptly. init.go, env.go, ranktable.go and transport.go say more.
+//
 // Names and values follow HCCL: HcclResult codes are Result, CommEngine is
 // Engine, CommProtocol is Protocol, HcclDataType is DataType, HcclReduceOp is
 // ReduceOp. Departures: handles are Go pointers rather than integers; timeouts
@@ -30,5 +47,8 @@
 //
 // Environment (code wins over each): HCCL_BUFFSIZE (MB, default 200; the HCCL
 // buffer is twice this), HCCL_EXEC_TIMEOUT (s, default 1836, 0 = never),
-// HCCL_CONNECT_TIMEOUT (s, default 120).
+// HCCL_CONNECT_TIMEOUT (s, default 120), HCOMM_TRANSPORT, HCOMM_SHM_DISABLE,
+// HCOMM_SOCKET_IFNAME; for InitFromEnv and InitClusterInfo also MASTER_ADDR,
+// MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK, HCOMM_MASTER_ADDR,
+// HCOMM_ROOT_PORT and HCOMM_SECRET.
 package hcomm

@@ -75,9 +75,9 @@ func (e Engine) String() string {
 func (e Engine) supported() bool { return e == EngineCPU || e == EngineCPUTS }
 
 // Protocol is a link protocol (CommProtocol, with HCCL's values). Each maps to
-// a transport: HCCS, SIO, HCCS_ONLY and PCIE to memory the ranks share (inproc
-// between ranks of one process); ROCE and the UB family to a network transport,
-// which a later release provides. ProtocolAuto — HCCL's RESERVED, the value
+// a transport: HCCS, SIO and HCCS_ONLY to memory the ranks share (inproc
+// between ranks of one process, shm between processes of one host), PCIE to
+// shm, ROCE and the UB family to tcp (transport.go). ProtocolAuto — HCCL's RESERVED, the value
 // ChannelDescInit leaves — asks hcomm to pick the fastest transport that
 // reaches the peer: a departure, since HCCL rejects RESERVED.
 type Protocol int32

@@ -11,6 +11,12 @@
 //
 // Waits spin briefly (yielding) and then sleep; a wait that outlives its timeout
 // fails its stream with device.ErrWaitTimeout, naming the notify.
+//
+// Two backings: New keeps the state in this process and sleeps on Go
+// primitives (cheap hand-offs between goroutines); NewShared keeps it in a
+// 32-bit word of memory shared with another process (the shared-memory
+// transport), which that process records with Signal and local waits sleep
+// on with a futex. Both behave the same to their callers.
 package notify
 
 import (
@@ -34,6 +40,8 @@ type Notify struct {
 	mu      sync.Mutex
 	waiters []chan struct{}
 	broken  error // set once by Break; guarded by mu
+
+	sh *sharedWord // NewShared's backing; nil for New's
 }
 
 // New returns a notify in the reset state. name says whose it is ("rank 0
@@ -46,6 +54,10 @@ func (n *Notify) Name() string { return n.name }
 // Set records the notify now, from the calling goroutine: what a Record task
 // does when it runs, and what a transport does when a peer's record arrives.
 func (n *Notify) Set() {
+	if n.sh != nil {
+		n.sh.do(Signal)
+		return
+	}
 	if n.set.Swap(1) == 1 {
 		return
 	}
@@ -74,6 +86,9 @@ func (n *Notify) Break(err error) {
 	for _, w := range ws {
 		close(w)
 	}
+	if n.sh != nil {
+		n.sh.do(kick)
+	}
 }
 
 // Broken returns the error given to Break, or nil.
@@ -84,13 +99,33 @@ func (n *Notify) Broken() error {
 }
 
 // TryReset resets a recorded notify and reports whether it was recorded.
-func (n *Notify) TryReset() bool { return n.set.CompareAndSwap(1, 0) }
+func (n *Notify) TryReset() bool {
+	if n.sh != nil {
+		var ok bool
+		n.sh.do(func(w *uint32) { ok = tryResetWord(w) })
+		return ok
+	}
+	return n.set.CompareAndSwap(1, 0)
+}
 
 // IsSet reports whether the notify is recorded and not yet waited for.
-func (n *Notify) IsSet() bool { return n.set.Load() == 1 }
+func (n *Notify) IsSet() bool {
+	if n.sh != nil {
+		var ok bool
+		n.sh.do(func(w *uint32) { ok = atomic.LoadUint32(w)&bitSet != 0 })
+		return ok
+	}
+	return n.set.Load() == 1
+}
 
 // Reset returns the notify to the reset state (the end of a failed handshake).
-func (n *Notify) Reset() { n.set.Store(0) }
+func (n *Notify) Reset() {
+	if n.sh != nil {
+		n.sh.do(func(w *uint32) { atomic.AndUint32(w, ^uint32(bitSet)) })
+		return
+	}
+	n.set.Store(0)
+}
 
 // Record enqueues on s a task that records the notify (aclrtRecordNotify).
 func (n *Notify) Record(s *device.Stream) error {
@@ -121,6 +156,9 @@ func (n *Notify) WaitNow(ctx context.Context) error {
 }
 
 func (n *Notify) await(s *device.Stream, timeout time.Duration, stop <-chan struct{}) error {
+	if n.sh != nil {
+		return n.awaitShared(s, timeout, stop)
+	}
 	if spin.Until(spin.Default, n.TryReset) {
 		return nil
 	}

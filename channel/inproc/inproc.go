@@ -1,18 +1,25 @@
 // Package inproc is the transport between ranks of one process: a write is one
 // copy into the peer's memory, a notify record sets the peer's notify directly.
 //
-// Ranks meet through a Fabric (one per group of communicators made together by
-// InitAll). Each end of a channel publishes an Endpoint — its device, its
-// registered memory and its notifies — and connects to the peer's.
+// Ranks meet through a Fabric: the one InitAll makes for its communicators, or
+// the process-wide Default fabric that communicators made by InitRootInfo and
+// friends share, so that ranks of one multi-process communicator that happen
+// to live in one process still talk by plain copies. A Dialer connects over a
+// fabric: each end publishes an Endpoint — its device, its registered memory
+// and its notifies — under a fresh random token, trades tokens with the peer
+// through the channel's Exchange, and looks the peer's endpoint up.
 package inproc
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"sync"
 
 	"github.com/hcomm-dev/hcomm/channel"
 	"github.com/hcomm-dev/hcomm/device"
+	"github.com/hcomm-dev/hcomm/internal/memcopy"
 	"github.com/hcomm-dev/hcomm/internal/reduce"
 	"github.com/hcomm-dev/hcomm/notify"
 )
@@ -26,70 +33,106 @@ type Endpoint struct {
 	HCCLBuf  channel.Mem
 }
 
-// Key names one end of a channel: rank Local's end towards Remote.
-type Key struct {
-	Local, Remote int
-	Tag           string
-}
-
-// Fabric is the meeting place of the ranks of one process. Safe for concurrent use.
+// Fabric is the meeting place of the ranks of one process: endpoints by token.
+// Safe for concurrent use. The zero value is not usable; use NewFabric.
 type Fabric struct {
+	id   string // tells fabrics apart in the exchanged token
 	mu   sync.Mutex
-	ends map[Key]*Endpoint
-	wait map[Key]chan struct{}
+	ends map[string]*Endpoint
 }
 
 // NewFabric returns an empty fabric.
 func NewFabric() *Fabric {
-	return &Fabric{ends: make(map[Key]*Endpoint), wait: make(map[Key]chan struct{})}
+	return &Fabric{id: randomToken(), ends: make(map[string]*Endpoint)}
 }
 
-func (f *Fabric) signal(k Key) chan struct{} {
-	ch, ok := f.wait[k]
-	if !ok {
-		ch = make(chan struct{})
-		f.wait[k] = ch
+// Default is the process-wide fabric of communicators not made by InitAll.
+var Default = NewFabric()
+
+func randomToken() string {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic("inproc: no randomness: " + err.Error()) // crypto/rand never fails on Linux
 	}
-	return ch
+	return hex.EncodeToString(b[:])
 }
 
-// Connect publishes local under k and waits (until ctx ends) for the peer's end
-// (k with Local and Remote swapped). It returns a transport to the peer.
-func (f *Fabric) Connect(ctx context.Context, k Key, local *Endpoint) (channel.Transport, *Endpoint, error) {
+// Len returns the number of endpoints published and not yet collected (a
+// channel setup in flight publishes two).
+func (f *Fabric) Len() int {
 	f.mu.Lock()
-	f.ends[k] = local
-	close(f.signal(k))
-	pk := Key{Local: k.Remote, Remote: k.Local, Tag: k.Tag}
-	ready := f.signal(pk)
-	f.mu.Unlock()
-	select {
-	case <-ready:
-	case <-ctx.Done():
-		f.mu.Lock()
-		delete(f.ends, k)
-		delete(f.wait, k)
-		f.mu.Unlock()
-		return nil, nil, fmt.Errorf("rank %d waited for rank %d to acquire its end of the channel: %w", k.Local, k.Remote, ctx.Err())
-	}
-	f.mu.Lock()
-	peer := f.ends[pk]
-	f.mu.Unlock()
-	if peer == nil {
-		return nil, nil, fmt.Errorf("rank %d's end of the channel to %d went away", k.Remote, k.Local)
-	}
-	return &Transport{peer: peer}, peer, nil
+	defer f.mu.Unlock()
+	return len(f.ends)
 }
 
-// Forget removes rank's ends from the fabric (on Destroy).
-func (f *Fabric) Forget(rank int) {
-	f.mu.Lock()
-	for k := range f.ends {
-		if k.Local == rank {
-			delete(f.ends, k)
-			delete(f.wait, k)
+// Dialer is the inproc channel.Dialer. Safe for concurrent use.
+type Dialer struct {
+	f *Fabric
+}
+
+// NewDialer returns a Dialer over f (Default when f is nil).
+func NewDialer(f *Fabric) *Dialer {
+	if f == nil {
+		f = Default
+	}
+	return &Dialer{f: f}
+}
+
+// Name returns "inproc".
+func (d *Dialer) Name() string { return "inproc" }
+
+// Close does nothing: a Dialer holds nothing between channels.
+func (d *Dialer) Close() error { return nil }
+
+// Connect publishes local's endpoint under a fresh token, trades tokens with
+// the peer through ex, and connects to the peer's endpoint, which must be on
+// the same fabric. A second exchange confirms that both ends have found each
+// other, after which both tokens are withdrawn from the fabric.
+func (d *Dialer) Connect(ctx context.Context, local *channel.Local, ex channel.Exchange) (*channel.Conn, error) {
+	notifies := make([]*notify.Notify, local.NotifyNum)
+	for i := range notifies {
+		notifies[i] = notify.New(fmt.Sprintf("%s notify %d", local.Name, i))
+	}
+	ep := &Endpoint{Rank: local.Rank, Device: local.Device, Registry: local.Registry, Notifies: notifies, HCCLBuf: local.HCCLBuf}
+	tok := d.f.id + "/" + randomToken()
+	d.f.mu.Lock()
+	d.f.ends[tok] = ep
+	d.f.mu.Unlock()
+	defer func() {
+		d.f.mu.Lock()
+		delete(d.f.ends, tok)
+		d.f.mu.Unlock()
+	}()
+	theirs, err := ex(ctx, []byte(tok))
+	if err != nil {
+		return nil, fmt.Errorf("inproc: rank %d exchanging endpoints with rank %d: %w", local.Rank, local.Peer, err)
+	}
+	d.f.mu.Lock()
+	peer := d.f.ends[string(theirs)]
+	d.f.mu.Unlock()
+	found := byte(1)
+	if peer == nil || peer.Rank != local.Peer {
+		found = 0
+	}
+	// Withdraw only once both ends hold their peer's endpoint.
+	ack, err := ex(ctx, []byte{found})
+	if err != nil {
+		return nil, fmt.Errorf("inproc: rank %d confirming the channel with rank %d: %w", local.Rank, local.Peer, err)
+	}
+	if found == 0 {
+		return nil, fmt.Errorf("inproc: rank %d's endpoint (token %.40q) is not in this process's fabric: rank %d is in another process or communicator group", local.Peer, theirs, local.Rank)
+	}
+	if len(ack) != 1 || ack[0] != 1 {
+		return nil, fmt.Errorf("inproc: rank %d could not find rank %d's endpoint in its fabric", local.Peer, local.Rank)
+	}
+	remote := []channel.Mem{peer.HCCLBuf}
+	for _, m := range peer.Registry.List() {
+		if m.Addr != peer.HCCLBuf.Addr {
+			remote = append(remote, m)
 		}
 	}
-	f.mu.Unlock()
+	return &channel.Conn{Transport: &Transport{peer: peer}, Notifies: notifies,
+		PeerNotifyNum: len(peer.Notifies), RemoteMems: remote}, nil
 }
 
 // Transport is the inproc transport to one peer.
@@ -127,7 +170,9 @@ func (t *Transport) Read(_ <-chan struct{}, dst []byte, src device.Ptr) error {
 	if err != nil {
 		return err
 	}
-	copy(dst, b)
+	// What is read is usually a collective's output, not read again soon:
+	// stream it past the cache (see internal/memcopy).
+	memcopy.Stream(dst, b)
 	return nil
 }
 

@@ -1,0 +1,118 @@
+package inproc
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hcomm-dev/hcomm/channel"
+	"github.com/hcomm-dev/hcomm/device"
+	"github.com/hcomm-dev/hcomm/internal/bootstrap"
+	"github.com/hcomm-dev/hcomm/internal/leakcheck"
+)
+
+func TestMain(m *testing.M) { leakcheck.Main(m) }
+
+type end struct {
+	dev   *device.Device
+	reg   *channel.Registry
+	buf   device.Ptr
+	local *channel.Local
+}
+
+func newEnd(t *testing.T, rank, peer int) *end {
+	t.Helper()
+	dev, err := device.Open(rank)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { dev.Close() })
+	buf, err := dev.Malloc(4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := &channel.Registry{}
+	m := channel.Mem{Tag: "hccl buffer", Addr: buf, Size: 4096}
+	reg.Add(m)
+	return &end{dev: dev, reg: reg, buf: buf, local: &channel.Local{Comm: "t", Rank: rank, Peer: peer, Device: dev,
+		Registry: reg, HCCLBuf: m, NotifyNum: 2, Name: "test channel"}}
+}
+
+func exchange(s bootstrap.Store, me, peer string) channel.Exchange {
+	n := 0
+	return func(ctx context.Context, mine []byte) ([]byte, error) {
+		n++
+		return bootstrap.Exchange(ctx, s, "x/"+string(rune('0'+n)), me, peer, mine)
+	}
+}
+
+// connectPair connects rank 0 over d0 and rank 1 over d1.
+func connectPair(t *testing.T, d0, d1 *Dialer, e0, e1 *end) ([2]*channel.Conn, [2]error) {
+	s := bootstrap.NewMemStore()
+	defer s.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	var conns [2]*channel.Conn
+	var errs [2]error
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); conns[0], errs[0] = d0.Connect(ctx, e0.local, exchange(s, "0", "1")) }()
+	go func() { defer wg.Done(); conns[1], errs[1] = d1.Connect(ctx, e1.local, exchange(s, "1", "0")) }()
+	wg.Wait()
+	return conns, errs
+}
+
+func TestDialer(t *testing.T) {
+	f := NewFabric()
+	d := NewDialer(f)
+	defer d.Close()
+	e0, e1 := newEnd(t, 0, 1), newEnd(t, 1, 0)
+	conns, errs := connectPair(t, d, d, e0, e1)
+	for _, err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if f.Len() != 0 {
+		t.Fatalf("fabric keeps %d endpoints after the connect", f.Len())
+	}
+	c0 := conns[0]
+	if c0.PeerNotifyNum != 2 || len(c0.Notifies) != 2 || c0.RemoteMems[0].Addr != e1.buf || !strings.Contains(c0.Notifies[1].Name(), "test channel notify 1") {
+		t.Fatalf("conn = %+v", c0)
+	}
+	msg := []byte("hello, rank 1")
+	if err := c0.Transport.Write(nil, e1.buf+8, msg); err != nil {
+		t.Fatal(err)
+	}
+	if err := c0.Transport.NotifyRecord(nil, 1); err != nil {
+		t.Fatal(err)
+	}
+	if !conns[1].Notifies[1].IsSet() {
+		t.Fatal("rank 1's notify 1 not set by rank 0's record")
+	}
+	got, _ := e1.dev.Bytes(e1.buf+8, int64(len(msg)))
+	if !bytes.Equal(got, msg) {
+		t.Fatalf("rank 1 holds %q", got)
+	}
+	if err := c0.Transport.Write(nil, e1.buf+4090, msg); err == nil {
+		t.Fatal("a write past the peer's buffer succeeded")
+	}
+	if err := c0.Transport.NotifyRecord(nil, 2); err == nil {
+		t.Fatal("a record of a notify the peer does not have succeeded")
+	}
+}
+
+// Ends on different fabrics (different processes, or InitAll groups) cannot
+// connect, and both say why instead of hanging.
+func TestDialerOtherFabric(t *testing.T) {
+	e0, e1 := newEnd(t, 0, 1), newEnd(t, 1, 0)
+	_, errs := connectPair(t, NewDialer(NewFabric()), NewDialer(NewFabric()), e0, e1)
+	for r, err := range errs {
+		if err == nil || !strings.Contains(err.Error(), "fabric") {
+			t.Fatalf("rank %d: %v, want an error about the fabric", r, err)
+		}
+	}
+}

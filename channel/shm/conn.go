@@ -1,0 +1,412 @@
+//go:build linux
+
+package shm
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/hcomm-dev/hcomm/channel"
+	"github.com/hcomm-dev/hcomm/device"
+	"github.com/hcomm-dev/hcomm/internal/reduce"
+	"github.com/hcomm-dev/hcomm/notify"
+)
+
+// wordStride is the distance between two notify words on a notify page: one
+// cache line each, so that a wait spinning on one notify does not slow the
+// records of its neighbours.
+const wordStride = 64
+
+var pageSize = os.Getpagesize()
+
+// remoteMem is one range the peer shared, mapped here.
+type remoteMem struct {
+	mem channel.Mem // in the peer's address space
+	m   []byte      // the mapping (from the page below the range)
+	b   []byte      // the range's bytes in the mapping
+}
+
+// Transport is the shared-memory transport to one peer: the peer's memory
+// and notify page are mapped into this process, so a write is one copy and a
+// record one atomic. Safe for concurrent use.
+type Transport struct {
+	name       string
+	rank, peer int
+	peerPID    int
+	populate   bool
+
+	// mu is held for reading by every operation that touches a mapping and
+	// for writing by Close, which unmaps.
+	mu         sync.RWMutex
+	closed     bool
+	mems       []remoteMem // mems[0] is the peer's HCCL buffer
+	peerPage   []byte      // the peer's notify page
+	peerNotify int
+	ownPage    []byte // this end's notify page
+	ownFD      int    // its descriptor, until sent
+	notifies   []*notify.Notify
+
+	conn      *net.UnixConn
+	closing   atomic.Bool
+	lost      atomic.Pointer[error] // why the peer is gone
+	watchDone chan struct{}
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// makeNotifies makes this end's notify page (a sealed memfd of n words, one
+// per cache line) and a shared notify on each word.
+func (t *Transport) makeNotifies(n int) error {
+	t.ownFD = -1
+	if n == 0 {
+		return nil
+	}
+	size := roundPage(int64(n) * wordStride)
+	fd, err := unix.MemfdCreate("hcomm-shm-notify", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		return fmt.Errorf("memfd_create: %w", err)
+	}
+	if err := unix.Ftruncate(fd, size); err != nil {
+		unix.Close(fd)
+		return fmt.Errorf("sizing the notify page: %w", err)
+	}
+	if err := unix.Fallocate(fd, 0, 0, size); err != nil {
+		unix.Close(fd)
+		return fmt.Errorf("reserving the notify page: %w", err)
+	}
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_SEAL); err != nil {
+		unix.Close(fd)
+		return fmt.Errorf("sealing the notify page: %w", err)
+	}
+	m, err := unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		unix.Close(fd)
+		return fmt.Errorf("mapping the notify page: %w", err)
+	}
+	t.ownFD, t.ownPage = fd, m
+	t.notifies = make([]*notify.Notify, n)
+	for i := range t.notifies {
+		t.notifies[i] = notify.NewShared(fmt.Sprintf("%s notify %d", t.name, i), wordAt(m, i))
+	}
+	return nil
+}
+
+func (t *Transport) closeOwnFD() {
+	if t.ownFD >= 0 {
+		unix.Close(t.ownFD)
+		t.ownFD = -1
+	}
+}
+
+func wordAt(page []byte, i int) *uint32 {
+	return (*uint32)(unsafe.Pointer(&page[i*wordStride]))
+}
+
+func roundPage(n int64) int64 {
+	p := int64(pageSize)
+	return (n + p - 1) / p * p
+}
+
+// checkFile checks that fd is a memory file the peer cannot shrink and that
+// [off, off+n) lies inside it: a mapping of it can then never fault.
+func checkFile(fd int, off, n uint64) error {
+	seals, err := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0)
+	if err != nil {
+		return fmt.Errorf("not a sealable memory file (F_GET_SEALS: %w)", err)
+	}
+	if seals&unix.F_SEAL_SHRINK == 0 {
+		return errors.New("memory file is not sealed against shrinking")
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return fmt.Errorf("fstat: %w", err)
+	}
+	if st.Size < 0 || off > uint64(st.Size) || n > uint64(st.Size)-off {
+		return fmt.Errorf("range [%d, +%d) of the file runs past its end (%d bytes)", off, n, st.Size)
+	}
+	return nil
+}
+
+// mapMem checks entry e of the peer's description (index i) and maps it.
+func (t *Transport) mapMem(e memEntry, fds []int, i int) error {
+	rm := remoteMem{mem: channel.Mem{Tag: e.Tag, Addr: device.Ptr(e.Addr), Size: int64(e.Size)}}
+	if e.Size == 0 {
+		t.mems = append(t.mems, rm)
+		return nil
+	}
+	fd := fds[e.FD] // decodeMsg checked the index
+	if err := checkFile(fd, e.Offset, e.Size); err != nil {
+		return err
+	}
+	base := e.Offset &^ uint64(pageSize-1)
+	skew := e.Offset - base
+	flags := unix.MAP_SHARED
+	if t.populate {
+		flags |= unix.MAP_POPULATE
+	}
+	m, err := unix.Mmap(fd, int64(base), int(skew+e.Size), unix.PROT_READ|unix.PROT_WRITE, flags)
+	if err != nil {
+		return fmt.Errorf("mapping %d bytes: %w", skew+e.Size, err)
+	}
+	rm.m, rm.b = m, m[skew:skew+e.Size:skew+e.Size]
+	t.mems = append(t.mems, rm)
+	return nil
+}
+
+// mapPeerNotifies checks and maps the peer's notify page of n words.
+func (t *Transport) mapPeerNotifies(fd, n int) error {
+	size := uint64(roundPage(int64(n) * wordStride))
+	if err := checkFile(fd, 0, size); err != nil {
+		return fmt.Errorf("notify page: %w", err)
+	}
+	m, err := unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return fmt.Errorf("mapping the notify page: %w", err)
+	}
+	t.peerPage = m
+	return nil
+}
+
+func (t *Transport) remoteMems() []channel.Mem {
+	out := make([]channel.Mem, len(t.mems))
+	for i, m := range t.mems {
+		out[i] = m.mem
+	}
+	return out
+}
+
+// startWatch starts the goroutine that watches the socket for the peer's
+// goodbye or death. Close stops it.
+func (t *Transport) startWatch() {
+	t.watchDone = make(chan struct{})
+	go t.watch()
+}
+
+// watch reads the socket until it ends. Nothing is expected on it but BYE;
+// its end without one means the peer's process is gone.
+func (t *Transport) watch() {
+	defer close(t.watchDone)
+	for {
+		m, fds, err := recvMsgFDs(t.conn)
+		closeFDs(fds)
+		if t.closing.Load() {
+			return
+		}
+		var cause error
+		switch {
+		case err == nil && m.Type == msgBye:
+			cause = fmt.Errorf("rank %d (pid %d) closed its end of %s: %w", t.peer, t.peerPID, t.name, ErrPeerClosed)
+		case err == nil:
+			cause = fmt.Errorf("rank %d (pid %d) sent %v after connecting: %w", t.peer, t.peerPID, m.Type, ErrPeerLost)
+		case errors.Is(err, io.EOF):
+			cause = fmt.Errorf("rank %d (pid %d) of %s is lost: its socket closed without a goodbye (the process exited or was killed): %w",
+				t.peer, t.peerPID, t.name, ErrPeerLost)
+		default:
+			cause = fmt.Errorf("rank %d (pid %d) of %s is lost: %v: %w", t.peer, t.peerPID, t.name, err, ErrPeerLost)
+		}
+		t.lose(cause)
+		return
+	}
+}
+
+// lose records why the peer is gone and breaks every local notify with it.
+func (t *Transport) lose(cause error) {
+	if !t.lost.CompareAndSwap(nil, &cause) {
+		return
+	}
+	for _, n := range t.notifies {
+		n.Break(cause)
+	}
+}
+
+// Lost returns why the peer is gone (wrapping ErrPeerLost or ErrPeerClosed),
+// or nil while it is connected.
+func (t *Transport) Lost() error {
+	if p := t.lost.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// Name returns "shm".
+func (t *Transport) Name() string { return "shm" }
+
+// usable is the check at the start of every operation; the caller holds mu
+// for reading.
+func (t *Transport) usable(op string) error {
+	if t.closed {
+		return fmt.Errorf("shm %s on %s (rank %d -> rank %d): %w", op, t.name, t.rank, t.peer, ErrClosed)
+	}
+	if err := t.Lost(); err != nil {
+		return fmt.Errorf("shm %s on %s (rank %d -> rank %d): %w", op, t.name, t.rank, t.peer, err)
+	}
+	return nil
+}
+
+// peerBytes returns the mapped bytes of the peer's [p, p+n), which must lie
+// inside one range the peer shared at connect. The caller holds mu for
+// reading.
+func (t *Transport) peerBytes(op string, p device.Ptr, n int64) ([]byte, error) {
+	if err := t.usable(op); err != nil {
+		return nil, err
+	}
+	for i := range t.mems {
+		m := &t.mems[i]
+		if m.mem.Contains(p, n) {
+			off := int64(p - m.mem.Addr)
+			return m.b[off : off+n : off+n], nil
+		}
+	}
+	h := t.mems[0].mem
+	return nil, fmt.Errorf("shm %s on %s (rank %d -> rank %d): range [%#x, +%d) of rank %d is outside the memory it shared at connect "+
+		"(HCCL buffer [%#x, +%d) and %d other ranges; memory registered after the connect needs a new channel): %w",
+		op, t.name, t.rank, t.peer, uintptr(p), n, t.peer, uintptr(h.Addr), h.Size, len(t.mems)-1, ErrOutOfRange)
+}
+
+// Write copies src into the peer's memory at dst. The copy is not
+// interruptible (stop is not watched): it is bounded by len(src).
+func (t *Transport) Write(_ <-chan struct{}, dst device.Ptr, src []byte) error {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	b, err := t.peerBytes("Write", dst, int64(len(src)))
+	if err != nil {
+		return err
+	}
+	copy(b, src)
+	return nil
+}
+
+// Read copies the peer's memory at src into dst.
+func (t *Transport) Read(_ <-chan struct{}, dst []byte, src device.Ptr) error {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	b, err := t.peerBytes("Read", src, int64(len(dst)))
+	if err != nil {
+		return err
+	}
+	copy(dst, b)
+	return nil
+}
+
+// WriteReduce computes peer[dst] = peer[dst] op src over count elements of
+// dt, in place in the peer's memory. The peer must not touch that range
+// until the record that follows (as with every write).
+func (t *Transport) WriteReduce(_ <-chan struct{}, dst device.Ptr, src []byte, count int, dt reduce.DataType, op reduce.Op) error {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	b, err := t.peerBytes("WriteReduce", dst, int64(len(src)))
+	if err != nil {
+		return err
+	}
+	if err := reduce.Reduce(b, src, count, dt, op); err != nil {
+		return fmt.Errorf("shm WriteReduce on %s (rank %d -> rank %d): %w", t.name, t.rank, t.peer, err)
+	}
+	return nil
+}
+
+// ReadReduce computes dst = dst op peer[src] over count elements of dt.
+func (t *Transport) ReadReduce(_ <-chan struct{}, dst []byte, src device.Ptr, count int, dt reduce.DataType, op reduce.Op) error {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	b, err := t.peerBytes("ReadReduce", src, int64(len(dst)))
+	if err != nil {
+		return err
+	}
+	if err := reduce.Reduce(dst, b, count, dt, op); err != nil {
+		return fmt.Errorf("shm ReadReduce on %s (rank %d -> rank %d): %w", t.name, t.rank, t.peer, err)
+	}
+	return nil
+}
+
+// NotifyRecord records the peer's notify idx: an atomic on its word in the
+// peer's notify page, and a futex wake when the peer sleeps on it. It is a
+// release: the bytes of every earlier Write are visible to the peer once its
+// wait returns.
+func (t *Transport) NotifyRecord(_ <-chan struct{}, idx int) error {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	if err := t.usable("NotifyRecord"); err != nil {
+		return err
+	}
+	if idx < 0 || idx >= t.peerNotify {
+		return fmt.Errorf("shm NotifyRecord on %s (rank %d -> rank %d): rank %d has no notify %d on this channel (it has %d)",
+			t.name, t.rank, t.peer, t.peer, idx, t.peerNotify)
+	}
+	notify.Signal(wordAt(t.peerPage, idx))
+	return nil
+}
+
+// fenceWord is the target of Fence's atomic.
+var fenceWord atomic.Uint32
+
+// Fence returns at once, after a full memory barrier: an operation of this
+// transport is complete at the peer when it returns (a write is a copy into
+// memory the peer maps, coherent across cores), so there is nothing to wait
+// for. The barrier (an atomic read-modify-write) orders this goroutine's
+// earlier stores before its later ones; NotifyRecord carries the same order
+// on its own, which is why a write followed by a record needs no fence.
+func (t *Transport) Fence(<-chan struct{}) error {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	if err := t.usable("Fence"); err != nil {
+		return err
+	}
+	fenceWord.Add(1)
+	return nil
+}
+
+// Close says goodbye to the peer, stops the watcher, breaks and detaches the
+// local notifies (their waits fail with ErrClosed), and unmaps the peer's
+// memory, its notify page and this end's. Operations after Close fail with
+// ErrClosed. Idempotent; later calls return the first call's result.
+func (t *Transport) Close() error {
+	t.closeOnce.Do(func() {
+		t.closing.Store(true)
+		if t.conn != nil {
+			t.conn.SetWriteDeadline(time.Now().Add(time.Second))
+			_ = sendMsg(t.conn, &msg{Type: msgBye}, nil)
+			t.closeErr = t.conn.Close()
+		}
+		<-t.watchDone
+		t.release(fmt.Errorf("shm %s (rank %d -> rank %d): %w", t.name, t.rank, t.peer, ErrClosed))
+	})
+	return t.closeErr
+}
+
+// release detaches the notifies and unmaps everything.
+func (t *Transport) release(why error) {
+	for _, n := range t.notifies {
+		n.Detach(why)
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.closed = true
+	for _, m := range t.mems {
+		if m.m != nil {
+			unix.Munmap(m.m)
+		}
+	}
+	t.mems = nil
+	for _, p := range [][]byte{t.peerPage, t.ownPage} {
+		if p != nil {
+			unix.Munmap(p)
+		}
+	}
+	t.peerPage, t.ownPage = nil, nil
+	t.closeOwnFD()
+}
+
+var (
+	_ channel.Transport = (*Transport)(nil)
+	_ channel.Dialer    = (*Dialer)(nil)
+)

@@ -1,0 +1,91 @@
+// Package shm is the shared-memory transport: channels between ranks that
+// are separate processes on one host. The peer's registered memory (its HCCL
+// buffer and CommMemReg ranges) is mapped into this process, so a write is
+// one copy() into the peer's pages and a notify record is one atomic on a
+// word of a page both processes map, with a futex wake only when the waiter
+// sleeps.
+//
+// # Where to start
+//
+// HostID tells whether a peer is on this host (compare the strings; the
+// bootstrap carries them). NewDialer returns a channel.Dialer; its Connect,
+// called by both ends with an Exchange that reaches the other, returns a
+// channel.Conn whose Transport is a *Transport. Close the Transport to end
+// the channel; Close the Dialer when no more channels are wanted.
+//
+// # Connecting
+//
+//  1. Each end describes its memory: the HCCL buffer first, then every range
+//     of its Registry, each as a memfd descriptor and offset from
+//     device.Share (device memory of the host backend is memfd-backed,
+//     sealed against shrinking, reserved at Malloc). It also makes its
+//     notify page: a sealed memfd with one 32-bit word per notify, each on a
+//     64-byte line.
+//  2. The ends trade a hello through the Exchange: host id, pid, ranks, and
+//     from the lower rank, which listens, the name of a fresh abstract unix
+//     socket (random, nothing in the file system) and a random secret.
+//  3. The higher rank dials and sends the secret; each end checks the other's
+//     pid with SO_PEERCRED. A caller that fails is dropped and the listener
+//     keeps waiting (until ctx ends).
+//  4. In turns (listener first), each end sends its description with the
+//     descriptors attached (SCM_RIGHTS); the receiver checks every range
+//     (sizes, overflow, the descriptor is a memory file sealed against
+//     shrinking, the range lies inside it), maps it MAP_SHARED, and answers
+//     READY, or REFUSE with the reason, which the other end reports.
+//
+// The socket stays open for the channel's life: it is how each end learns
+// that the other is gone.
+//
+// # Memory model
+//
+// Conn.RemoteMems are the peer's ranges in the peer's address space: the
+// addresses the data plane passes as dst/src. The transport translates them
+// into its mappings after checking that the whole range lies inside one
+// range the peer shared at connect; anything else fails with ErrOutOfRange
+// and touches nothing. Memory the peer registers after the connect is not
+// reachable through the channel (hcomm's checks refuse it first); acquire a
+// new channel to reach it. A range the peer frees stays mapped here until
+// Close: writes into it land in pages nobody reads, never in other memory.
+//
+// A notify record (NotifyRecord) is a sequentially consistent
+// compare-and-swap on the peer's word, and the wait that consumes it another:
+// a release and an acquire, so bytes written before a record are visible to
+// the peer once its wait returns. Waits spin briefly (yielding) and then
+// sleep on the word with FUTEX_WAIT, so ranks that outnumber the cores still
+// make progress; see notify.NewShared for the word's layout. Fence is a
+// memory barrier only: a write is complete at the peer when the copy returns.
+//
+// # When a process dies
+//
+// The kernel closes a dead process's socket; the watcher goroutine of each
+// of its channels in the surviving process sees the end without a goodbye
+// (BYE), breaks every local notify of the channel with an error wrapping
+// ErrPeerLost that names the lost rank and its pid, and later operations on
+// the transport fail with it. A pending wait fails at once instead of
+// sitting out its timeout. A peer that closes its end cleanly sends BYE
+// first: the same happens with ErrPeerClosed. Memory mapped from the dead
+// peer stays valid (the pages live until this end unmaps them), so nothing
+// faults; memfds have no name, so nothing is left in /dev/shm or anywhere
+// else when either process dies.
+//
+// # Wire formats
+//
+// The hello (in the Exchange), little-endian:
+//
+//	"hcshm" version:u8 pid:i32 rank:i32 peer:i32 listen:u8
+//	hostIDLen:u16 hostID addrLen:u16 addr secret:[16]byte
+//
+// Socket messages (SOCK_SEQPACKET, one message each, type byte first):
+//
+//	AUTH    1 secret:[16]byte                               dialer's first message
+//	MEMS    2 count:u16 {addr:u64 size:u64 offset:u64 fd:u16 tagLen:u8 tag}
+//	          at most 64 entries, one descriptor per non-empty range (fd is
+//	          its index among the message's descriptors; 0xFFFF for none)
+//	DONE    3 total:u32 notifies:u32                        + the notify page's descriptor when notifies > 0
+//	READY   4                                               the description was mapped
+//	REFUSE  5 len:u16 text                                  why the sender gives up
+//	BYE     6                                               the sender closes its end
+//
+// Limits: 65536 ranges, 65535 notifies, 1 TiB per range, 4 KiB of refusal
+// text. A message outside them is refused, never trusted.
+package shm

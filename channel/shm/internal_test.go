@@ -1,0 +1,288 @@
+//go:build linux
+
+package shm
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/hcomm-dev/hcomm/channel"
+	"github.com/hcomm-dev/hcomm/device"
+)
+
+// memExchange connects two Exchanges in one process.
+func memExchange() (a, b channel.Exchange) {
+	ab, ba := make(chan []byte, 1), make(chan []byte, 1)
+	mk := func(out, in chan []byte) channel.Exchange {
+		return func(ctx context.Context, mine []byte) ([]byte, error) {
+			out <- mine
+			select {
+			case m := <-in:
+				return m, nil
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+	}
+	return mk(ab, ba), mk(ba, ab)
+}
+
+type side struct {
+	dev  *device.Device
+	buf  device.Ptr
+	d    *Dialer
+	conn *channel.Conn
+	err  error
+}
+
+func newSide(t *testing.T, size int64) *side {
+	t.Helper()
+	dev, err := device.Open(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { dev.Close() })
+	buf, err := dev.Malloc(size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, _ := NewDialer(Options{})
+	t.Cleanup(func() { d.Close() })
+	return &side{dev: dev, buf: buf, d: d}
+}
+
+// pair connects two ends in this process (the pid checks pass: it is the
+// same process at both ends).
+func pair(t *testing.T, a, b *side, size int64) { pairN(t, a, b, size, 2) }
+
+// pairN is pair with n notifies at each end.
+func pairN(t *testing.T, a, b *side, size int64, n int) {
+	t.Helper()
+	exA, exB := memExchange()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	for i, s := range []*side{a, b} {
+		ex := []channel.Exchange{exA, exB}[i]
+		wg.Add(1)
+		go func(i int, s *side) {
+			defer wg.Done()
+			reg := &channel.Registry{}
+			reg.Add(channel.Mem{Tag: "hccl buffer", Addr: s.buf, Size: size})
+			l := &channel.Local{Rank: i, Peer: 1 - i, Device: s.dev, Registry: reg, NotifyNum: n,
+				HCCLBuf: channel.Mem{Tag: "hccl buffer", Addr: s.buf, Size: size}, Name: "pair"}
+			s.conn, s.err = s.d.Connect(ctx, l, ex)
+			if s.conn != nil {
+				t.Cleanup(func() { s.conn.Transport.Close() })
+			}
+		}(i, s)
+	}
+	wg.Wait()
+}
+
+// TestLyingPeerRefused: a peer whose description points past the end of
+// its memory file is refused by the honest end, and both ends say why.
+func TestLyingPeerRefused(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		lie  func(m []memEntry)
+		want string
+	}{
+		{"offset past the file", func(m []memEntry) { m[0].Offset = 1 << 30 }, "runs past its end"},
+		{"size past the file", func(m []memEntry) { m[0].Size += 8192 }, "runs past its end"},
+		{"wrapping range", func(m []memEntry) { m[0].Addr = ^uint64(0) - 10 }, "wraps around"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			honest, liar := newSide(t, 4096), newSide(t, 4096)
+			liar.d.tamper = c.lie
+			pair(t, honest, liar, 4096)
+			if !errors.Is(honest.err, ErrRefused) || !strings.Contains(honest.err.Error(), c.want) {
+				t.Errorf("honest end: %v, want ErrRefused saying %q", honest.err, c.want)
+			}
+			if !errors.Is(liar.err, ErrRefused) || !strings.Contains(liar.err.Error(), c.want) {
+				t.Errorf("lying end: %v, want the honest end's refusal saying %q", liar.err, c.want)
+			}
+		})
+	}
+}
+
+func TestCheckFileWantsSealedMemory(t *testing.T) {
+	fd, err := unix.MemfdCreate("unsealed", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	unix.Ftruncate(fd, 8192)
+	if err := checkFile(fd, 0, 4096); err == nil || !strings.Contains(err.Error(), "not sealed") {
+		t.Fatalf("unsealed file: %v", err)
+	}
+	unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK)
+	if err := checkFile(fd, 0, 8192); err != nil {
+		t.Fatalf("sealed file: %v", err)
+	}
+	if err := checkFile(fd, 4096, 4097); err == nil {
+		t.Fatal("a range past the end passed")
+	}
+	r, w, _ := osPipe(t)
+	if err := checkFile(r, 0, 1); err == nil || !strings.Contains(err.Error(), "not a sealable memory file") {
+		t.Fatalf("a pipe: %v", err)
+	}
+	_ = w
+}
+
+func osPipe(t *testing.T) (int, int, error) {
+	var p [2]int
+	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(p[0]); unix.Close(p[1]) })
+	return p[0], p[1], nil
+}
+
+// TestOperationsRaceClose: writes and records from several goroutines while
+// the transport closes either succeed or fail with ErrClosed; none touches
+// unmapped memory.
+func TestOperationsRaceClose(t *testing.T) {
+	const size = 1 << 20
+	a, b := newSide(t, size), newSide(t, size)
+	pair(t, a, b, size)
+	if a.err != nil || b.err != nil {
+		t.Fatal(a.err, b.err)
+	}
+	tr := a.conn.Transport
+	dst := a.conn.RemoteMems[0].Addr
+	src := bytes.Repeat([]byte{7}, 64<<10)
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for g := 0; g < 4; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				err := tr.Write(nil, dst, src)
+				if err == nil {
+					err = tr.NotifyRecord(nil, 1)
+				}
+				if err != nil {
+					if !errors.Is(err, ErrClosed) {
+						errs <- err
+					}
+					return
+				}
+			}
+		}()
+	}
+	time.Sleep(20 * time.Millisecond)
+	tr.Close()
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Errorf("operation racing Close: %v", err)
+	}
+	// The other end saw the goodbye.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for {
+		err := b.conn.Notifies[0].WaitNow(ctx)
+		if errors.Is(err, ErrPeerClosed) {
+			break
+		}
+		if err != nil {
+			t.Fatalf("peer's wait: %v", err)
+		}
+	}
+}
+
+// TestPopulateMapsUpFront: with Options.Populate the connect maps the
+// peer's pages at once; the channel works the same.
+func TestPopulateMapsUpFront(t *testing.T) {
+	const size = 4 << 20
+	a, b := newSide(t, size), newSide(t, size)
+	a.d.opts.Populate = true
+	pair(t, a, b, size)
+	if a.err != nil || b.err != nil {
+		t.Fatal(a.err, b.err)
+	}
+	src := bytes.Repeat([]byte("populate"), size/8)
+	if err := a.conn.Transport.Write(nil, a.conn.RemoteMems[0].Addr, src); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := b.dev.Bytes(b.buf, size)
+	if !bytes.Equal(got, src) {
+		t.Fatal("the write through a populated mapping did not reach the peer's memory")
+	}
+	if err := a.conn.Transport.NotifyRecord(nil, 1); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := b.conn.Notifies[1].WaitNow(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestNoNotifies: a channel may have no notifies at either end; records
+// are then refused, naming the peer.
+func TestNoNotifies(t *testing.T) {
+	a, b := newSide(t, 4096), newSide(t, 4096)
+	pairN(t, a, b, 4096, 0)
+	if a.err != nil || b.err != nil {
+		t.Fatal(a.err, b.err)
+	}
+	if len(a.conn.Notifies) != 0 || a.conn.PeerNotifyNum != 0 {
+		t.Fatalf("notifies %d, peer %d", len(a.conn.Notifies), a.conn.PeerNotifyNum)
+	}
+	if err := a.conn.Transport.NotifyRecord(nil, 0); err == nil || !strings.Contains(err.Error(), "rank 1 has no notify 0") {
+		t.Fatalf("NotifyRecord = %v", err)
+	}
+	if err := a.conn.Transport.Write(nil, a.conn.RemoteMems[0].Addr, []byte("ok")); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestPeerNeverDials: the hello is fine but the peer never connects; the
+// listening end gives up when ctx ends, and leaves no listener behind (a
+// dial to its name then fails).
+func TestPeerNeverDials(t *testing.T) {
+	s := newSide(t, 4096)
+	var addr string
+	ex := func(_ context.Context, mine []byte) ([]byte, error) {
+		h, err := decodeHello(mine)
+		if err != nil {
+			return nil, err
+		}
+		addr = h.Addr
+		fake := &hello{HostID: HostID(), PID: 1, Rank: 1, Peer: 0}
+		return fake.encode(), nil
+	}
+	l := &channel.Local{Rank: 0, Peer: 1, Device: s.dev, NotifyNum: 1, HCCLBuf: channel.Mem{Addr: s.buf, Size: 4096}}
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err := s.d.Connect(ctx, l, ex)
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Connect = %v, want a timeout", err)
+	}
+	if !strings.Contains(err.Error(), "rank 1") {
+		t.Errorf("error %q does not name the peer", err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("Connect took %v past its 100ms context", d)
+	}
+	if addr == "" {
+		t.Fatal("rank 0 did not listen")
+	}
+	var nd net.Dialer
+	if c, err := nd.Dial("unixpacket", "@"+addr); err == nil {
+		c.Close()
+		t.Fatal("the listener outlived the failed connect")
+	}
+}

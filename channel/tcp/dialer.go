@@ -1,0 +1,547 @@
+package tcp
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/hcomm-dev/hcomm/channel"
+	"github.com/hcomm-dev/hcomm/notify"
+)
+
+// Defaults of Options.
+const (
+	// DefaultStreams is the number of sockets per channel.
+	DefaultStreams = 2
+	// DefaultPeerTimeout is how long a silent peer goes unnoticed at most.
+	DefaultPeerTimeout = 10 * time.Second
+	// DefaultHandshakeTimeout bounds one socket's handshake.
+	DefaultHandshakeTimeout = 10 * time.Second
+	// DefaultChunkSize is the largest frame payload a sender makes.
+	DefaultChunkSize = 1 << 20
+	// DefaultSocketBuffer is the kernel buffer asked for each socket.
+	DefaultSocketBuffer = 4 << 20
+)
+
+// maxHandshakes bounds the accepted connections still proving the secret: a
+// flood of idle connections must not hold a goroutine each.
+const maxHandshakes = 1024
+
+// Options configure a Dialer. The zero value is usable: every field has a
+// default.
+type Options struct {
+	// Addr is where the listener binds: an IP ("10.0.0.5"), or IP:port. ""
+	// binds all interfaces on a port the kernel picks.
+	Addr string
+	// Advertise, when set, replaces the listener addresses (host:port) the
+	// Dialer tells its peers to dial, in the order they should be tried.
+	// Default: the bound address, or every up interface's unicast address
+	// (loopback last) when bound to all interfaces.
+	Advertise []string
+	// Streams is the number of sockets per channel (default 2, at most 64).
+	// The two ends of a channel use the smaller of their two values.
+	Streams int
+	// Secret, when not nil, must be proven by every connection (HMAC-SHA256
+	// challenge/response both ways); it is never sent. nil still runs the
+	// handshake with an empty key.
+	Secret []byte
+	// Logger receives refused connections and channel failures (nil: none).
+	Logger *slog.Logger
+	// PeerTimeout bounds how long a silent peer goes unnoticed: each end
+	// sends a heartbeat when idle, and a channel that hears nothing from its
+	// peer for PeerTimeout (or whose send is stuck that long) fails. Default 10 s.
+	PeerTimeout time.Duration
+	// HandshakeTimeout bounds an accepted connection's handshake (default 10 s).
+	HandshakeTimeout time.Duration
+	// ChunkSize is the largest payload of one frame this end sends (default
+	// 1 MiB, at most 16 MiB); larger operations are split into chunks that
+	// travel on all the channel's sockets at once.
+	ChunkSize int
+	// SocketBuffer is the kernel send and receive buffer asked for each
+	// socket (default 4 MiB; the kernel may cap it). Negative leaves the
+	// buffers to the kernel's autotuning.
+	SocketBuffer int
+}
+
+// Dialer makes tcp channels (channel.Dialer). It owns one listener shared by
+// all its channels. Safe for concurrent use; Close stops the listener and
+// waits for its goroutines, but leaves the channels it made open.
+type Dialer struct {
+	opts Options
+	log  *slog.Logger
+	ln   net.Listener
+	adv  []string
+
+	mu       sync.Mutex
+	closed   bool
+	pending  map[[nonceLen]byte]*accepting
+	inflight map[net.Conn]struct{} // accepted, handshake running
+	done     chan struct{}
+	wg       sync.WaitGroup
+}
+
+// accepting is a channel whose acceptor end waits for its sockets.
+type accepting struct {
+	peer    int
+	streams int // as the first socket announced it; 0 until then
+	socks   []net.Conn
+	got     int
+	ready   chan struct{} // closed when every socket arrived
+	taken   bool          // the sockets belong to a channel now
+}
+
+// NewDialer opens the listener described by opts and starts accepting.
+func NewDialer(opts Options) (*Dialer, error) {
+	if opts.Streams == 0 {
+		opts.Streams = DefaultStreams
+	}
+	if opts.Streams < 1 || opts.Streams > maxStreams {
+		return nil, fmt.Errorf("tcp: Streams %d is outside 1..%d", opts.Streams, maxStreams)
+	}
+	if opts.PeerTimeout <= 0 {
+		opts.PeerTimeout = DefaultPeerTimeout
+	}
+	if opts.HandshakeTimeout <= 0 {
+		opts.HandshakeTimeout = DefaultHandshakeTimeout
+	}
+	if opts.ChunkSize <= 0 {
+		opts.ChunkSize = DefaultChunkSize
+	}
+	if opts.ChunkSize > maxPayload {
+		return nil, fmt.Errorf("tcp: ChunkSize %d exceeds %d", opts.ChunkSize, maxPayload)
+	}
+	opts.ChunkSize = (opts.ChunkSize + 7) &^ 7 // whole elements of every data type
+	if opts.SocketBuffer == 0 {
+		opts.SocketBuffer = DefaultSocketBuffer
+	}
+	if len(opts.Advertise) > maxAddrs {
+		return nil, fmt.Errorf("tcp: %d Advertise addresses, at most %d", len(opts.Advertise), maxAddrs)
+	}
+	for _, a := range opts.Advertise {
+		if _, _, err := net.SplitHostPort(a); err != nil || len(a) > maxAddrLen {
+			return nil, fmt.Errorf("tcp: Advertise address %q is not host:port of at most %d bytes", a, maxAddrLen)
+		}
+	}
+	addr := opts.Addr
+	if addr == "" {
+		addr = ":0"
+	} else if _, _, err := net.SplitHostPort(addr); err != nil {
+		addr = net.JoinHostPort(addr, "0")
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("tcp: listen on %q: %w", addr, err)
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	d := &Dialer{opts: opts, log: log, ln: ln, pending: make(map[[nonceLen]byte]*accepting),
+		inflight: make(map[net.Conn]struct{}), done: make(chan struct{})}
+	d.adv = opts.Advertise
+	if len(d.adv) == 0 {
+		d.adv = advertise(ln.Addr().(*net.TCPAddr))
+	}
+	d.wg.Add(1)
+	go d.acceptLoop()
+	return d, nil
+}
+
+// advertise lists the addresses a peer may dial to reach a listener bound at a.
+func advertise(a *net.TCPAddr) []string {
+	port := strconv.Itoa(a.Port)
+	if !a.IP.IsUnspecified() {
+		return []string{net.JoinHostPort(a.IP.String(), port)}
+	}
+	var out, loop []string
+	if addrs, err := net.InterfaceAddrs(); err == nil {
+		for _, ia := range addrs {
+			ipn, ok := ia.(*net.IPNet)
+			if !ok {
+				continue
+			}
+			switch ip := ipn.IP; {
+			case ip.IsLoopback():
+				loop = append(loop, net.JoinHostPort(ip.String(), port))
+			case ip.IsGlobalUnicast():
+				out = append(out, net.JoinHostPort(ip.String(), port))
+			}
+		}
+	}
+	out = append(out, loop...)
+	if len(out) == 0 {
+		out = []string{net.JoinHostPort("127.0.0.1", port)}
+	}
+	if len(out) > maxAddrs {
+		out = out[:maxAddrs]
+	}
+	return out
+}
+
+// Name returns "tcp".
+func (d *Dialer) Name() string { return "tcp" }
+
+// Addr returns the listener's address.
+func (d *Dialer) Addr() net.Addr { return d.ln.Addr() }
+
+// Close stops the listener, refuses the handshakes in progress, fails the
+// Connects still waiting for sockets, and waits for the Dialer's goroutines.
+// Channels already made stay open. Idempotent.
+func (d *Dialer) Close() error {
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return nil
+	}
+	d.closed = true
+	close(d.done)
+	for c := range d.inflight {
+		c.Close()
+	}
+	d.mu.Unlock()
+	err := d.ln.Close()
+	d.wg.Wait()
+	return err
+}
+
+func (d *Dialer) acceptLoop() {
+	defer d.wg.Done()
+	for {
+		c, err := d.ln.Accept()
+		if err != nil {
+			select {
+			case <-d.done:
+				return
+			default:
+			}
+			d.log.Warn("tcp: accept failed", "listener", d.ln.Addr().String(), "err", err)
+			select {
+			case <-d.done:
+				return
+			case <-time.After(10 * time.Millisecond):
+			}
+			continue
+		}
+		d.mu.Lock()
+		if d.closed {
+			d.mu.Unlock()
+			c.Close()
+			return
+		}
+		if len(d.inflight) >= maxHandshakes {
+			d.mu.Unlock()
+			d.log.Warn("tcp: refused connection: too many handshakes in progress", "remote", c.RemoteAddr().String(), "limit", maxHandshakes)
+			c.Close()
+			continue
+		}
+		d.inflight[c] = struct{}{}
+		d.wg.Add(1)
+		d.mu.Unlock()
+		go d.handshake(c)
+	}
+}
+
+// handshake runs the acceptor's side of the socket handshake and hands the
+// socket to the Connect waiting for it, or refuses it.
+func (d *Dialer) handshake(c net.Conn) {
+	defer d.wg.Done()
+	err := d.acceptSocket(c)
+	d.mu.Lock()
+	delete(d.inflight, c)
+	d.mu.Unlock()
+	if err != nil {
+		d.log.Warn("tcp: refused connection", "remote", c.RemoteAddr().String(), "err", err)
+		c.Close()
+	}
+}
+
+func (d *Dialer) acceptSocket(c net.Conn) error {
+	c.SetDeadline(time.Now().Add(d.opts.HandshakeTimeout))
+	ch := make([]byte, challengeSize)
+	copy(ch, helloMagic)
+	ch[len(helloMagic)] = protoVersion
+	rand.Read(ch[len(helloMagic)+1:])
+	if _, err := c.Write(ch); err != nil {
+		return fmt.Errorf("sending challenge: %w", err)
+	}
+	buf := make([]byte, proofSize)
+	if _, err := io.ReadFull(c, buf); err != nil {
+		return fmt.Errorf("reading proof: %w", err)
+	}
+	p, err := parseProof(buf)
+	if err != nil {
+		return err
+	}
+	if !hmac.Equal(p.mac[:], dialMAC(d.opts.Secret, ch[len(helloMagic)+1:], p)) {
+		c.Write([]byte{1})
+		return fmt.Errorf("rank %d's proof of the secret is wrong (socket %d)", p.rank, p.index)
+	}
+	if p.streams < 1 || p.streams > maxStreams || p.index >= p.streams {
+		c.Write([]byte{1})
+		return fmt.Errorf("rank %d announces socket %d of %d", p.rank, p.index, p.streams)
+	}
+	// Claim the slot before answering, so that a dialer told "yes" is in.
+	d.mu.Lock()
+	a := d.pending[p.nonce]
+	switch {
+	case a == nil:
+		err = fmt.Errorf("rank %d dials a channel this rank does not expect (socket %d)", p.rank, p.index)
+	case a.peer != p.rank:
+		err = fmt.Errorf("rank %d dials the channel that waits for rank %d", p.rank, a.peer)
+	case a.streams != 0 && a.streams != p.streams:
+		err = fmt.Errorf("rank %d announces %d sockets, earlier %d", p.rank, p.streams, a.streams)
+	case a.streams != 0 && a.socks[p.index] != nil:
+		err = fmt.Errorf("rank %d sends socket %d twice", p.rank, p.index)
+	}
+	if err != nil {
+		d.mu.Unlock()
+		c.Write([]byte{1})
+		return err
+	}
+	if a.streams == 0 {
+		a.streams = p.streams
+		a.socks = make([]net.Conn, p.streams)
+	}
+	a.socks[p.index] = c
+	d.mu.Unlock()
+	v := append([]byte{0}, acceptMAC(d.opts.Secret, p)...)
+	_, err = c.Write(v)
+	c.SetDeadline(time.Time{})
+	d.mu.Lock()
+	if err != nil {
+		if a.socks[p.index] == c {
+			a.socks[p.index] = nil
+		}
+		d.mu.Unlock()
+		return fmt.Errorf("answering rank %d: %w", p.rank, err)
+	}
+	a.got++
+	if a.got == a.streams {
+		close(a.ready)
+	}
+	d.mu.Unlock()
+	return nil
+}
+
+// Connect sets up this end of the channel described by local (see
+// channel.Dialer). The lower rank dials the sockets, the higher accepts them.
+// Safe for concurrent use: many channels may connect at once.
+func (d *Dialer) Connect(ctx context.Context, local *channel.Local, ex channel.Exchange) (*channel.Conn, error) {
+	fail := func(err error, format string, args ...any) (*channel.Conn, error) {
+		return nil, &Error{Op: "Connect", Rank: local.Rank, Peer: local.Peer, Msg: fmt.Sprintf(format, args...), Err: err}
+	}
+	if local.Rank == local.Peer {
+		return fail(nil, "a channel to itself is not a tcp channel")
+	}
+	if local.Device == nil || local.Registry == nil {
+		return fail(nil, "local end has no device or no registry")
+	}
+	if local.NotifyNum < 0 {
+		return fail(nil, "NotifyNum %d is negative", local.NotifyNum)
+	}
+	d.mu.Lock()
+	closed := d.closed
+	d.mu.Unlock()
+	if closed {
+		return fail(ErrClosed, "dialer is closed")
+	}
+	me := &hello{rank: local.Rank, streams: d.opts.Streams, notifyNum: local.NotifyNum, addrs: d.adv}
+	rand.Read(me.nonce[:])
+	me.mems = []channel.Mem{local.HCCLBuf}
+	for _, m := range local.Registry.List() {
+		if m.Addr != local.HCCLBuf.Addr {
+			me.mems = append(me.mems, m)
+		}
+	}
+	if len(me.mems) > maxMems {
+		return fail(nil, "%d registered memory ranges, more than the %d a hello carries", len(me.mems), maxMems)
+	}
+	for i := range me.mems {
+		if len(me.mems[i].Tag) > maxTagLen {
+			me.mems[i].Tag = me.mems[i].Tag[:maxTagLen]
+		}
+	}
+	dialing := local.Rank < local.Peer
+	var a *accepting
+	if !dialing {
+		a = &accepting{peer: local.Peer, ready: make(chan struct{})}
+		d.mu.Lock()
+		d.pending[me.nonce] = a
+		d.mu.Unlock()
+		defer func() { // the sockets go to the channel, or are closed
+			d.mu.Lock()
+			delete(d.pending, me.nonce)
+			if !a.taken {
+				for _, c := range a.socks {
+					if c != nil {
+						c.Close()
+					}
+				}
+			}
+			d.mu.Unlock()
+		}()
+	}
+	theirsB, err := ex(ctx, me.marshal())
+	if err != nil {
+		return fail(err, "exchange with rank %d", local.Peer)
+	}
+	peer, err := parseHello(theirsB)
+	if err != nil {
+		return fail(ErrRefused, "rank %d's hello: %v", local.Peer, err)
+	}
+	if peer.rank != local.Peer {
+		return fail(ErrRefused, "the hello comes from rank %d, not from rank %d", peer.rank, local.Peer)
+	}
+	streams := min(d.opts.Streams, peer.streams)
+	var socks []net.Conn
+	if dialing {
+		socks, err = d.dialAll(ctx, local, peer, streams)
+		if err != nil {
+			return fail(err, "dialing rank %d at %v", local.Peer, peer.addrs)
+		}
+	} else {
+		socks, err = d.acceptAll(ctx, a, me.nonce, streams)
+		if err != nil {
+			return fail(err, "waiting for rank %d to dial %d sockets", local.Peer, streams)
+		}
+	}
+	for _, s := range socks {
+		tune(s, d.opts)
+	}
+	notifies := make([]*notify.Notify, local.NotifyNum)
+	name := local.Name
+	if name == "" {
+		name = fmt.Sprintf("rank %d tcp channel to rank %d", local.Rank, local.Peer)
+	}
+	for i := range notifies {
+		notifies[i] = notify.New(fmt.Sprintf("%s notify %d", name, i))
+	}
+	t := newConn(d, local, name, notifies, peer.notifyNum, socks)
+	return &channel.Conn{Transport: t, Notifies: notifies, PeerNotifyNum: peer.notifyNum, RemoteMems: peer.mems}, nil
+}
+
+func tune(c net.Conn, o Options) {
+	tc, ok := c.(*net.TCPConn)
+	if !ok {
+		return
+	}
+	tc.SetNoDelay(true)
+	if o.SocketBuffer > 0 {
+		tc.SetReadBuffer(o.SocketBuffer)
+		tc.SetWriteBuffer(o.SocketBuffer)
+	}
+	idle := max(o.PeerTimeout/2, time.Second)
+	tc.SetKeepAliveConfig(net.KeepAliveConfig{Enable: true, Idle: idle, Interval: idle / 3, Count: 3})
+}
+
+// acceptAll waits until the peer dialed every socket of the channel.
+func (d *Dialer) acceptAll(ctx context.Context, a *accepting, nonce [nonceLen]byte, streams int) ([]net.Conn, error) {
+	select {
+	case <-a.ready:
+	case <-ctx.Done():
+		return nil, ctx.Err() // Connect's cleanup closes what arrived
+	case <-d.done:
+		return nil, ErrClosed
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	delete(d.pending, nonce)
+	if len(a.socks) != streams {
+		return nil, fmt.Errorf("%w: the peer dialed %d sockets, the hellos agreed on %d", ErrRefused, len(a.socks), streams)
+	}
+	a.taken = true
+	return a.socks, nil
+}
+
+// dialAll dials the channel's sockets and proves the secret on each.
+func (d *Dialer) dialAll(ctx context.Context, local *channel.Local, peer *hello, streams int) ([]net.Conn, error) {
+	socks := make([]net.Conn, 0, streams)
+	closeAll := func() {
+		for _, c := range socks {
+			c.Close()
+		}
+	}
+	addrs := peer.addrs
+	for i := 0; i < streams; i++ {
+		var lastErr error
+		var c net.Conn
+		for j, a := range addrs {
+			c, lastErr = d.dialOne(ctx, a, local.Rank, peer.nonce, i, streams)
+			if lastErr == nil {
+				if j > 0 { // the rest of the sockets go where this one went
+					addrs = []string{a}
+				}
+				break
+			}
+			if ctx.Err() != nil || errors.Is(lastErr, ErrRefused) {
+				break
+			}
+		}
+		if lastErr != nil {
+			closeAll()
+			return nil, lastErr
+		}
+		socks = append(socks, c)
+	}
+	return socks, nil
+}
+
+func (d *Dialer) dialOne(ctx context.Context, addr string, rank int, nonce [nonceLen]byte, index, streams int) (net.Conn, error) {
+	var nd net.Dialer
+	dctx, cancel := context.WithTimeout(ctx, d.opts.HandshakeTimeout)
+	defer cancel()
+	c, err := nd.DialContext(dctx, "tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	stop := context.AfterFunc(dctx, func() { c.SetDeadline(time.Now()) })
+	defer stop()
+	if err := d.proveSocket(c, rank, nonce, index, streams); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("socket %d to %s: %w", index, addr, err)
+	}
+	if !stop() { // the deadline fired: the socket may be unusable
+		c.Close()
+		return nil, fmt.Errorf("socket %d to %s: %w", index, addr, dctx.Err())
+	}
+	c.SetDeadline(time.Time{})
+	return c, nil
+}
+
+func (d *Dialer) proveSocket(c net.Conn, rank int, nonce [nonceLen]byte, index, streams int) error {
+	ch := make([]byte, challengeSize)
+	if _, err := io.ReadFull(c, ch); err != nil {
+		return fmt.Errorf("reading the challenge: %w", err)
+	}
+	if string(ch[:len(helloMagic)]) != helloMagic || ch[len(helloMagic)] != protoVersion {
+		return fmt.Errorf("%w: the listener is not an hcomm tcp transport of version %d", ErrRefused, protoVersion)
+	}
+	p := &proof{nonce: nonce, index: index, streams: streams, rank: rank}
+	rand.Read(p.challenge[:])
+	copy(p.mac[:], dialMAC(d.opts.Secret, ch[len(helloMagic)+1:], p))
+	if _, err := c.Write(p.marshal()); err != nil {
+		return fmt.Errorf("sending the proof: %w", err)
+	}
+	v := make([]byte, verdictSize)
+	if _, err := io.ReadFull(c, v[:1]); err != nil {
+		return fmt.Errorf("reading the verdict: %w", err)
+	}
+	if v[0] != 0 {
+		return fmt.Errorf("%w: the peer refused the socket (wrong secret, or a channel it does not expect)", ErrRefused)
+	}
+	if _, err := io.ReadFull(c, v[1:]); err != nil {
+		return fmt.Errorf("reading the verdict: %w", err)
+	}
+	if !hmac.Equal(v[1:], acceptMAC(d.opts.Secret, p)) {
+		return fmt.Errorf("%w: the listener does not know the secret", ErrRefused)
+	}
+	return nil
+}

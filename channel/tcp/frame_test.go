@@ -1,0 +1,160 @@
+package tcp
+
+import (
+	"bufio"
+	"bytes"
+	"io"
+	"log/slog"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/hcomm-dev/hcomm/channel"
+	"github.com/hcomm-dev/hcomm/device"
+	"github.com/hcomm-dev/hcomm/internal/reduce"
+	"github.com/hcomm-dev/hcomm/notify"
+)
+
+// nullConn is a socket that swallows writes and has nothing to read: the
+// fuzzed receiver's ERROR answers go nowhere.
+type nullConn struct{}
+
+func (nullConn) Read([]byte) (int, error)         { return 0, io.EOF }
+func (nullConn) Write(p []byte) (int, error)      { return len(p), nil }
+func (nullConn) Close() error                     { return nil }
+func (nullConn) LocalAddr() net.Addr              { return &net.TCPAddr{} }
+func (nullConn) RemoteAddr() net.Addr             { return &net.TCPAddr{} }
+func (nullConn) SetDeadline(time.Time) error      { return nil }
+func (nullConn) SetReadDeadline(time.Time) error  { return nil }
+func (nullConn) SetWriteDeadline(time.Time) error { return nil }
+
+func frameBytes(t frameType, dt reduce.DataType, op reduce.Op, id, addr, size uint64, payload []byte) []byte {
+	h := make(header, headerLen)
+	h.encode(t, dt, op, uint32(len(payload)), id, addr, size)
+	return append(h, payload...)
+}
+
+func cat(bs ...[]byte) []byte { return bytes.Join(bs, nil) }
+
+// FuzzFrame feeds arbitrary bytes to the receiving side of a two-socket
+// channel as if they came from socket 0. Addresses of WRITE, WRITE_REDUCE
+// and READ frames are taken relative to the registered buffer (so that the
+// fuzzer reaches both sides of its edges). Whatever arrives, the receiver
+// must not panic, must touch nothing but the registered buffer, and every
+// header it accepts must encode back to the same bytes.
+func FuzzFrame(f *testing.F) {
+	vec := make([]byte, 16) // ordering vector of two sockets, nothing before
+	// Seed corpus, one line per case:
+	f.Add(frameBytes(frameWrite, 0, 0, 0, 8, 0, []byte("hello")))                             // a valid write
+	f.Add(frameBytes(frameWrite, 0, 0, 0, 4096-2, 0, []byte("hello")))                        // runs past the end
+	f.Add(frameBytes(frameWrite, 0, 0, 0, 1<<63, 0, []byte("x")))                             // far away
+	f.Add(frameBytes(frameWriteReduce, reduce.Float32, reduce.Sum, 0, 0, 0, make([]byte, 8))) // a valid reduce
+	f.Add(frameBytes(frameWriteReduce, reduce.Float32, reduce.Sum, 0, 0, 0, make([]byte, 6))) // half an element
+	f.Add(frameBytes(frameWriteReduce, 42, reduce.Sum, 0, 0, 0, make([]byte, 8)))             // unknown data type
+	f.Add(frameBytes(frameRead, 0, 0, 1, 0, 64, vec))                                         // a valid read
+	f.Add(frameBytes(frameRead, 0, 0, 1, 0, 64, vec[:8]))                                     // short vector
+	f.Add(frameBytes(frameNotify, 0, 0, 1, 0, 0, vec))                                        // a valid notify
+	f.Add(frameBytes(frameNotify, 0, 0, 9, 0, 0, vec))                                        // no such notify
+	f.Add(cat(frameBytes(frameNotify, 0, 0, 0, 0, 0, append(make([]byte, 15), 1)),            // waits for socket 1
+		frameBytes(frameFence, 0, 0, 3, 0, 0, vec)))
+	f.Add(frameBytes(frameReadResp, 0, 0, 1, 0, 0, []byte("abc")))             // answers nothing
+	f.Add(frameBytes(frameFenceAck, 0, 0, 1, 0, 0, nil))                       // acknowledges nothing
+	f.Add(frameBytes(framePing, 0, 0, 0, 0, 0, nil))                           // heartbeat
+	f.Add(frameBytes(frameError, 0, 0, 0, 0, 0, []byte("boom")))               // the peer gives up
+	f.Add(frameBytes(frameClose, 0, 0, 0, 0, 0, nil))                          // the peer leaves
+	f.Add(append([]byte{2}, frameBytes(framePing, 0, 0, 0, 0, 0, nil)[1:]...)) // version 2
+	f.Add([]byte{1, 1, 0})                                                     // truncated header
+
+	dev, err := device.Open(0)
+	if err != nil {
+		f.Fatal(err)
+	}
+	defer dev.Close()
+	const size = 4096
+	buf, _ := dev.Malloc(size)
+	victim, _ := dev.Malloc(size) // not registered
+	reg := &channel.Registry{}
+	reg.Add(channel.Mem{Tag: "hccl buffer", Addr: buf, Size: size})
+	vb, _ := dev.Bytes(victim, size)
+	for i := range vb {
+		vb[i] = byte(i)
+	}
+	want := append([]byte(nil), vb...)
+
+	f.Fuzz(func(t *testing.T, data []byte) {
+		c := &conn{log: slog.New(slog.DiscardHandler), rank: 1, peer: 0, name: "fuzz", dev: dev, reg: reg,
+			hccl:     channel.Mem{Tag: "hccl buffer", Addr: buf, Size: size},
+			notifies: []*notify.Notify{notify.New("n0"), notify.New("n1")}, peerNN: 2, chunk: DefaultChunkSize,
+			timeout: time.Second, dead: make(chan struct{}), reads: make(map[uint64]*pendingRead),
+			fences: make(map[uint64]chan struct{}), qsig: make(chan struct{}, 1)}
+		c.socks = []*sock{{idx: 0, nc: nullConn{}}, {idx: 1, nc: nullConn{}}}
+		br := bufio.NewReader(bytes.NewReader(data))
+		var scratch []byte
+		for c.failure() == nil {
+			h := make(header, headerLen)
+			if _, err := io.ReadFull(br, h); err != nil {
+				break
+			}
+			switch h.typ() {
+			case frameWrite, frameWriteReduce, frameRead:
+				h.encode(h.typ(), h.dtype(), h.op(), h.length(), h.id(), h.addr()+uint64(buf), h.size())
+			}
+			if h.check(2) == nil {
+				g := make(header, headerLen)
+				g.encode(h.typ(), h.dtype(), h.op(), h.length(), h.id(), h.addr(), h.size())
+				if !bytes.Equal(g, h) {
+					t.Fatalf("accepted header %x encodes back as %x", []byte(h), []byte(g))
+				}
+			}
+			done, err := c.handle(c.socks[0], br, h, &scratch)
+			if err != nil || done {
+				break
+			}
+			c.socks[0].applied.Add(1)
+			c.runPending()
+		}
+		if !bytes.Equal(vb, want) {
+			t.Fatal("a frame changed memory that is not registered")
+		}
+	})
+}
+
+func TestHeaderRoundTrip(t *testing.T) {
+	h := make(header, headerLen)
+	h.encode(frameWriteReduce, reduce.BFloat16, reduce.Max, 1<<20, 7, 0xdeadbeef, 0)
+	if h.version() != protoVersion || h.typ() != frameWriteReduce || h.dtype() != reduce.BFloat16 || h.op() != reduce.Max ||
+		h.length() != 1<<20 || h.id() != 7 || h.addr() != 0xdeadbeef || h.size() != 0 {
+		t.Fatalf("decoded %v", h)
+	}
+	if err := h.check(2); err == nil || !bytes.Contains([]byte(err.Error()), []byte("id 7")) {
+		t.Fatalf("a WRITE_REDUCE with an id passed: %v", err)
+	}
+	h.encode(frameWriteReduce, reduce.BFloat16, reduce.Max, 1<<20, 0, 0xdeadbeef, 0)
+	if err := h.check(2); err != nil {
+		t.Fatal(err)
+	}
+	h.encode(frameWrite, 0, 0, maxPayload+1, 0, 0, 0)
+	if err := h.check(2); err == nil {
+		t.Fatal("an oversized WRITE passed")
+	}
+}
+
+// FuzzHello checks the Exchange message decoder: no panic, and whatever it
+// accepts marshals back to the same bytes.
+func FuzzHello(f *testing.F) {
+	h := &hello{rank: 3, streams: 2, notifyNum: 4, addrs: []string{"10.0.0.1:5000", "127.0.0.1:5000"},
+		mems: []channel.Mem{{Tag: "hccl buffer", Addr: 1 << 20, Size: 1 << 20}, {Tag: "user", Addr: 1 << 30, Size: 4096}}}
+	f.Add(h.marshal())                    // valid
+	f.Add(h.marshal()[:20])               // truncated
+	f.Add(append(h.marshal(), 0))         // trailing byte
+	f.Add([]byte("HCTP\x02\x00\x00\x01")) // future version
+	f.Fuzz(func(t *testing.T, b []byte) {
+		m, err := parseHello(b)
+		if err != nil {
+			return
+		}
+		if !bytes.Equal(m.marshal(), b) {
+			t.Fatalf("hello %x re-marshals as %x", b, m.marshal())
+		}
+	})
+}

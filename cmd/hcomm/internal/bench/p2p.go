@@ -1,0 +1,328 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/hcomm-dev/hcomm/device"
+	"github.com/hcomm-dev/hcomm/hcomm"
+)
+
+// p2p notify indices on the benchmark's channels (with --bidir, 0 and 1 both
+// carry data, alternately).
+const (
+	p2pData = 0 // "the write is complete in your HCCL buffer"
+	p2pAck  = 1 // "I have seen it": the next write may start
+	p2pTag  = "hcomm/bench-p2p"
+)
+
+func p2pPattern(src int, i int64) byte { return byte(i*31 + int64(src)*7 + 1) }
+
+// runP2P is one rank's part of hcomm bench p2p: for every size and every
+// ordered pair (src, dst) — or every unordered pair with --bidir — the pair
+// runs -n iterations of WriteOnThread into the peer's HCCL buffer, a notify
+// record, and the peer's answering record (one round trip), while the other
+// ranks wait at a barrier. Time per iteration gives the pair's bandwidth; the
+// smallest size's time is its latency. With -c 1 the receiver checks every
+// byte after the pair's last iteration.
+func runP2P(ctx context.Context, c *hcomm.Comm, o Options, rep *report) (bool, error) {
+	n, me := c.Size(), c.Rank()
+	if n < 2 {
+		return false, fmt.Errorf("p2p needs at least 2 ranks, have %d", n)
+	}
+	// Writes land in a buffer each rank registers for the benchmark, not
+	// in the HCCL buffer, which the collectives (the barriers between pairs)
+	// use at the same time.
+	dev := c.Device()
+	recvBuf, err := dev.Malloc(max(o.MaxBytes, 64))
+	if err != nil {
+		return false, err
+	}
+	defer dev.Free(recvBuf)
+	mh, err := c.CommMemReg(p2pTag, recvBuf, max(o.MaxBytes, 64))
+	if err != nil {
+		return false, err
+	}
+	defer c.CommMemDereg(mh)
+	descs := hcomm.ChannelDescInit(n - 1)
+	for i, j := 0, 0; i < n; i++ {
+		if i != me {
+			descs[j].RemoteRank, descs[j].NotifyNum, descs[j].Tag = i, 2, p2pTag
+			descs[j].Protocol = o.Protocol
+			descs[j].MemHandles = []*hcomm.MemHandle{mh}
+			j++
+		}
+	}
+	chs, err := c.ChannelAcquire(hcomm.EngineCPUTS, descs)
+	if err != nil {
+		return false, err
+	}
+	chans := make([]*hcomm.Channel, n)
+	dsts := make([]device.Ptr, n)
+	for _, ch := range chs {
+		p := ch.RemoteRank()
+		chans[p] = ch
+		mems, err := c.ChannelGetRemoteMems(ch)
+		if err != nil {
+			return false, err
+		}
+		for _, m := range mems {
+			if m.Tag == p2pTag && m.Size >= o.MaxBytes {
+				dsts[p] = m.Addr
+			}
+		}
+		if dsts[p] == 0 {
+			return false, fmt.Errorf("rank %d's channel does not show the %d-byte buffer it registered for the benchmark", p, o.MaxBytes)
+		}
+	}
+	ths, err := c.ThreadAcquire(hcomm.EngineCPUTS, 1, 0)
+	if err != nil {
+		return false, err
+	}
+	th := ths[0]
+	src, err := dev.Malloc(max(o.MaxBytes, 64))
+	if err != nil {
+		return false, err
+	}
+	defer dev.Free(src)
+	pat := make([]byte, o.MaxBytes)
+	for i := range pat {
+		pat[i] = p2pPattern(me, int64(i))
+	}
+	if err := dev.MemcpyHtoD(src, pat); err != nil {
+		return false, err
+	}
+	pids, hosts, err := rankInfo(ctx, c)
+	if err != nil {
+		return false, err
+	}
+	// Which transport carries each of this rank's channels, gathered on every
+	// rank as a matrix of transport indices (+1; 0 = none).
+	trs := []string{"inproc", "shm", "tcp"}
+	tm := make([]float64, n*n)
+	for p, ch := range chans {
+		if ch == nil {
+			continue
+		}
+		tm[me*n+p] = float64(len(trs) + 1)
+		for k, name := range trs {
+			if ch.Transport() == name {
+				tm[me*n+p] = float64(k + 1)
+			}
+		}
+	}
+	if tm, err = sumAll(ctx, c, tm...); err != nil {
+		return false, err
+	}
+	rep.header(pids, hosts)
+	used := map[string]bool{}
+	for _, v := range tm {
+		if k := int(v) - 1; k >= 0 && k < len(trs) {
+			used[trs[k]] = true
+		} else if k == len(trs) {
+			used["other"] = true
+		}
+	}
+	var list []string
+	for _, name := range append(trs, "other") {
+		if used[name] {
+			list = append(list, name)
+		}
+	}
+	rep.printf("# p2p channels: protocol %v, transport %s\n#\n", o.Protocol, strings.Join(list, ", "))
+	type pair struct{ a, b int }
+	var pairs []pair
+	for a := 0; a < n; a++ {
+		for b := 0; b < n; b++ {
+			if a != b && (!o.Bidir || a < b) {
+				pairs = append(pairs, pair{a, b})
+			}
+		}
+	}
+	sizes := o.sizes()
+	var first, last []float64 // per-pair µs of the smallest and largest size
+	sync := func() error { return th.Stream().Synchronize(ctx) }
+	for si, size := range sizes {
+		times := make([]float64, n*n)
+		wrongs := 0.0
+		for _, p := range pairs {
+			if _, err := sumAll(ctx, c, 0); err != nil { // only this pair runs
+				return false, err
+			}
+			if me != p.a && me != p.b {
+				continue
+			}
+			peer := p.b
+			if me == p.b {
+				peer = p.a
+			}
+			ch, dst := chans[peer], dsts[peer]
+			sender := me == p.a || o.Bidir
+			k := 0
+			iter := func() error {
+				// Both ways at once, each side's next record may come
+				// before the peer consumed the last one: alternate two
+				// notifies (a notify is a flag, not a counter).
+				data := p2pData
+				if o.Bidir {
+					data = k % 2
+				}
+				k++
+				if sender {
+					if err := hcomm.WriteOnThread(th, ch, dst, src, size); err != nil {
+						return err
+					}
+					if err := hcomm.ChannelNotifyRecordOnThread(th, ch, data); err != nil {
+						return err
+					}
+				}
+				if o.Bidir {
+					return hcomm.ChannelNotifyWaitOnThread(th, ch, data, 0)
+				}
+				if sender {
+					return hcomm.ChannelNotifyWaitOnThread(th, ch, p2pAck, 0)
+				}
+				if err := hcomm.ChannelNotifyWaitOnThread(th, ch, p2pData, 0); err != nil {
+					return err
+				}
+				return hcomm.ChannelNotifyRecordOnThread(th, ch, p2pAck)
+			}
+			for i := 0; i < o.Warmup; i++ {
+				if err := iter(); err != nil {
+					return false, err
+				}
+			}
+			if err := sync(); err != nil {
+				return false, err
+			}
+			t0 := time.Now()
+			for i := 0; i < o.Iters; i++ {
+				if err := iter(); err != nil {
+					return false, err
+				}
+			}
+			if err := sync(); err != nil {
+				return false, err
+			}
+			if me == p.a {
+				times[p.a*n+p.b] = time.Since(t0).Seconds() * 1e6 / float64(o.Iters)
+			}
+			if o.Check && (me == p.b || o.Bidir) {
+				from := p.a
+				if me == p.a {
+					from = p.b
+				}
+				wrongs += float64(checkP2P(dev, recvBuf, size, from, me, o))
+			}
+		}
+		tot, err := sumAll(ctx, c, append(times, wrongs)...)
+		if err != nil {
+			return false, err
+		}
+		times, wrongs = tot[:n*n], tot[n*n]
+		avg := 0.0
+		for _, p := range pairs {
+			avg += times[p.a*n+p.b]
+		}
+		avg /= float64(len(pairs))
+		res := &Result{TimeUs: avg, Wrong: -1}
+		moved := float64(size)
+		if o.Bidir {
+			moved *= 2
+		}
+		if avg > 0 {
+			res.AlgBW = moved / (avg * 1e-6) / 1e9
+			res.BusBW = res.AlgBW
+		}
+		if o.Check {
+			res.Wrong = int64(wrongs)
+		}
+		rep.row(Row{Coll: "p2p", Size: size, Count: size, Type: "uint8", RedOp: "none", Root: -1, Out: res, In: &Result{NA: true}})
+		if si == 0 {
+			first = times
+		}
+		last = times
+	}
+	rep.p2pMatrices(n, sizes[0], first, sizes[len(sizes)-1], last, o.Bidir)
+	return rep.footer(), nil
+}
+
+// checkP2P counts the bytes of this rank's benchmark buffer that differ from
+// what rank from wrote.
+func checkP2P(dev *device.Device, buf device.Ptr, size int64, from, me int, o Options) int64 {
+	got := make([]byte, size)
+	if err := dev.MemcpyDtoH(got, buf); err != nil {
+		return size
+	}
+	if o.corrupt != nil {
+		o.corrupt(me, false, got)
+	}
+	var wrong int64
+	for i, b := range got {
+		if b != p2pPattern(from, int64(i)) {
+			wrong++
+		}
+	}
+	return wrong
+}
+
+// p2pMatrices prints the per-pair latency (smallest size) and bandwidth
+// (largest size) as matrices, source rank by row, destination by column.
+func (r *report) p2pMatrices(n int, small int64, first []float64, big int64, last []float64, bidir bool) {
+	if r.o.JSON || r.o.CSV {
+		r.matrices = append(r.matrices, Matrix{What: "time_us", Size: small, Values: square(n, first)},
+			Matrix{What: "bandwidth_gbps", Size: big, Values: square(n, bw(last, big, bidir))})
+		return
+	}
+	dir := "unidirectional"
+	if bidir {
+		dir = "bidirectional (both ways at once, bytes of both directions counted)"
+	}
+	r.printf("#\n# p2p %s: round trip of a %d-byte write and its notify (us), src rank by row, dst by column\n", dir, small)
+	r.matrix(n, first, func(v float64) string { return fmt.Sprintf("%9.2f", v) })
+	r.printf("#\n# p2p %s: bandwidth of %d-byte writes (GB/s), src rank by row, dst by column\n", dir, big)
+	r.matrix(n, bw(last, big, bidir), func(v float64) string { return fmt.Sprintf("%9.2f", v) })
+	r.printf("#\n")
+}
+
+func bw(us []float64, size int64, bidir bool) []float64 {
+	out := make([]float64, len(us))
+	for i, t := range us {
+		if t > 0 {
+			out[i] = float64(size) / (t * 1e-6) / 1e9
+			if bidir {
+				out[i] *= 2
+			}
+		}
+	}
+	return out
+}
+
+func square(n int, v []float64) [][]float64 {
+	out := make([][]float64, n)
+	for i := range out {
+		out[i] = v[i*n : (i+1)*n]
+	}
+	return out
+}
+
+func (r *report) matrix(n int, v []float64, f func(float64) string) {
+	r.printf("# %7s", "src\\dst")
+	for j := 0; j < n; j++ {
+		r.printf(" %9d", j)
+	}
+	r.printf("\n")
+	for i := 0; i < n; i++ {
+		r.printf("# %7d", i)
+		for j := 0; j < n; j++ {
+			if v[i*n+j] == 0 {
+				r.printf(" %9s", "-")
+				continue
+			}
+			r.printf(" %s", f(v[i*n+j]))
+		}
+		r.printf("\n")
+	}
+}

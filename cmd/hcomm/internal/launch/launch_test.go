@@ -1,0 +1,103 @@
+package launch
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hcomm-dev/hcomm/internal/leakcheck"
+)
+
+func TestMain(m *testing.M) { leakcheck.Main(m) }
+
+func TestPrefixWriterWholeLines(t *testing.T) {
+	var mu sync.Mutex
+	var out bytes.Buffer
+	w := &prefixWriter{mu: &mu, w: &out, prefix: []byte("[3] ")}
+	for _, s := range []string{"hel", "lo\nwor", "ld\n\nlast"} {
+		if n, err := w.Write([]byte(s)); n != len(s) || err != nil {
+			t.Fatalf("Write(%q) = %d, %v", s, n, err)
+		}
+	}
+	if got, want := out.String(), "[3] hello\n[3] world\n[3] \n"; got != want {
+		t.Errorf("before flush: %q, want %q", got, want)
+	}
+	w.flush()
+	if got, want := out.String(), "[3] hello\n[3] world\n[3] \n[3] last\n"; got != want {
+		t.Errorf("after flush: %q, want %q", got, want)
+	}
+	// An overlong line without a newline goes out in pieces, each prefixed.
+	out.Reset()
+	w.Write(bytes.Repeat([]byte("x"), 1<<16+10))
+	if !strings.HasPrefix(out.String(), "[3] xxx") || !strings.HasSuffix(out.String(), "x\n") {
+		t.Errorf("overlong line: %d bytes written", out.Len())
+	}
+}
+
+func TestWithVarsReplaces(t *testing.T) {
+	env := withVars([]string{"PATH=/bin", "RANK=9", "WORLD_SIZE=9", "X=1"}, map[string]string{"RANK": "0", "WORLD_SIZE": "2"})
+	got := strings.Join(env, " ")
+	if got != "PATH=/bin X=1 RANK=0 WORLD_SIZE=2" {
+		t.Errorf("env = %q", got)
+	}
+}
+
+func TestRunRejectsBadOptions(t *testing.T) {
+	if _, err := Run(context.Background(), Options{N: 0, Prog: "true"}); err == nil {
+		t.Error("N = 0 accepted")
+	}
+	if _, err := Run(context.Background(), Options{N: 1}); err == nil {
+		t.Error("no program accepted")
+	}
+	if _, err := Run(context.Background(), Options{N: 1, Prog: "/no/such/prog"}); err == nil {
+		t.Error("a missing program accepted")
+	}
+}
+
+// Cancelling the context stops every rank.
+func TestRunCancel(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	var out bytes.Buffer
+	var mu sync.Mutex
+	sw := &syncWriter{mu: &mu, w: &out}
+	done := make(chan Result, 1)
+	go func() {
+		res, err := Run(ctx, Options{N: 2, Prog: "sh", Args: []string{"-c", "echo up; exec sleep 60"}, Stdout: sw, Stderr: sw, Grace: 200 * time.Millisecond})
+		if err != nil {
+			t.Error(err)
+		}
+		done <- res
+	}()
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		mu.Lock()
+		up := strings.Count(out.String(), "up")
+		mu.Unlock()
+		if up == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			cancel()
+			<-done
+			t.Fatal("the ranks did not start")
+		}
+	}
+	cancel()
+	res := <-done
+	if res.Code == 0 {
+		t.Errorf("cancelled run exited %d", res.Code)
+	}
+}
+
+type syncWriter struct {
+	mu *sync.Mutex
+	w  *bytes.Buffer
+}
+
+func (s *syncWriter) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.Write(p)
+}

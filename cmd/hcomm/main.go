@@ -1,0 +1,91 @@
+// Command hcomm launches and measures hcomm programs.
+//
+//	hcomm run -n N [--] prog args...     N local ranks with torchrun's variables
+//	hcomm bench <collective|p2p> [flags] nccl-tests-style benchmark
+//
+// Run "hcomm help <command>" for a command's flags.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/hcomm-dev/hcomm/cmd/hcomm/internal/bench"
+	"github.com/hcomm-dev/hcomm/cmd/hcomm/internal/launch"
+)
+
+func main() {
+	os.Exit(Main(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+const usage = `usage:
+  hcomm run -n N [--grace D] [--] prog [args...]
+        start N local processes with MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE,
+        LOCAL_RANK and LOCAL_WORLD_SIZE set; prefix their output with the rank
+  hcomm bench <collective|p2p> [flags]
+        benchmark a collective (nccl-tests layout); "hcomm bench -h" lists flags
+`
+
+// Main runs the command line args and returns the exit status.
+func Main(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return 2
+	}
+	switch args[0] {
+	case "run":
+		return runCmd(args[1:], stdout, stderr)
+	case "bench":
+		return bench.Main(args[1:], stdout, stderr, bench.Hooks{})
+	case "help", "-h", "--help":
+		if len(args) > 1 {
+			return Main([]string{args[1], "-h"}, stdout, stderr)
+		}
+		fmt.Fprint(stdout, usage)
+		return 0
+	}
+	fmt.Fprintf(stderr, "hcomm: unknown command %q\n%s", args[0], usage)
+	return 2
+}
+
+func runCmd(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("hcomm run", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	n := fs.Int("n", 1, "number of ranks (processes) to start")
+	grace := fs.Duration("grace", launch.DefaultGrace, "time between SIGTERM and SIGKILL when stopping ranks")
+	port := fs.Int("port", 0, "MASTER_PORT (0: a free port)")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: hcomm run -n N [--grace D] [--port P] [--] prog [args...]")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	rest := fs.Args()
+	if len(rest) == 0 {
+		fmt.Fprintln(stderr, "hcomm run: no program given")
+		fs.Usage()
+		return 2
+	}
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+	res, err := launch.Run(context.Background(), launch.Options{
+		N: *n, Prog: rest[0], Args: rest[1:], Stdout: stdout, Stderr: stderr,
+		Grace: *grace, Signals: sigs, Port: *port,
+	})
+	if err != nil {
+		fmt.Fprintf(stderr, "hcomm run: %v\n", err)
+		return 127
+	}
+	return res.Code
+}

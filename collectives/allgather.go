@@ -1,0 +1,182 @@
+package collectives
+
+import (
+	"github.com/hcomm-dev/hcomm/device"
+	"github.com/hcomm-dev/hcomm/hcomm"
+)
+
+// AllGather enqueues on s the gathering of every rank's sendCount elements
+// into every rank's recv, rank r's at element r*sendCount (HcclAllGather).
+// recv holds Size()*sendCount elements. In place: send == recv +
+// Rank()*sendCount elements.
+func AllGather(send, recv device.Ptr, sendCount int64, dt hcomm.DataType, c *hcomm.Comm, s *device.Stream, o *Options) error {
+	const name = "AllGather"
+	if err := checkArgs(c, name, sendCount, dt, hcomm.Sum, s); err != nil {
+		return err
+	}
+	n := c.Size()
+	counts, displs := make([]int64, n), make([]int64, n)
+	for p := range counts {
+		counts[p], displs[p] = sendCount, int64(p)*sendCount
+	}
+	h := header{kind: kAllGather, dt: dt, count: sendCount}
+	return allGather(c, name, h, send, sendCount, recv, counts, displs, dt, s, o)
+}
+
+// AllGatherV is AllGather with a count per rank: rank p's sendCount elements
+// land at recv + recvDispls[p] elements, and every rank passes the same
+// recvCounts and recvDispls, with recvCounts[Rank()] == sendCount
+// (HcclAllGatherV).
+func AllGatherV(send device.Ptr, sendCount int64, recv device.Ptr, recvCounts, recvDispls []int64, dt hcomm.DataType, c *hcomm.Comm, s *device.Stream, o *Options) error {
+	const name = "AllGatherV"
+	if err := checkArgs(c, name, sendCount, dt, hcomm.Sum, s); err != nil {
+		return err
+	}
+	if err := checkCounts(c, name, "recv", recvCounts, recvDispls); err != nil {
+		return err
+	}
+	if recvCounts[c.Rank()] != sendCount {
+		return collErr(c, name, hcomm.ErrPara, nil, "sendCount %d differs from recvCounts[%d] = %d", sendCount, c.Rank(), recvCounts[c.Rank()])
+	}
+	h := header{kind: kAllGatherV, dt: dt, count: sendCount, extra: digest(recvCounts, recvDispls)}
+	h.count = 0 // ranks send different counts: the digest carries them
+	return allGather(c, name, h, send, sendCount, recv, recvCounts, recvDispls, dt, s, o)
+}
+
+// checkCounts validates a V collective's per-rank counts and displacements.
+func checkCounts(c *hcomm.Comm, op, what string, counts, displs []int64) error {
+	if len(counts) != c.Size() || len(displs) != c.Size() {
+		return collErr(c, op, hcomm.ErrPara, nil, "%sCounts has %d entries and %sDispls %d; want one per rank (%d)", what, len(counts), what, len(displs), c.Size())
+	}
+	for p := range counts {
+		if counts[p] < 0 || displs[p] < 0 {
+			return collErr(c, op, hcomm.ErrPara, nil, "%sCounts[%d] = %d, %sDispls[%d] = %d: negative", what, p, counts[p], what, p, displs[p])
+		}
+		if counts[p] > 1<<50 || displs[p] > 1<<50 {
+			return collErr(c, op, hcomm.ErrPara, nil, "%sCounts[%d] = %d, %sDispls[%d] = %d: too large", what, p, counts[p], what, p, displs[p])
+		}
+	}
+	return nil
+}
+
+// extent is the number of elements a buffer described by counts and
+// displacements spans.
+func extent(counts, displs []int64) int64 {
+	var e int64
+	for p := range counts {
+		if counts[p] > 0 {
+			e = max(e, displs[p]+counts[p])
+		}
+	}
+	return e
+}
+
+func allGather(c *hcomm.Comm, name string, h header, send device.Ptr, sendCount int64, recv device.Ptr, counts, displs []int64, dt hcomm.DataType, s *device.Stream, o *Options) error {
+	es := int64(dt.Size())
+	if err := checkBuf(c, name, "send", send, sendCount*es); err != nil {
+		return err
+	}
+	if err := checkBuf(c, name, "recv", recv, extent(counts, displs)*es); err != nil {
+		return err
+	}
+	var maxCount int64
+	for _, x := range counts {
+		maxCount = max(maxCount, x)
+	}
+	return issue(c, name, h.kind, s, o, maxCount*es, func(sc *sched, algo Algorithm) error {
+		me := c.Rank()
+		out := func(p int) device.Ptr { return recv.Add(displs[p] * es) }
+		switch algo {
+		case AlgoOneShot:
+			h.algo = algo
+			at := sc.hello(h, sc.others(), send, sendCount*es, nil)
+			for p := 0; p < c.Size(); p++ {
+				if p == me {
+					sc.copy(out(p), send, sendCount*es)
+				} else {
+					sc.copy(out(p), at(p), counts[p]*es)
+				}
+			}
+		case AlgoDirect:
+			sc.open(h, algo)
+			sc.copy(out(me), send, sendCount*es)
+			allGatherDirect(sc, send, out, counts, es)
+		case AlgoRing:
+			sc.open(h, algo)
+			sc.copy(out(me), send, sendCount*es)
+			allGatherRing(sc, out, counts, es)
+		default:
+			return collErr(c, name, hcomm.ErrNotSupport, nil, "algorithm %v is not available for %s", algo, name)
+		}
+		return nil
+	})
+}
+
+// allGatherDirect: each rank publishes its input piece by piece in its
+// gather slots and every other rank reads each piece straight into its recv.
+// The reads of piece q are issued after publishing piece q+1 (software
+// pipelining, as in the all-reduce).
+func allGatherDirect(sc *sched, send device.Ptr, out func(p int) device.Ptr, counts []int64, es int64) {
+	st := sc.st
+	me, n := st.comm.Rank(), st.comm.Size()
+	per := st.lay.piece / es
+	var rounds int64
+	for _, x := range counts {
+		rounds = max(rounds, pieces(x, per))
+	}
+	others := sc.others()
+	var reads func()
+	for q := int64(0); q < rounds; q++ {
+		lo := q * per
+		if m := min(per, counts[me]-lo); m > 0 {
+			k, slot := sc.claimGather(others)
+			sc.copy(slot, send.Add(lo*es), m*es)
+			sc.publish(k, others)
+		}
+		ks := make([]uint64, n)
+		for _, p := range others {
+			if counts[p]-lo > 0 {
+				ks[p] = sc.nextGather(p)
+			}
+		}
+		if reads != nil {
+			reads()
+		}
+		reads = func() {
+			for i := 1; i < n; i++ {
+				p := mod(me-i, n)
+				if m := min(per, counts[p]-lo); m > 0 {
+					sc.readGather(p, ks[p], out(p).Add(lo*es), 0, m*es)
+				}
+			}
+		}
+	}
+	if reads != nil {
+		reads()
+	}
+}
+
+// allGatherRing: at step s this rank forwards rank me-s's data to its right
+// neighbour and receives rank me-s-1's from its left, piece by piece through
+// the inboxes, copying each received piece into recv: every link carries the
+// data once (the choice over a network).
+func allGatherRing(sc *sched, out func(p int) device.Ptr, counts []int64, es int64) {
+	st := sc.st
+	me, n := st.comm.Rank(), st.comm.Size()
+	per := st.lay.piece / es
+	right, left := mod(me+1, n), mod(me-1, n)
+	for step := 0; step < n-1; step++ {
+		sp, rp := mod(me-step, n), mod(me-step-1, n)
+		for q := int64(0); q < max(pieces(counts[sp], per), pieces(counts[rp], per)); q++ {
+			lo := q * per
+			if m := min(per, counts[sp]-lo); m > 0 {
+				sc.pipeSend(right, out(sp).Add(lo*es), m*es)
+			}
+			if m := min(per, counts[rp]-lo); m > 0 {
+				slot, done := sc.pipeRecv(left)
+				sc.copy(out(rp).Add(lo*es), slot, m*es)
+				done()
+			}
+		}
+	}
+}

@@ -1,0 +1,215 @@
+package collectives
+
+import (
+	"encoding/binary"
+	"fmt"
+
+	"github.com/hcomm-dev/hcomm/device"
+	"github.com/hcomm-dev/hcomm/hcomm"
+)
+
+// AlltoAll enqueues on s the exchange in which rank r sends its block p
+// (sendCount elements at send + p*sendCount) to rank p, which stores it at
+// recv + r*recvCount (HcclAlltoAll). sendType must equal recvType and
+// sendCount recvCount: hcomm does not convert.
+func AlltoAll(send device.Ptr, sendCount int64, sendType hcomm.DataType, recv device.Ptr, recvCount int64, recvType hcomm.DataType, c *hcomm.Comm, s *device.Stream, o *Options) error {
+	const name = "AlltoAll"
+	if err := checkArgs(c, name, sendCount, sendType, hcomm.Sum, s); err != nil {
+		return err
+	}
+	if sendType != recvType || sendCount != recvCount {
+		return collErr(c, name, hcomm.ErrPara, nil, "send is %d x %v, recv %d x %v: they must be equal", sendCount, sendType, recvCount, recvType)
+	}
+	n := c.Size()
+	counts, displs := make([]int64, n), make([]int64, n)
+	for p := range counts {
+		counts[p], displs[p] = sendCount, int64(p)*sendCount
+	}
+	h := header{kind: kAlltoAll, dt: sendType, count: sendCount}
+	return alltoall(c, name, h, send, counts, displs, recv, counts, displs, sendType, s, o)
+}
+
+// AlltoAllV is AlltoAll with counts and displacements per peer: rank r sends
+// sendCounts[p] elements at send + sdispls[p] to rank p, and receives
+// recvCounts[p] elements from rank p at recv + rdispls[p] (HcclAlltoAllV).
+// Rank r's sendCounts[p] must equal rank p's recvCounts[r]; the handshake
+// checks it.
+func AlltoAllV(send device.Ptr, sendCounts, sdispls []int64, sendType hcomm.DataType, recv device.Ptr, recvCounts, rdispls []int64, recvType hcomm.DataType, c *hcomm.Comm, s *device.Stream, o *Options) error {
+	const name = "AlltoAllV"
+	if err := checkArgs(c, name, 0, sendType, hcomm.Sum, s); err != nil {
+		return err
+	}
+	if sendType != recvType {
+		return collErr(c, name, hcomm.ErrPara, nil, "sendType %v differs from recvType %v: hcomm does not convert", sendType, recvType)
+	}
+	if err := checkCounts(c, name, "send", sendCounts, sdispls); err != nil {
+		return err
+	}
+	if err := checkCounts(c, name, "recv", recvCounts, rdispls); err != nil {
+		return err
+	}
+	h := header{kind: kAlltoAllV, dt: sendType}
+	return alltoall(c, name, h, send, sendCounts, sdispls, recv, recvCounts, rdispls, sendType, s, o)
+}
+
+func alltoall(c *hcomm.Comm, name string, h header, send device.Ptr, sc_, sd []int64, recv device.Ptr, rc, rd []int64, dt hcomm.DataType, s *device.Stream, o *Options) error {
+	es := int64(dt.Size())
+	if err := checkBuf(c, name, "send", send, extent(sc_, sd)*es); err != nil {
+		return err
+	}
+	if err := checkBuf(c, name, "recv", recv, extent(rc, rd)*es); err != nil {
+		return err
+	}
+	me, n := c.Rank(), c.Size()
+	return issue(c, name, h.kind, s, o, extent(sc_, sd)*es, func(sched *sched, algo Algorithm) error {
+		if algo != AlgoPairwise {
+			return collErr(c, name, hcomm.ErrNotSupport, nil, "algorithm %v is not available for %s", algo, name)
+		}
+		h.algo = algo
+		// The hello carries this rank's send counts, so that each peer checks
+		// them against its receive counts.
+		table := sched.countTable(sc_)
+		sched.hello(h, sched.others(), table, int64(8*n), func(p int, payload []byte) error {
+			if len(payload) < 8*n {
+				return fmt.Errorf("rank %d's hello carries %d bytes of counts, want %d", p, len(payload), 8*n)
+			}
+			if got := int64(binary.LittleEndian.Uint64(payload[8*me:])); got != rc[p] {
+				return fmt.Errorf("rank %d sends %d elements to rank %d, which expects %d from it", p, got, me, rc[p])
+			}
+			return nil
+		})
+		sched.copy(recv.Add(rd[me]*es), send.Add(sd[me]*es), min(sc_[me], rc[me])*es)
+		per := sched.st.lay.piece / es
+		for r := 1; r < n; r++ {
+			to, from := mod(me+r, n), mod(me-r, n)
+			for q := int64(0); q < max(pieces(sc_[to], per), pieces(rc[from], per)); q++ {
+				lo := q * per
+				if m := min(per, sc_[to]-lo); m > 0 {
+					sched.pipeSend(to, send.Add((sd[to]+lo)*es), m*es)
+				}
+				if m := min(per, rc[from]-lo); m > 0 {
+					slot, done := sched.pipeRecv(from)
+					sched.copy(recv.Add((rd[from]+lo)*es), slot, m*es)
+					done()
+				}
+			}
+		}
+		return nil
+	})
+}
+
+// countTable writes counts (one int64 per rank, little-endian) into this
+// rank's scratch slot by a stream task, for a hello to carry.
+func (s *sched) countTable(counts []int64) device.Ptr {
+	p := s.mySlot(s.st.lay.scratchOff())
+	dev := s.st.comm.Device()
+	vals := append([]int64(nil), counts...)
+	s.launch("collective counts", func() error {
+		b, err := dev.Bytes(p, int64(8*len(vals)))
+		if err != nil {
+			return err
+		}
+		for i, v := range vals {
+			binary.LittleEndian.PutUint64(b[8*i:], uint64(v))
+		}
+		return nil
+	})
+	return p
+}
+
+// Scatter enqueues on s the distribution of root's send, block p (recvCount
+// elements at send + p*recvCount) to rank p's recv (HcclScatter). send is
+// only read on root.
+func Scatter(send, recv device.Ptr, recvCount int64, dt hcomm.DataType, root int, c *hcomm.Comm, s *device.Stream, o *Options) error {
+	return rooted(c, "Scatter", kScatter, send, recv, recvCount, dt, root, s, o)
+}
+
+// Gather enqueues on s the collection of every rank's sendCount elements into
+// root's recv, rank p's at recv + p*sendCount (MPI_Gather; HCCL has none).
+// recv is only written on root.
+func Gather(send, recv device.Ptr, sendCount int64, dt hcomm.DataType, root int, c *hcomm.Comm, s *device.Stream, o *Options) error {
+	return rooted(c, "Gather", kGather, send, recv, sendCount, dt, root, s, o)
+}
+
+func rooted(c *hcomm.Comm, name string, k kind, send, recv device.Ptr, count int64, dt hcomm.DataType, root int, s *device.Stream, o *Options) error {
+	if err := checkArgs(c, name, count, dt, hcomm.Sum, s); err != nil {
+		return err
+	}
+	me, n := c.Rank(), c.Size()
+	if root < 0 || root >= n {
+		return collErr(c, name, hcomm.ErrPara, nil, "root %d is outside [0, %d)", root, n)
+	}
+	es := int64(dt.Size())
+	block := count * es
+	sendN, recvN := block, block // Gather: every rank sends a block; root receives n
+	if k == kScatter {
+		sendN, recvN = 0, block
+		if me == root {
+			sendN = int64(n) * block
+		}
+	} else if me == root {
+		recvN = int64(n) * block
+	} else {
+		recvN = 0
+	}
+	if err := checkBuf(c, name, "send", send, sendN); err != nil {
+		return err
+	}
+	if err := checkBuf(c, name, "recv", recv, recvN); err != nil {
+		return err
+	}
+	h := header{kind: k, dt: dt, flags: flagRoot, root: int32(root), count: count}
+	return issue(c, name, k, s, o, block, func(sc *sched, algo Algorithm) error {
+		if algo != AlgoPairwise {
+			return collErr(c, name, hcomm.ErrNotSupport, nil, "algorithm %v is not available for %s", algo, name)
+		}
+		sc.open(h, algo)
+		per := sc.st.lay.piece
+		if me == root {
+			if k == kScatter {
+				sc.copy(recv, send.Add(int64(me)*block), block)
+			} else {
+				sc.copy(recv.Add(int64(me)*block), send, block)
+			}
+		}
+		for lo := int64(0); lo < block; lo += per {
+			m := min(per, block-lo)
+			switch {
+			case me == root && k == kScatter:
+				for i := 1; i < n; i++ {
+					p := mod(me+i, n)
+					sc.pipeSend(p, send.Add(int64(p)*block+lo), m)
+				}
+			case me == root: // gather
+				for i := 1; i < n; i++ {
+					p := mod(me+i, n)
+					slot, done := sc.pipeRecv(p)
+					sc.copy(recv.Add(int64(p)*block+lo), slot, m)
+					done()
+				}
+			case k == kScatter:
+				slot, done := sc.pipeRecv(root)
+				sc.copy(recv.Add(lo), slot, m)
+				done()
+			default:
+				sc.pipeSend(root, send.Add(lo), m)
+			}
+		}
+		return nil
+	})
+}
+
+// Barrier enqueues on s a barrier: no task after it on s runs before every
+// rank has reached it (HcclBarrier).
+func Barrier(c *hcomm.Comm, s *device.Stream) error {
+	const name = "Barrier"
+	if err := checkArgs(c, name, 0, hcomm.Int8, hcomm.Sum, s); err != nil {
+		return err
+	}
+	h := header{kind: kBarrier, dt: hcomm.Int8}
+	return issue(c, name, kBarrier, s, nil, 0, func(sc *sched, algo Algorithm) error {
+		h.algo = AlgoOneShot
+		sc.hello(h, sc.others(), 0, 0, nil)
+		return nil
+	})
+}

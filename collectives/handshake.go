@@ -1,0 +1,287 @@
+package collectives
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/hcomm-dev/hcomm/device"
+	"github.com/hcomm-dev/hcomm/hcomm"
+)
+
+// ErrMismatch is matched (errors.Is) by the error of a collective whose ranks
+// did not all make the same call: another collective, count, data type,
+// reduce op, root or algorithm. Every rank of the collective gets it, naming
+// both ranks and both calls.
+var ErrMismatch = errors.New("collectives: ranks called different collectives")
+
+// kind numbers the collectives in the handshake header.
+type kind uint8
+
+const (
+	kAllReduce kind = 1 + iota
+	kBroadcast
+	kAllGather
+	kReduceScatter
+	kReduce
+	kScatter
+	kGather
+	kAlltoAll
+	kAlltoAllV
+	kAllGatherV
+	kReduceScatterV
+	kBarrier
+	kSendRecv
+)
+
+var kindNames = [...]string{
+	kAllReduce: "AllReduce", kBroadcast: "Broadcast", kAllGather: "AllGather",
+	kReduceScatter: "ReduceScatter", kReduce: "Reduce", kScatter: "Scatter",
+	kGather: "Gather", kAlltoAll: "AlltoAll", kAlltoAllV: "AlltoAllV",
+	kAllGatherV: "AllGatherV", kReduceScatterV: "ReduceScatterV", kBarrier: "Barrier",
+	kSendRecv: "Send/Recv",
+}
+
+func (k kind) String() string {
+	if int(k) < len(kindNames) && kindNames[k] != "" {
+		return kindNames[k]
+	}
+	return fmt.Sprintf("collective(%d)", uint8(k))
+}
+
+// header opens every collective: each rank writes its own into every peer's
+// hello slot, so that each rank can check that its peers made the same call
+// before any data moves. The wire form is 64 bytes, little-endian:
+//
+//	0  magic "HCOL"     4  version (1)   5  kind     6  data type  7  reduce op
+//	8  algorithm        9  flags         12 root     16 count      24 sequence
+//	32 extra (a digest of per-rank counts for the V collectives)
+//	40 from rank        44 rank count    48..63 zero
+type header struct {
+	kind  kind
+	dt    hcomm.DataType
+	op    hcomm.ReduceOp
+	algo  Algorithm
+	flags uint8 // hasOp, hasRoot
+	root  int32
+	count int64
+	seq   uint64
+	extra uint64
+	from  int32
+	size  int32
+}
+
+const (
+	headerSize    = 64
+	headerVersion = 1
+	flagOp        = 1 // the reduce op is part of the call
+	flagRoot      = 2 // the root is part of the call
+)
+
+var headerMagic = [4]byte{'H', 'C', 'O', 'L'}
+
+func (h header) encode(b []byte) {
+	clear(b[:headerSize])
+	copy(b[0:4], headerMagic[:])
+	b[4] = headerVersion
+	b[5] = byte(h.kind)
+	b[6] = byte(h.dt)
+	b[7] = byte(h.op)
+	b[8] = byte(h.algo)
+	b[9] = h.flags
+	binary.LittleEndian.PutUint32(b[12:], uint32(h.root))
+	binary.LittleEndian.PutUint64(b[16:], uint64(h.count))
+	binary.LittleEndian.PutUint64(b[24:], h.seq)
+	binary.LittleEndian.PutUint64(b[32:], h.extra)
+	binary.LittleEndian.PutUint32(b[40:], uint32(h.from))
+	binary.LittleEndian.PutUint32(b[44:], uint32(h.size))
+}
+
+// decodeHeader parses a peer's header. It trusts nothing: a short buffer, a
+// wrong magic or version is an error.
+func decodeHeader(b []byte) (header, error) {
+	if len(b) < headerSize {
+		return header{}, fmt.Errorf("handshake header is %d bytes, want %d", len(b), headerSize)
+	}
+	if [4]byte(b[0:4]) != headerMagic {
+		return header{}, fmt.Errorf("handshake header has magic %q, want %q (not a collective's hello, or memory overwritten)", b[0:4], headerMagic[:])
+	}
+	if b[4] != headerVersion {
+		return header{}, fmt.Errorf("handshake header version %d, this build speaks %d", b[4], headerVersion)
+	}
+	return header{
+		kind:  kind(b[5]),
+		dt:    hcomm.DataType(b[6]),
+		op:    hcomm.ReduceOp(b[7]),
+		algo:  Algorithm(b[8]),
+		flags: b[9],
+		root:  int32(binary.LittleEndian.Uint32(b[12:])),
+		count: int64(binary.LittleEndian.Uint64(b[16:])),
+		seq:   binary.LittleEndian.Uint64(b[24:]),
+		extra: binary.LittleEndian.Uint64(b[32:]),
+		from:  int32(binary.LittleEndian.Uint32(b[40:])),
+		size:  int32(binary.LittleEndian.Uint32(b[44:])),
+	}, nil
+}
+
+// call describes the call a header stands for, for errors:
+// "AllReduce(count 1024, float32, sum, ring)".
+func (h header) call() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%v(count %d, %v", h.kind, h.count, h.dt)
+	if h.flags&flagOp != 0 {
+		fmt.Fprintf(&b, ", %v", h.op)
+	}
+	if h.flags&flagRoot != 0 {
+		fmt.Fprintf(&b, ", root %d", h.root)
+	}
+	if h.extra != 0 {
+		fmt.Fprintf(&b, ", counts digest %#x", h.extra)
+	}
+	fmt.Fprintf(&b, ", %v)", h.algo)
+	return b.String()
+}
+
+// same reports whether two ranks' headers describe the same call.
+func (h header) same(o header) bool {
+	return h.kind == o.kind && h.dt == o.dt && h.flags == o.flags &&
+		(h.flags&flagOp == 0 || h.op == o.op) && (h.flags&flagRoot == 0 || h.root == o.root) &&
+		h.count == o.count && h.extra == o.extra && h.algo == o.algo && h.size == o.size
+}
+
+// digest folds per-rank counts into the header's extra field (FNV-1a), so
+// that ranks passing different count arrays to a V collective disagree.
+func digest(xs ...[]int64) uint64 {
+	h := uint64(14695981039346656037)
+	for _, s := range xs {
+		for _, v := range s {
+			for i := 0; i < 8; i++ {
+				h ^= uint64(v>>(8*i)) & 0xff
+				h *= 1099511628211
+			}
+		}
+		h ^= 0xff
+		h *= 1099511628211
+	}
+	return h | 1 // never 0: 0 means "no counts"
+}
+
+// hello opens a collective with the ranks in peers: it writes this rank's
+// header h, followed by n bytes of inline payload from src, into every peer's
+// hello slot, records the peer's hello notify, waits for every peer's hello
+// and checks that every peer made the same call (and, when extra is not nil,
+// whatever extra checks on a peer's inline payload). It returns where a
+// rank's inline payload lies in this rank's HCCL buffer (for this rank: its
+// own copy). n must be at most the layout's inline size.
+//
+// Besides catching mismatches, the exchange is what makes the hello and
+// one-shot slots safe to reuse: a rank writes into a peer's hello slot of
+// parity p only after the peer has checked the hello that used it two
+// collectives ago.
+func (s *sched) hello(h header, peers []int, src device.Ptr, n int64, extra func(p int, payload []byte) error) (at func(rank int) device.Ptr) {
+	return s.helloThen(h, peers, src, n, extra, nil)
+}
+
+// helloThen is hello that also runs then, in the same stream task as the
+// check, once the check has passed: a schedule puts its first local step
+// there (the one-shot all-reduce its reduction), so that the check costs no
+// task of its own.
+func (s *sched) helloThen(h header, peers []int, src device.Ptr, n int64, extra func(p int, payload []byte) error, then func(at func(rank int) device.Ptr) error) (at func(rank int) device.Ptr) {
+	st := s.st
+	me := st.comm.Rank()
+	if h.kind != kSendRecv { // point-to-point numbers its hellos per pair
+		h.seq = st.seq
+	}
+	h.from = int32(me)
+	h.size = int32(st.comm.Size())
+	par := make([]uint64, st.comm.Size())
+	for _, p := range peers {
+		par[p] = st.hellos[p] % 2
+		st.hellos[p]++
+	}
+	mine := s.mySlot(st.lay.helloOff(me, 0))
+	at = func(rank int) device.Ptr {
+		if rank == me {
+			return mine.Add(headerSize)
+		}
+		return s.mySlot(st.lay.helloOff(rank, par[rank])).Add(headerSize)
+	}
+	if n > st.lay.inline() {
+		s.do(fmt.Errorf("%v: %d bytes of inline payload, the hello slots hold %d", h.kind, n, st.lay.inline()))
+	}
+	if !s.ok() {
+		return at
+	}
+	if len(peers) == 0 && n == 0 && then == nil {
+		return at
+	}
+	dev := st.comm.Device()
+	s.launch("collective hello", func() error {
+		b, err := dev.Bytes(mine, headerSize+n)
+		if err != nil {
+			return err
+		}
+		h.encode(b)
+		if n > 0 {
+			in, err := dev.Bytes(src, n)
+			if err != nil {
+				return err
+			}
+			copy(b[headerSize:], in)
+		}
+		return nil
+	})
+	for _, p := range peers {
+		s.write(p, s.peerSlot(p, st.lay.helloOff(me, par[p])), mine, headerSize+n)
+		s.record(p, nHello+int(par[p]))
+	}
+	for _, p := range peers {
+		s.wait(p, nHello+int(par[p]))
+	}
+	check := len(peers) > 0 && !st.noCheck
+	if !check && then == nil {
+		return at
+	}
+	comm := st.comm
+	s.launch("collective check", func() error {
+		for _, p := range peers {
+			if !check {
+				break
+			}
+			b, err := dev.Bytes(s.mySlot(st.lay.helloOff(p, par[p])), st.lay.helloSlot)
+			if err != nil {
+				return err
+			}
+			got, err := decodeHeader(b)
+			if err == nil && got.from != int32(p) {
+				err = fmt.Errorf("the hello in rank %d's slot says it is from rank %d", p, got.from)
+			}
+			if err != nil {
+				return &hcomm.Error{Op: h.kind.String(), Comm: comm.Name(), Rank: me, Peer: p, Code: hcomm.ErrInternal, Err: err}
+			}
+			if !got.same(h) || got.seq != h.seq {
+				return &hcomm.Error{Op: h.kind.String(), Comm: comm.Name(), Rank: me, Peer: p, Code: hcomm.ErrPara, Err: ErrMismatch,
+					Msg: fmt.Sprintf("collective mismatch: rank %d called %s as its collective #%d, rank %d called %s as its #%d",
+						me, h.call(), h.seq, p, got.call(), got.seq)}
+			}
+			if extra != nil {
+				if err := extra(p, b[headerSize:]); err != nil {
+					return &hcomm.Error{Op: h.kind.String(), Comm: comm.Name(), Rank: me, Peer: p, Code: hcomm.ErrPara, Err: ErrMismatch,
+						Msg: fmt.Sprintf("collective mismatch at #%d (%s): %v", h.seq, h.call(), err)}
+				}
+			}
+		}
+		if then != nil {
+			return then(at)
+		}
+		return nil
+	})
+	return at
+}
+
+// open runs the handshake with every peer, without inline payload.
+func (s *sched) open(h header, algo Algorithm) {
+	h.algo = algo
+	s.hello(h, s.others(), 0, 0, nil)
+}

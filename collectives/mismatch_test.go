@@ -1,0 +1,174 @@
+package collectives_test
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hcomm-dev/hcomm/collectives"
+	"github.com/hcomm-dev/hcomm/device"
+	"github.com/hcomm-dev/hcomm/hcomm"
+)
+
+// TestMismatchIsAnErrorOnEveryRank: one rank makes a different call from the
+// others — another collective, count, data type, reduce op or root — and
+// every rank's stream fails with ErrMismatch naming both calls, well within
+// the execution timeout (no rank waits for data that will not come).
+func TestMismatchIsAnErrorOnEveryRank(t *testing.T) {
+	type call func(c *hcomm.Comm, s *device.Stream, buf device.Ptr) error
+	allreduce := func(count int64, dt hcomm.DataType, op hcomm.ReduceOp) call {
+		return func(c *hcomm.Comm, s *device.Stream, buf device.Ptr) error {
+			return collectives.AllReduce(buf, buf, count, dt, op, c, s, nil)
+		}
+	}
+	bcast := func(root int) call {
+		return func(c *hcomm.Comm, s *device.Stream, buf device.Ptr) error {
+			return collectives.Broadcast(buf, 64, hcomm.Float32, root, c, s, nil)
+		}
+	}
+	cases := []struct {
+		name       string
+		odd, usual call
+		want       string // in the error of every rank
+	}{
+		{"collective", func(c *hcomm.Comm, s *device.Stream, buf device.Ptr) error {
+			return collectives.AllGather(buf, buf.Add(1<<20), 64, hcomm.Float32, c, s, nil)
+		}, allreduce(64, hcomm.Float32, hcomm.Sum), "AllGather"},
+		{"count", allreduce(65, hcomm.Float32, hcomm.Sum), allreduce(64, hcomm.Float32, hcomm.Sum), "count 65"},
+		{"count-across-algorithms", allreduce(100000, hcomm.Float32, hcomm.Sum), allreduce(64, hcomm.Float32, hcomm.Sum), "count 100000"},
+		{"dtype", allreduce(64, hcomm.Int32, hcomm.Sum), allreduce(64, hcomm.Float32, hcomm.Sum), "int32"},
+		{"op", allreduce(64, hcomm.Float32, hcomm.Max), allreduce(64, hcomm.Float32, hcomm.Sum), "max"},
+		{"root", bcast(2), bcast(0), "root 2"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			comms := initAll(t, 3, &hcomm.Config{ExecTimeout: 20 * time.Second})
+			start := time.Now()
+			errs := make([]error, len(comms))
+			run(t, comms, func(c *hcomm.Comm) error {
+				s, err := c.Device().CreateStream()
+				if err != nil {
+					return err
+				}
+				defer s.Destroy()
+				buf, err := c.Device().Malloc(4 << 20)
+				if err != nil {
+					return err
+				}
+				defer c.Device().Free(buf)
+				f := tc.usual
+				if c.Rank() == 1 {
+					f = tc.odd
+				}
+				if err := f(c, s, buf); err != nil {
+					return err
+				}
+				errs[c.Rank()] = s.SynchronizeWithTimeout(time.Minute)
+				return nil
+			})
+			if d := time.Since(start); d > 10*time.Second {
+				t.Errorf("the mismatch took %v to surface; the timeout was 20s and detection must not wait for it", d)
+			}
+			t.Logf("rank 0: %v", errs[0])
+			for r, err := range errs {
+				if !errors.Is(err, collectives.ErrMismatch) {
+					t.Errorf("rank %d: %v; want an error matching ErrMismatch", r, err)
+					continue
+				}
+				msg := err.Error()
+				if !strings.Contains(msg, tc.want) || !strings.Contains(msg, "rank 1") {
+					t.Errorf("rank %d: %q does not name rank 1 and %q", r, msg, tc.want)
+				}
+				var he *hcomm.Error
+				if !errors.As(err, &he) || he.Rank != r {
+					t.Errorf("rank %d: error %v is not an *hcomm.Error of rank %d", r, err, r)
+				}
+			}
+		})
+	}
+}
+
+// TestMismatchedAlgorithm: ranks forced to different algorithms disagree in
+// the handshake instead of waiting for each other's pieces.
+func TestMismatchedAlgorithm(t *testing.T) {
+	comms := initAll(t, 2, nil)
+	errs := make([]error, 2)
+	run(t, comms, func(c *hcomm.Comm) error {
+		s, _ := c.Device().CreateStream()
+		defer s.Destroy()
+		buf, _ := c.Device().Malloc(4096)
+		defer c.Device().Free(buf)
+		algo := collectives.AlgoOneShot
+		if c.Rank() == 1 {
+			algo = collectives.AlgoRing
+		}
+		if err := collectives.AllReduce(buf, buf, 16, hcomm.Float32, hcomm.Sum, c, s, &collectives.Options{Algorithm: algo}); err != nil {
+			return err
+		}
+		errs[c.Rank()] = s.SynchronizeWithTimeout(time.Minute)
+		return nil
+	})
+	for r, err := range errs {
+		if !errors.Is(err, collectives.ErrMismatch) || !strings.Contains(err.Error(), "ring") {
+			t.Errorf("rank %d: %v", r, err)
+		}
+	}
+}
+
+func ExampleErrMismatch() {
+	comms, _ := hcomm.InitAll(2, nil)
+	defer func() {
+		for _, c := range comms {
+			c.Destroy()
+		}
+	}()
+	done := make(chan error, 2)
+	for _, c := range comms {
+		go func() {
+			s, _ := c.Device().CreateStream()
+			defer s.Destroy()
+			buf, _ := c.Device().Malloc(64)
+			defer c.Device().Free(buf)
+			count := int64(4)
+			if c.Rank() == 1 {
+				count = 8 // a bug: rank 1 reduces more elements
+			}
+			collectives.AllReduce(buf, buf, count, hcomm.Float32, hcomm.Sum, c, s, nil)
+			err := s.SynchronizeWithTimeout(time.Minute)
+			if c.Rank() == 0 {
+				fmt.Println(errors.Is(err, collectives.ErrMismatch))
+			}
+			done <- err
+		}()
+	}
+	<-done
+	<-done
+	// Output: true
+}
+
+// TestGetCommAsyncError: a mismatch (or any failed task) is kept as the
+// communicator's asynchronous error.
+func TestGetCommAsyncError(t *testing.T) {
+	comms := initAll(t, 2, nil)
+	for _, c := range comms {
+		if err := c.GetCommAsyncError(); err != nil {
+			t.Fatalf("fresh communicator: %v", err)
+		}
+	}
+	run(t, comms, func(c *hcomm.Comm) error {
+		s, _ := c.Device().CreateStream()
+		defer s.Destroy()
+		buf, _ := c.Device().Malloc(4096)
+		defer c.Device().Free(buf)
+		collectives.AllReduce(buf, buf, int64(4+c.Rank()), hcomm.Float32, hcomm.Sum, c, s, nil)
+		s.SynchronizeWithTimeout(time.Minute)
+		return nil
+	})
+	for _, c := range comms {
+		if err := c.GetCommAsyncError(); !errors.Is(err, collectives.ErrMismatch) {
+			t.Errorf("rank %d: GetCommAsyncError = %v, want the mismatch", c.Rank(), err)
+		}
+	}
+}

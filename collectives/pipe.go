@@ -1,0 +1,95 @@
+package collectives
+
+import "github.com/hcomm-dev/hcomm/device"
+
+// Two ways for a piece of data to cross from one rank to another, both built
+// from the data-plane ops only:
+//
+//   - a pipe: the sender writes the piece into its slot of the receiver's
+//     inbox (two slots per sender, used in turn) and records nData; the
+//     receiver consumes it and records nAck, after which the sender may write
+//     that slot again. Used where each piece has one receiver that combines
+//     it with something of its own (ring reduce-scatter, all-to-all, send/recv).
+//   - a gather slot: the owner puts a piece into one of its own two gather
+//     slots and records nReady to its readers; each reader reads the piece
+//     straight into its output and records nDone. Used where a piece has
+//     several receivers that only copy it (all-gather, broadcast): one copy
+//     per receiver, where a pipe would cost a write and a copy.
+//
+// Every rank keeps the counters of every pipe and gather slot it takes part
+// in, and all ranks issue the same schedule, so the counters agree without
+// being exchanged.
+
+// pipeSend writes n bytes (at most one piece) at src into peer's inbox.
+func (s *sched) pipeSend(peer int, src device.Ptr, n int64) {
+	st := s.st
+	i := st.sent[peer]
+	st.sent[peer]++
+	k := i % 2
+	if i >= 2 {
+		s.wait(peer, nAck+int(k)) // the peer consumed the slot's previous piece
+	}
+	s.write(peer, s.peerSlot(peer, st.lay.inboxSlotOff(st.comm.Rank(), k)), src, n)
+	s.record(peer, nData+int(k))
+}
+
+// pipeRecv waits for the next piece from peer and returns where it lies in
+// this rank's HCCL buffer; done must be called once it is consumed.
+func (s *sched) pipeRecv(peer int) (slot device.Ptr, done func()) {
+	st := s.st
+	j := st.recvd[peer]
+	st.recvd[peer]++
+	k := j % 2
+	s.wait(peer, nData+int(k))
+	return s.mySlot(st.lay.inboxSlotOff(peer, k)), func() { s.record(peer, nAck+int(k)) }
+}
+
+// claimGather returns this rank's next gather slot, once every rank that read
+// it last time has recorded that it is done; readers are the ranks that will
+// read it this time.
+func (s *sched) claimGather(readers []int) (k uint64, slot device.Ptr) {
+	st := s.st
+	me := st.comm.Rank()
+	k = st.gathers[me] % 2
+	st.gathers[me]++
+	for _, p := range st.readers[k] {
+		s.wait(p, nDone+int(k))
+	}
+	st.readers[k] = readers
+	return k, s.mySlot(st.lay.gatherSlotOff(k))
+}
+
+// publish tells the readers of gather slot k that it holds their piece.
+func (s *sched) publish(k uint64, readers []int) {
+	for _, p := range readers {
+		s.record(p, nReady+int(k))
+	}
+}
+
+// nextGather returns which gather slot of owner the next piece it publishes
+// will be in (what claimGather returns on owner).
+func (s *sched) nextGather(owner int) uint64 {
+	k := s.st.gathers[owner] % 2
+	s.st.gathers[owner]++
+	return k
+}
+
+// readGather waits until owner has published gather slot k, reads n bytes at
+// off in it into dst, and tells owner it is done.
+func (s *sched) readGather(owner int, k uint64, dst device.Ptr, off, n int64) {
+	s.wait(owner, nReady+int(k))
+	s.read(owner, dst, s.peerSlot(owner, s.st.lay.gatherSlotOff(k)+off), n)
+	s.record(owner, nDone+int(k))
+}
+
+// others returns every rank but this one, in rank order.
+func (s *sched) others() []int {
+	me, n := s.st.comm.Rank(), s.st.comm.Size()
+	ps := make([]int, 0, n-1)
+	for p := 0; p < n; p++ {
+		if p != me {
+			ps = append(ps, p)
+		}
+	}
+	return ps
+}

@@ -1,0 +1,5 @@
+//go:build !race
+
+package collectives_test
+
+const raceEnabled = false

@@ -1,0 +1,205 @@
+package collectives
+
+import (
+	"fmt"
+	"os"
+	"strings"
+)
+
+// Algorithm names a schedule. The zero value lets the selector choose. The
+// values travel in the handshake header: ranks that pick different
+// algorithms for one collective (a different HCCL_ALGO) get ErrMismatch.
+type Algorithm int
+
+const (
+	AlgoAuto     Algorithm = iota // the selector decides by collective, size, rank count and transport
+	AlgoOneShot                   // data travels inline with the handshake: one hand-off, for small messages
+	AlgoRing                      // ring, pipelined in pieces through the peers' inboxes: every link carries the data once
+	AlgoDirect                    // every rank reads each piece straight from its owner's HCCL buffer: one copy per receiver (mesh)
+	AlgoPairwise                  // n-1 rounds, in round r rank i exchanges with ranks i+r and i-r (all-to-all, scatter, gather)
+	AlgoHD                        // recursive halving-doubling (HCCL's H-D_R), folding rank counts that are not powers of two
+)
+
+func (a Algorithm) String() string {
+	switch a {
+	case AlgoAuto:
+		return "auto"
+	case AlgoOneShot:
+		return "oneshot"
+	case AlgoRing:
+		return "ring"
+	case AlgoDirect:
+		return "direct"
+	case AlgoPairwise:
+		return "pairwise"
+	case AlgoHD:
+		return "hd"
+	}
+	return fmt.Sprintf("Algorithm(%d)", int(a))
+}
+
+// algorithms lists, per collective, the schedules it has, in the order the
+// selector considers them.
+var algorithms = map[kind][]Algorithm{
+	kAllReduce:      {AlgoOneShot, AlgoHD, AlgoRing},
+	kBroadcast:      {AlgoOneShot, AlgoDirect, AlgoRing},
+	kAllGather:      {AlgoOneShot, AlgoDirect, AlgoRing},
+	kAllGatherV:     {AlgoDirect},
+	kReduceScatter:  {AlgoOneShot, AlgoRing},
+	kReduceScatterV: {AlgoRing},
+	kReduce:         {AlgoOneShot, AlgoRing},
+	kScatter:        {AlgoPairwise},
+	kGather:         {AlgoPairwise},
+	kAlltoAll:       {AlgoPairwise},
+	kAlltoAllV:      {AlgoPairwise},
+	kBarrier:        {AlgoOneShot},
+}
+
+func has(k kind, a Algorithm) bool {
+	for _, x := range algorithms[k] {
+		if x == a {
+			return true
+		}
+	}
+	return false
+}
+
+// choose is the selector: the algorithm for a collective of kind k moving
+// bytes per rank (the size the one-shot path would carry inline), given the
+// layout and whether every peer's memory is mapped (inproc, shm: a read is a
+// memmove) or behind a network (tcp: a read is a round trip).
+func choose(k kind, bytes int64, l layout, mapped bool) Algorithm {
+	if has(k, AlgoOneShot) && bytes <= l.inline() {
+		return AlgoOneShot
+	}
+	switch k {
+	case kBroadcast, kAllGather:
+		if mapped {
+			return AlgoDirect
+		}
+		return AlgoRing
+	}
+	return algorithms[k][len(algorithms[k])-1]
+}
+
+// hcclAlgoNames maps HCCL_ALGO's algorithm names (and hcomm's own) to
+// schedules (names are case-insensitive). HCCL's NHR, NHR_V1, NB, AHC and pipeline have no hcomm
+// counterpart yet and are refused by name.
+var hcclAlgoNames = map[string]Algorithm{
+	"ring":     AlgoRing,
+	"h-d_r":    AlgoHD,
+	"hd":       AlgoHD,
+	"pairwise": AlgoPairwise,
+	"fullmesh": AlgoDirect,
+	"mesh":     AlgoDirect,
+	"direct":   AlgoDirect,
+	"oneshot":  AlgoOneShot,
+	"na":       AlgoAuto,
+}
+
+var opNames = map[string][]kind{
+	"allreduce":     {kAllReduce},
+	"broadcast":     {kBroadcast},
+	"allgather":     {kAllGather, kAllGatherV},
+	"reducescatter": {kReduceScatter, kReduceScatterV},
+	"reduce":        {kReduce},
+	"scatter":       {kScatter},
+	"gather":        {kGather},
+	"alltoall":      {kAlltoAll, kAlltoAllV},
+	"alltoallv":     {kAlltoAllV},
+}
+
+// parseAlgo parses HCCL_ALGO: "level0:NA;level1:ring" for every collective,
+// or per collective "allreduce=level0:NA;level1:ring/allgather=level0:NA;level1:fullmesh".
+// A flat hcomm communicator has one level: the level1 algorithm is used
+// when it is set and not NA, else level0's (NA = let hcomm choose). The
+// result maps a collective to its forced algorithm.
+func parseAlgo(v string) (map[kind]Algorithm, error) {
+	out := make(map[kind]Algorithm)
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return out, nil
+	}
+	parseLevels := func(spec string) (Algorithm, error) {
+		var lv0, lv1 Algorithm
+		for _, part := range strings.Split(spec, ";") {
+			part = strings.TrimSpace(part)
+			if part == "" {
+				continue
+			}
+			lvl, name, ok := strings.Cut(part, ":")
+			if !ok {
+				return 0, fmt.Errorf("%q: want levelN:algorithm", part)
+			}
+			a, ok := hcclAlgoNames[strings.ToLower(strings.TrimSpace(name))]
+			if !ok {
+				return 0, fmt.Errorf("%q: algorithm %q is not available in hcomm (have ring, H-D_R, pairwise, fullmesh, oneshot, NA)", part, name)
+			}
+			switch strings.ToLower(strings.TrimSpace(lvl)) {
+			case "level0":
+				lv0 = a
+			case "level1", "level2", "level3":
+				if a != AlgoAuto {
+					lv1 = a
+				}
+			default:
+				return 0, fmt.Errorf("%q: unknown level %q", part, lvl)
+			}
+		}
+		if lv1 != AlgoAuto {
+			return lv1, nil
+		}
+		return lv0, nil
+	}
+	if !strings.Contains(v, "=") {
+		a, err := parseLevels(v)
+		if err != nil {
+			return nil, fmt.Errorf("HCCL_ALGO=%q: %v", v, err)
+		}
+		for k := range algorithms {
+			if a != AlgoAuto && has(k, a) {
+				out[k] = a
+			}
+		}
+		return out, nil
+	}
+	for _, item := range strings.Split(v, "/") {
+		op, spec, ok := strings.Cut(item, "=")
+		if !ok {
+			return nil, fmt.Errorf("HCCL_ALGO=%q: %q: want op=levels", v, item)
+		}
+		ks, ok := opNames[strings.ToLower(strings.TrimSpace(op))]
+		if !ok {
+			return nil, fmt.Errorf("HCCL_ALGO=%q: unknown collective %q", v, op)
+		}
+		a, err := parseLevels(spec)
+		if err != nil {
+			return nil, fmt.Errorf("HCCL_ALGO=%q: %v", v, err)
+		}
+		if a == AlgoAuto {
+			continue
+		}
+		for _, k := range ks {
+			if !has(k, a) {
+				return nil, fmt.Errorf("HCCL_ALGO=%q: %v has no %v algorithm (it has %v)", v, k, a, algorithms[k])
+			}
+			out[k] = a
+		}
+	}
+	return out, nil
+}
+
+// envAlgo reads HCCL_ALGO once per communicator (at its first collective).
+func envAlgo() (map[kind]Algorithm, error) { return parseAlgo(os.Getenv("HCCL_ALGO")) }
+
+// Algorithms returns the algorithms the named collective has ("AllReduce",
+// "AllGather", ...), in the order the selector considers them; nil for an
+// unknown name.
+func Algorithms(collective string) []Algorithm {
+	for k, name := range kindNames {
+		if name != "" && strings.EqualFold(name, collective) {
+			return append([]Algorithm(nil), algorithms[kind(k)]...)
+		}
+	}
+	return nil
+}

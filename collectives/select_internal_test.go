@@ -1,0 +1,94 @@
+package collectives
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestParseHCCLAlgo(t *testing.T) {
+	cases := []struct {
+		in   string
+		want map[kind]Algorithm
+		err  string
+	}{
+		{"", map[kind]Algorithm{}, ""},
+		{"level0:NA;level1:ring", map[kind]Algorithm{kAllReduce: AlgoRing, kBroadcast: AlgoRing, kAllGather: AlgoRing,
+			kReduceScatter: AlgoRing, kReduceScatterV: AlgoRing, kReduce: AlgoRing}, ""},
+		{"level0:NA;level1:H-D_R", map[kind]Algorithm{kAllReduce: AlgoHD}, ""},
+		{"allreduce=level0:NA;level1:ring/allgather=level0:NA;level1:fullmesh",
+			map[kind]Algorithm{kAllReduce: AlgoRing, kAllGather: AlgoDirect, kAllGatherV: AlgoDirect}, ""},
+		{"alltoall=level0:NA;level1:pairwise", map[kind]Algorithm{kAlltoAll: AlgoPairwise, kAlltoAllV: AlgoPairwise}, ""},
+		{"level0:NA;level1:NA", map[kind]Algorithm{}, ""},
+		{"level0:NA;level1:NHR", nil, `algorithm "NHR" is not available`},
+		{"allreduce=level0:NA;level1:pairwise", nil, "AllReduce has no pairwise"},
+		{"bogus=level1:ring", nil, `unknown collective "bogus"`},
+		{"level9:ring", nil, `unknown level "level9"`},
+		{"ring", nil, "want levelN:algorithm"},
+	}
+	for _, tc := range cases {
+		got, err := parseAlgo(tc.in)
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("parseAlgo(%q) error %v, want one containing %q", tc.in, err, tc.err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("parseAlgo(%q): %v", tc.in, err)
+			continue
+		}
+		if len(got) != len(tc.want) {
+			t.Errorf("parseAlgo(%q) = %v, want %v", tc.in, got, tc.want)
+			continue
+		}
+		for k, a := range tc.want {
+			if got[k] != a {
+				t.Errorf("parseAlgo(%q)[%v] = %v, want %v", tc.in, k, got[k], a)
+			}
+		}
+	}
+}
+
+func TestHeaderRoundTripAndRejects(t *testing.T) {
+	h := header{kind: kReduce, dt: 4, op: 2, algo: AlgoRing, flags: flagOp | flagRoot, root: 3, count: 1 << 40, seq: 77, extra: 5, from: 2, size: 8}
+	b := make([]byte, headerSize)
+	h.encode(b)
+	got, err := decodeHeader(b)
+	if err != nil || got != h {
+		t.Fatalf("round trip: %+v, %v; want %+v", got, err, h)
+	}
+	if _, err := decodeHeader(b[:10]); err == nil {
+		t.Error("a short header was accepted")
+	}
+	b[0] = 'X'
+	if _, err := decodeHeader(b); err == nil {
+		t.Error("a header with a wrong magic was accepted")
+	}
+	h.encode(b)
+	b[4] = 9
+	if _, err := decodeHeader(b); err == nil {
+		t.Error("a header of another version was accepted")
+	}
+}
+
+// FuzzDecodeHeader: whatever a peer writes into a hello slot, decoding never
+// panics, and what decodes re-encodes to the same header.
+func FuzzDecodeHeader(f *testing.F) {
+	b := make([]byte, headerSize)
+	header{kind: kAllReduce, dt: 4, count: 1024, seq: 1, size: 2}.encode(b)
+	f.Add(b)
+	f.Add([]byte("HCOL"))
+	f.Add(make([]byte, 80))
+	f.Fuzz(func(t *testing.T, in []byte) {
+		h, err := decodeHeader(in)
+		if err != nil {
+			return
+		}
+		out := make([]byte, headerSize)
+		h.encode(out)
+		h2, err := decodeHeader(out)
+		if err != nil || h2 != h {
+			t.Fatalf("re-decode: %+v, %v; want %+v", h2, err, h)
+		}
+	})
+}

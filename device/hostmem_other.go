@@ -1,0 +1,24 @@
+//go:build !linux
+
+package device
+
+import (
+	"errors"
+
+	"golang.org/x/sys/unix"
+)
+
+// Without memfd, host device memory is an anonymous private mapping: it
+// cannot be shared with another process (Share fails), and nothing else
+// changes.
+
+func hostAlloc(size int64) ([]byte, int, error) {
+	mem, err := unix.Mmap(-1, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANON)
+	return mem, -1, err
+}
+
+func hostFree(mem []byte, _ int) error { return unix.Munmap(mem) }
+
+func dupShared(int) (int, error) {
+	return -1, errors.New("sharing device memory needs memfd (Linux)")
+}

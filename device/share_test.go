@@ -1,0 +1,175 @@
+//go:build linux
+
+package device_test
+
+import (
+	"errors"
+	"os"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/hcomm-dev/hcomm/device"
+)
+
+func countFDs(t *testing.T) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(ents)
+}
+
+// TestShareMapsTheSameBytes maps a shared range a second time, as a peer
+// process would, and sees writes through either mapping in the other.
+func TestShareMapsTheSameBytes(t *testing.T) {
+	d := open(t, 0)
+	const size = 3*4096 + 100
+	p, err := d.Malloc(size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := p.Add(4096 + 17)
+	fd, off, err := d.Share(at, 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	if off != 4096+17 {
+		t.Fatalf("offset = %d, want %d", off, 4096+17)
+	}
+	seals, err := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := unix.F_SEAL_SHRINK | unix.F_SEAL_GROW | unix.F_SEAL_SEAL; seals&want != want {
+		t.Fatalf("seals %#x lack %#x", seals, want)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil || st.Size < size {
+		t.Fatalf("file size %d (err %v), want at least %d", st.Size, err, size)
+	}
+	m, err := unix.Mmap(fd, 4096, 4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(m)
+	if err := d.MemcpyHtoD(at, []byte("hello")); err != nil {
+		t.Fatal(err)
+	}
+	if string(m[17:22]) != "hello" {
+		t.Fatalf("second mapping reads %q", m[17:22])
+	}
+	copy(m[17:], "HELLO")
+	got := make([]byte, 5)
+	if err := d.MemcpyDtoH(got, at); err != nil {
+		t.Fatal(err)
+	}
+	if string(got) != "HELLO" {
+		t.Fatalf("device reads %q after a write through the second mapping", got)
+	}
+}
+
+func TestShareChecksTheRange(t *testing.T) {
+	d := open(t, 0)
+	p, _ := d.Malloc(4096)
+	for _, c := range []struct {
+		p device.Ptr
+		n int64
+	}{{p, 4097}, {p.Add(4000), 97}, {0, 1}, {0, 0}, {p, -1}, {p.Add(1 << 30), 1}} {
+		fd, _, err := d.Share(c.p, c.n)
+		if !errors.Is(err, device.ErrInvalidValue) {
+			if fd >= 0 {
+				unix.Close(fd)
+			}
+			t.Errorf("Share(%#x, %d) = %v, want ErrInvalidValue", uintptr(c.p), c.n, err)
+		}
+	}
+	o := open(t, 0)
+	if _, _, err := o.Share(p, 8); !errors.Is(err, device.ErrInvalidHandle) {
+		t.Errorf("Share from another context = %v, want ErrInvalidHandle", err)
+	}
+	d.Free(p)
+	if _, _, err := d.Share(p, 8); !errors.Is(err, device.ErrInvalidValue) {
+		t.Errorf("Share after Free = %v", err)
+	}
+}
+
+// TestMallocBeyondMemoryNamesTheLimit asks for more than the machine has:
+// the error says how much was asked, what bounds it and that /dev/shm's size
+// does not.
+func TestMallocBeyondMemoryNamesTheLimit(t *testing.T) {
+	d := open(t, 0)
+	var si unix.Sysinfo_t
+	if err := unix.Sysinfo(&si); err != nil {
+		t.Fatal(err)
+	}
+	total := int64(si.Totalram)*int64(si.Unit) + int64(si.Totalswap)*int64(si.Unit)
+	want := 2*total + 12345
+	_, err := d.Malloc(want)
+	if !errors.Is(err, device.ErrMemoryAllocation) {
+		t.Fatalf("Malloc(%d) = %v, want ErrMemoryAllocation", want, err)
+	}
+	for _, s := range []string{itoa(want), "/dev/shm", "MemAvailable", "HCCL_BUFFSIZE"} {
+		if !strings.Contains(err.Error(), s) {
+			t.Errorf("error %q does not mention %q", err, s)
+		}
+	}
+	// A large request that fits passes the check and is usable to its end.
+	p, err := d.Malloc(48 << 20)
+	if err != nil {
+		t.Fatalf("Malloc(48 MiB): %v", err)
+	}
+	if err := d.Memset(p.Add(48<<20-4096), 4096, 7); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Free(p); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func itoa(v int64) string {
+	var b []byte
+	for {
+		b = append([]byte{byte('0' + v%10)}, b...)
+		v /= 10
+		if v == 0 {
+			return string(b)
+		}
+	}
+}
+
+// TestFreeAndCloseReleaseDescriptors: every allocation holds a memory file;
+// Free and Close give them all back.
+func TestFreeAndCloseReleaseDescriptors(t *testing.T) {
+	before := countFDs(t)
+	d, err := device.Open(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ps []device.Ptr
+	for i := 0; i < 20; i++ {
+		p, err := d.Malloc(int64(1+i*1000) + 4096)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ps = append(ps, p)
+	}
+	if n := countFDs(t); n < before+20 {
+		t.Fatalf("%d descriptors open with 20 allocations, %d before", n, before)
+	}
+	for _, p := range ps[:10] {
+		if err := d.Free(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := countFDs(t); n != before+10 {
+		t.Fatalf("%d descriptors open after freeing 10 of 20, want %d", n, before+10)
+	}
+	d.Close()
+	if n := countFDs(t); n != before {
+		t.Fatalf("%d descriptors open after Close, want %d", n, before)
+	}
+}

@@ -1,0 +1,398 @@
+package hcomm
+
+import (
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hcomm-dev/hcomm/channel/inproc"
+	"github.com/hcomm-dev/hcomm/device"
+	"github.com/hcomm-dev/hcomm/internal/bootstrap"
+)
+
+// Communicators across processes and hosts. Every rank runs one of
+// InitRootInfo, InitClusterInfo or InitFromEnv; they differ only in how a
+// rank learns rank 0's bootstrap address and the communicator's secret:
+//
+//  1. Rank 0 serves the bootstrap store (a small TCP key/value store,
+//     internal/bootstrap) at that address; every rank, rank 0 included,
+//     connects to it, proves it knows the secret (HMAC challenge-response;
+//     the secret never crosses the wire), claims its rank and publishes where
+//     it runs (host id, process, address).
+//  2. Rank 0 gathers the n descriptions and publishes the list; every rank
+//     checks it (same rank count, no rank claimed twice).
+//  3. Channels are then set up pairwise through the store (ChannelAcquire):
+//     each pair trades transport messages under keys named by the two ranks,
+//     the engine, protocol, tag and a per-key counter.
+//
+// Setup is bounded by Config.ConnectTimeout (HCCL_CONNECT_TIMEOUT): ranks may
+// start in any order within it; connecting retries while rank 0 is not up.
+// Rank 0's communicator owns the store: destroying it ends the rendezvous, so
+// rank 0 destroys its communicator last, or at least after every rank has
+// acquired its channels.
+
+// DefaultRootPort is the port of rank 0's bootstrap store when nothing names
+// one: InitClusterInfo without HCOMM_ROOT_PORT, InitFromEnv under Slurm
+// without MASTER_PORT. It is torchrun's default MASTER_PORT.
+const DefaultRootPort = 29500
+
+// MaxRanks bounds the rank count of a communicator.
+const MaxRanks = 1 << 16
+
+// RootInfo is what every rank needs to join a communicator (HcclRootInfo):
+// the address of rank 0's bootstrap store and the communicator's secret.
+// It is a value: copy it, send it to the other ranks as String(), parse it
+// back with ParseRootInfo.
+type RootInfo struct {
+	Addr   string   // "host:port" of rank 0's store
+	Secret [16]byte // random; proves a connection belongs to the communicator
+}
+
+const rootInfoScheme = "hcomm1://"
+
+// String encodes r as "hcomm1://<32 hex digits of secret>@<host:port>".
+// The string holds the secret: hand it only to the communicator's ranks.
+func (r RootInfo) String() string {
+	return rootInfoScheme + hex.EncodeToString(r.Secret[:]) + "@" + r.Addr
+}
+
+// MarshalText implements encoding.TextMarshaler (String).
+func (r RootInfo) MarshalText() ([]byte, error) { return []byte(r.String()), nil }
+
+// UnmarshalText implements encoding.TextUnmarshaler (ParseRootInfo).
+func (r *RootInfo) UnmarshalText(b []byte) error {
+	v, err := ParseRootInfo(string(b))
+	if err != nil {
+		return err
+	}
+	*r = v
+	return nil
+}
+
+// ParseRootInfo parses what RootInfo.String returns. It is strict: the
+// scheme, exactly 32 lowercase hex digits, '@', and a host:port with a
+// non-empty host and a port in [1, 65535]; nothing else.
+func ParseRootInfo(s string) (RootInfo, error) {
+	var r RootInfo
+	bad := func(why string) (RootInfo, error) {
+		q := s
+		if len(q) > 80 {
+			q = q[:80] + "…"
+		}
+		return RootInfo{}, &Error{Op: "ParseRootInfo", Rank: -1, Peer: -1, Code: ErrPara,
+			Msg: fmt.Sprintf("root info %q: %s (want %s<32 hex digits>@host:port)", q, why, rootInfoScheme)}
+	}
+	rest, ok := strings.CutPrefix(s, rootInfoScheme)
+	if !ok {
+		return bad("no " + rootInfoScheme + " prefix")
+	}
+	sec, addr, ok := strings.Cut(rest, "@")
+	if !ok {
+		return bad("no '@' between secret and address")
+	}
+	if len(sec) != 32 || strings.ToLower(sec) != sec {
+		return bad("the secret is not 32 lowercase hex digits")
+	}
+	if _, err := hex.Decode(r.Secret[:], []byte(sec)); err != nil {
+		return bad("the secret is not 32 lowercase hex digits")
+	}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return bad("address: " + err.Error())
+	}
+	if host == "" || strings.ContainsAny(host, " \t\r\n@/") {
+		return bad("address has no valid host")
+	}
+	if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 || strconv.Itoa(p) != port {
+		return bad("port is not a number in [1, 65535]")
+	}
+	r.Addr = addr
+	return r, nil
+}
+
+// pendingRoots are the stores GetRootInfo started and no InitRootInfo of
+// rank 0 has claimed yet, by secret.
+var (
+	pendingMu    sync.Mutex
+	pendingRoots = map[[16]byte]*pendingRoot{}
+)
+
+type pendingRoot struct {
+	srv   *bootstrap.Server
+	timer *time.Timer
+}
+
+func claimRoot(secret [16]byte) *bootstrap.Server {
+	pendingMu.Lock()
+	defer pendingMu.Unlock()
+	p, ok := pendingRoots[secret]
+	if !ok {
+		return nil
+	}
+	delete(pendingRoots, secret)
+	p.timer.Stop()
+	return p.srv
+}
+
+// Close stops the bootstrap store that GetRootInfo started for r if rank 0's
+// InitRootInfo has not claimed it yet; otherwise (or in another process) it
+// does nothing. Idempotent.
+func (r RootInfo) Close() error {
+	if srv := claimRoot(r.Secret); srv != nil {
+		return srv.Close()
+	}
+	return nil
+}
+
+// GetRootInfo makes a communicator's root info (HcclGetRootInfo) and starts
+// its bootstrap store: call it on rank 0, hand the root info to every rank
+// (as a string: RootInfo.String), and call InitRootInfo on every rank,
+// rank 0 in this process.
+//
+// The store listens on an ephemeral port of the interface that
+// Config.SocketIfname (HCOMM_SOCKET_IFNAME) picks, else the first non-loopback
+// interface. Its lifetime: rank 0's InitRootInfo with this root info takes it
+// over, and that communicator's Destroy stops it. Until then it belongs to
+// the root info: RootInfo.Close stops it, and it stops by itself when no
+// InitRootInfo claimed it within Config.ConnectTimeout.
+func GetRootInfo(cfg *Config) (RootInfo, error) {
+	const op = "GetRootInfo"
+	c, err := resolveAll(cfg)
+	if err != nil {
+		return RootInfo{}, &Error{Op: op, Comm: c.Name, Rank: 0, Peer: -1, Code: ErrPara, Err: err}
+	}
+	ifc, err := bootstrap.PickIface(c.SocketIfname)
+	if err != nil {
+		return RootInfo{}, &Error{Op: op, Comm: c.Name, Rank: 0, Peer: -1, Code: ErrNetwork, Err: err}
+	}
+	secret, err := bootstrap.NewSecret()
+	if err != nil {
+		return RootInfo{}, &Error{Op: op, Comm: c.Name, Rank: 0, Peer: -1, Code: ErrSyscall, Err: err}
+	}
+	srv, err := bootstrap.Listen(net.JoinHostPort(ifc.IP.String(), "0"), secret, bootstrap.ServerOptions{Logger: c.bootLogger(), OnLost: publishLoss, IdleTimeout: c.livenessTimeout()})
+	if err != nil {
+		return RootInfo{}, &Error{Op: op, Comm: c.Name, Rank: 0, Peer: -1, Code: ErrTCPConnect, Err: err}
+	}
+	port := srv.Addr().(*net.TCPAddr).Port
+	r := RootInfo{Addr: net.JoinHostPort(ifc.IP.String(), strconv.Itoa(port)), Secret: secret}
+	pendingMu.Lock()
+	pendingRoots[secret] = &pendingRoot{srv: srv, timer: time.AfterFunc(c.ConnectTimeout, func() {
+		if s := claimRoot(secret); s != nil {
+			c.bootLogger().Warn("hcomm: no InitRootInfo claimed the root info within HCCL_CONNECT_TIMEOUT; its bootstrap store is stopped",
+				"addr", r.Addr, "timeout", c.ConnectTimeout)
+			s.Close()
+		}
+	})}
+	pendingMu.Unlock()
+	return r, nil
+}
+
+// InitRootInfo joins rank of an nRanks communicator whose rank 0 made root
+// with GetRootInfo (HcclCommInitRootInfo). Every rank calls it, within
+// Config.ConnectTimeout of each other; it returns once all have joined. On
+// rank 0 it takes over the store GetRootInfo started in this process; a rank
+// 0 in a process that did not call GetRootInfo starts a store on root.Addr
+// itself. cfg may be nil.
+func InitRootInfo(nRanks int, root RootInfo, rank int, cfg *Config) (*Comm, error) {
+	const op = "InitRootInfo"
+	c, err := resolveAll(cfg)
+	if err != nil {
+		return nil, &Error{Op: op, Comm: c.Name, Rank: rank, Peer: -1, Code: ErrPara, Err: err}
+	}
+	if _, err := ParseRootInfo(root.String()); err != nil {
+		return nil, &Error{Op: op, Comm: c.Name, Rank: rank, Peer: -1, Code: ErrPara, Err: err}
+	}
+	return join(op, c, joinSpec{nRanks: nRanks, rank: rank, localRank: -1, addr: root.Addr,
+		listen: root.Addr, secret: bootstrap.Secret(root.Secret)})
+}
+
+// joinSpec is what an init entry point learned about the rendezvous.
+type joinSpec struct {
+	nRanks, rank, localRank int
+	addr                    string // rank 0's store, as every rank dials it
+	listen                  string // where rank 0 listens when it starts the store
+	secret                  bootstrap.Secret
+}
+
+func resolveAll(cfg *Config) (Config, error) {
+	var c Config
+	if cfg != nil {
+		c = *cfg
+	}
+	c, err := c.resolve()
+	if err != nil {
+		return c, err
+	}
+	return c.resolveNet()
+}
+
+// bootLogger is where the bootstrap logs refused connections: the
+// communicator's logger, else slog's default — a stranger knocking is worth a
+// warning even when HCOMM_DEBUG is off.
+func (c Config) bootLogger() *slog.Logger {
+	if c.logger != nil {
+		return c.logger
+	}
+	return slog.Default()
+}
+
+// join runs the rendezvous and makes the communicator.
+func join(op string, c Config, js joinSpec) (*Comm, error) {
+	fail := func(code Result, err error, format string, args ...any) (*Comm, error) {
+		return nil, &Error{Op: op, Comm: c.Name, Rank: js.rank, Peer: -1, Code: code, Err: err, Msg: fmt.Sprintf(format, args...)}
+	}
+	if js.nRanks <= 0 || js.nRanks > MaxRanks {
+		return fail(ErrPara, nil, "rank count %d is outside [1, %d]", js.nRanks, MaxRanks)
+	}
+	if js.rank < 0 || js.rank >= js.nRanks {
+		return fail(ErrPara, nil, "rank %d is outside [0, %d)", js.rank, js.nRanks)
+	}
+	ifc, err := bootstrap.PickIface(c.SocketIfname)
+	if err != nil {
+		return fail(ErrNetwork, err, "")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), c.ConnectTimeout)
+	defer cancel()
+
+	var srv *bootstrap.Server
+	if js.rank == 0 {
+		if srv = claimRoot(js.secret); srv == nil {
+			srv, err = bootstrap.Listen(js.listen, js.secret, bootstrap.ServerOptions{Logger: c.bootLogger(), OnLost: publishLoss, IdleTimeout: c.livenessTimeout()})
+			if err != nil {
+				return fail(ErrTCPConnect, err, "rank 0 starting the bootstrap store")
+			}
+		}
+	}
+	cli, err := bootstrap.Dial(ctx, js.addr, js.secret, js.rank)
+	if err != nil {
+		if srv != nil {
+			srv.Close()
+		}
+		code := ErrTCPConnect
+		if ctx.Err() != nil {
+			code = ErrTimeout
+		}
+		return fail(code, err, "joining the bootstrap within HCCL_CONNECT_TIMEOUT %v", c.ConnectTimeout)
+	}
+	cli.KeepAlive(keepAliveInterval)
+	release := func() error {
+		cli.Close()
+		if srv != nil {
+			srv.Close()
+		}
+		return nil
+	}
+	peers, code, err := rendezvous(ctx, cli, js, ifc)
+	if err != nil {
+		release()
+		if ctx.Err() != nil {
+			code = ErrTimeout
+		}
+		return fail(code, err, "")
+	}
+	boot := &bootState{store: bootstrap.Prefix(cli, "c"), client: cli, peers: peers, fabric: inproc.Default, iface: ifc,
+		secret: js.secret, release: release}
+	dev := js.localRank
+	if dev < 0 || dev >= device.MaxDevices {
+		dev = js.rank % device.MaxDevices
+	}
+	cm, err := newComm(op, c, js.rank, js.nRanks, dev, boot)
+	if err != nil {
+		return nil, err
+	}
+	cm.watch()
+	return cm, nil
+}
+
+// peerList is what rank 0 publishes: every rank's description, or why the
+// rendezvous failed.
+type peerList struct {
+	Peers []peerInfo `json:"peers"`
+	Error string     `json:"error,omitempty"`
+}
+
+func rendezvous(ctx context.Context, s bootstrap.Store, js joinSpec, ifc bootstrap.Iface) ([]peerInfo, Result, error) {
+	n, err := s.Add(ctx, "claim/"+strconv.Itoa(js.rank), 1)
+	if err != nil {
+		return nil, ErrTCPConnect, err
+	}
+	if n != 1 {
+		return nil, ErrPara, fmt.Errorf("rank %d is claimed by %d processes: give each process its own rank", js.rank, n)
+	}
+	me := peerInfo{Rank: js.rank, NRanks: js.nRanks, Host: hostID(), ShmHost: shmHostID(), Proc: procToken, PID: os.Getpid(), Addr: ifc.IP.String()}
+	me.Hostname, _ = os.Hostname()
+	b, _ := json.Marshal(me)
+	if err := s.Set(ctx, "info/"+strconv.Itoa(js.rank), b); err != nil {
+		return nil, ErrTCPConnect, err
+	}
+	if js.rank == 0 {
+		pl := peerList{Peers: make([]peerInfo, js.nRanks)}
+		for r := 0; r < js.nRanks && pl.Error == ""; r++ {
+			b, err := s.Get(ctx, "info/"+strconv.Itoa(r))
+			if err != nil {
+				return nil, ErrTimeout, fmt.Errorf("rank 0 waiting for rank %d to join: %w", r, err)
+			}
+			var p peerInfo
+			switch err := json.Unmarshal(b, &p); {
+			case err != nil:
+				pl.Error = fmt.Sprintf("rank %d's description is malformed: %v", r, err)
+			case p.Rank != r:
+				pl.Error = fmt.Sprintf("the description under rank %d says rank %d", r, p.Rank)
+			case p.NRanks != js.nRanks:
+				pl.Error = fmt.Sprintf("rank %d (on %s) joined a communicator of %d ranks; rank 0 of %d", r, p.where(), p.NRanks, js.nRanks)
+			}
+			pl.Peers[r] = p
+		}
+		if pl.Error != "" {
+			pl.Peers = nil
+		}
+		b, _ := json.Marshal(pl)
+		if err := s.Set(ctx, "peers", b); err != nil {
+			return nil, ErrTCPConnect, err
+		}
+		if pl.Error != "" {
+			// Let the others read why before this rank's failure closes the
+			// store under them (at most 2 s).
+			deadline := time.Now().Add(2 * time.Second)
+			for time.Now().Before(deadline) {
+				if n, err := s.Add(ctx, "peers-read", 0); err != nil || n >= int64(js.nRanks-1) {
+					break
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+			return nil, ErrPara, errors.New(pl.Error)
+		}
+	}
+	b, err = s.Get(ctx, "peers")
+	if err != nil {
+		return nil, ErrTimeout, fmt.Errorf("rank %d waiting for rank 0's list of ranks: %w", js.rank, err)
+	}
+	if js.rank != 0 {
+		s.Add(ctx, "peers-read", 1)
+	}
+	var pl peerList
+	if err := json.Unmarshal(b, &pl); err != nil {
+		return nil, ErrInternal, fmt.Errorf("rank 0's list of ranks is malformed: %v", err)
+	}
+	if pl.Error != "" {
+		return nil, ErrPara, errors.New(pl.Error)
+	}
+	if len(pl.Peers) != js.nRanks {
+		return nil, ErrPara, fmt.Errorf("rank 0 lists %d ranks; this rank expects %d", len(pl.Peers), js.nRanks)
+	}
+	for r, p := range pl.Peers {
+		if p.Rank != r || p.Host == "" || p.Proc == "" {
+			return nil, ErrInternal, fmt.Errorf("rank 0's entry %d of the list of ranks is malformed", r)
+		}
+	}
+	return pl.Peers, Success, nil
+}

@@ -1,0 +1,199 @@
+package hcomm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hcomm-dev/hcomm/device"
+	"github.com/hcomm-dev/hcomm/internal/spin"
+	"github.com/hcomm-dev/hcomm/notify"
+)
+
+// Observability glue of the data plane: bytes moved, notify waits, task
+// failures (Config.Metrics, Config.Logger / HCOMM_DEBUG), and the collective
+// a thread's work belongs to, so that a wait that times out says which one.
+
+// opTag names the collective a thread's work belongs to.
+type opTag struct {
+	op, algo string
+	seq      uint64
+}
+
+func (g opTag) String() string {
+	if g.op == "" {
+		return ""
+	}
+	return fmt.Sprintf("%s #%d (%s)", g.op, g.seq, g.algo)
+}
+
+// opState is a communicator's collective counter and the collective each of
+// its threads is issuing.
+type opState struct {
+	mu  sync.Mutex
+	seq uint64
+	cur map[*Thread]opTag
+}
+
+type opStateKey struct{}
+
+func (c *Comm) opState() *opState {
+	st, _ := c.Value(opStateKey{}, func() any { return &opState{cur: make(map[*Thread]opTag)} }).(*opState)
+	return st
+}
+
+// opOf returns the collective t is issuing ("" op when none).
+func (c *Comm) opOf(t *Thread) opTag {
+	st := c.opState()
+	if st == nil {
+		return opTag{}
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return st.cur[t]
+}
+
+// BeginOp tells the communicator that the work enqueued on t from now until
+// end is called is one collective, op (e.g. "AllReduce") with algorithm algo:
+// it numbers it (seq counts the collectives begun on the communicator, from
+// 1; ranks that issue their collectives in the same order agree on it), names
+// it in the error of a wait that times out, logs it at TRACE, and when
+// metrics are on, enqueues on t the tasks that time it. end enqueues the
+// closing task; call it once the collective's schedule is issued. For the
+// libraries built on hcomm (package collectives); safe for concurrent use.
+func (c *Comm) BeginOp(t *Thread, op, algo string) (seq uint64, end func() error) {
+	st := c.opState()
+	if st == nil || t == nil {
+		return 0, func() error { return nil }
+	}
+	st.mu.Lock()
+	st.seq++
+	tag := opTag{op: op, algo: algo, seq: st.seq}
+	st.cur[t] = tag
+	st.mu.Unlock()
+	clear := func() {
+		st.mu.Lock()
+		if st.cur[t] == tag {
+			delete(st.cur, t)
+		}
+		st.mu.Unlock()
+	}
+	trace := c.logEnabled(LevelTrace)
+	if trace {
+		c.log(LevelTrace, "collective issued", "op", op, "seq", tag.seq, "algorithm", algo, "stream", t.Stream().ID())
+	}
+	if c.cfg.metrics == nil && !trace {
+		return tag.seq, func() error { clear(); return nil }
+	}
+	var start time.Time // written and read by tasks of one stream, in order
+	if err := t.Stream().Launch(op+" begin", func(<-chan struct{}) error {
+		start = time.Now()
+		return nil
+	}); err != nil {
+		return tag.seq, func() error { clear(); return nil }
+	}
+	return tag.seq, func() error {
+		clear()
+		return t.Stream().Launch(op+" end", func(<-chan struct{}) error {
+			d := time.Since(start)
+			c.cfg.metrics.ObserveCollective(op, algo, d)
+			c.log(LevelTrace, "collective done", "op", op, "seq", tag.seq, "algorithm", algo, "duration", d)
+			return nil
+		})
+	}
+}
+
+// moved counts n bytes moved over ch in direction dir when err is nil, and
+// returns err.
+func (c *Comm) moved(ch *Channel, dir string, n int64, err error) error {
+	if err == nil && c.cfg.metrics != nil {
+		c.cfg.metrics.AddBytes(ch.Transport(), dir, n)
+	}
+	return err
+}
+
+// resultLabel is the errors_total label of r: its name in snake case.
+func resultLabel(r Result) string {
+	if r >= 0 && int(r) < len(resultNames) {
+		return strings.ReplaceAll(resultNames[r], " ", "_")
+	}
+	return "unknown"
+}
+
+// taskFailed turns the error of a data-plane task into an *Error with the
+// communicator's context, counts it and logs it.
+func (c *Comm) taskFailed(op string, peer int, err error) error {
+	var he *Error
+	if !errors.As(err, &he) {
+		code := ErrRuntime
+		var de *device.Error
+		if errors.As(err, &de) {
+			code = fromDevice(de)
+		}
+		he = c.errorf(op, peer, code, err, "")
+		err = he
+	}
+	c.cfg.metrics.CountError(resultLabel(he.Code))
+	c.log(slog.LevelWarn, "task failed", "op", op, "peer", peer, "code", resultLabel(he.Code), "err", err)
+	return err
+}
+
+// launchWait enqueues the task of ChannelNotifyWaitOnThread: wait for n (then
+// reset it) within timeout (0: forever), timed for the metrics, and on
+// failure an error naming the notify, the channel and the collective the
+// thread was issuing.
+func (c *Comm) launchWait(op string, t *Thread, ch *Channel, idx int, n *notify.Notify, timeout time.Duration) error {
+	tag := c.opOf(t)
+	peer := ch.RemoteRank()
+	tr := ch.Transport()
+	return c.launch(op, peer, t, func(stop <-chan struct{}) error {
+		var start time.Time
+		if c.cfg.metrics != nil {
+			start = time.Now()
+		}
+		err := waitNotify(n, timeout, stop)
+		if c.cfg.metrics != nil {
+			c.cfg.metrics.ObserveWait(tr, time.Since(start))
+		}
+		if err == nil {
+			return nil
+		}
+		msg := fmt.Sprintf("notify %d of the channel to rank %d (%s)", idx, peer, tr)
+		if tag.op != "" {
+			msg += ", waiting in " + tag.String()
+		}
+		if timeout > 0 && device.CodeOf(err).Timeout() {
+			msg += fmt.Sprintf(": rank %d did not record it within %v", peer, timeout)
+		}
+		return c.errorf(op, peer, ResultOf(err), err, "%s", msg)
+	})
+}
+
+// waitNotify waits for n within timeout (0: forever) or until stop closes.
+// It spins first, as notify's own wait does, so that a hand-off that comes
+// soon costs no more than there; only a wait that goes on to sleep pays for
+// the context that carries the timeout and the stream's stop.
+func waitNotify(n *notify.Notify, timeout time.Duration, stop <-chan struct{}) error {
+	if spin.Until(spin.Default, n.TryReset) {
+		return nil
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	if timeout > 0 {
+		ctx, cancel = context.WithTimeout(context.Background(), timeout)
+	}
+	defer cancel()
+	finished := make(chan struct{})
+	defer close(finished)
+	go func() {
+		select {
+		case <-stop:
+			cancel()
+		case <-finished:
+		}
+	}()
+	return n.WaitNow(ctx)
+}

@@ -1,0 +1,425 @@
+package hcomm_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hcomm-dev/hcomm/collectives"
+	"github.com/hcomm-dev/hcomm/hcomm"
+)
+
+// Multi-process tests re-execute this test binary once per rank, with the
+// launcher variables InitFromEnv reads and HCOMM_TEST_ROLE naming what the
+// rank does (TestHelperRank).
+
+const roleEnv = "HCOMM_TEST_ROLE"
+
+// TestHelperRank is one rank of a multi-process test; run by itself it skips.
+func TestHelperRank(t *testing.T) {
+	role := os.Getenv(roleEnv)
+	if role == "" {
+		t.Skip("a rank of the multi-process tests; runs only when they start it")
+	}
+	var c *hcomm.Comm
+	var err error
+	if rs := os.Getenv("HCOMM_TEST_ROOT"); rs != "" { // InitRootInfo with a root info from another process
+		root, perr := hcomm.ParseRootInfo(rs)
+		if perr != nil {
+			t.Fatal(perr)
+		}
+		rank, _ := strconv.Atoi(os.Getenv("RANK"))
+		size, _ := strconv.Atoi(os.Getenv("WORLD_SIZE"))
+		c, err = hcomm.InitRootInfo(size, root, rank, nil)
+	} else {
+		c, err = hcomm.InitFromEnv(nil)
+	}
+	if err != nil {
+		t.Fatalf("init: %v", err)
+	}
+	defer func() {
+		start := time.Now()
+		if err := c.Destroy(); err != nil {
+			t.Errorf("Destroy: %v", err)
+		}
+		fmt.Printf("DESTROYED %d\n", time.Since(start).Milliseconds())
+	}()
+	switch role {
+	case "work":
+		sz := sizes
+		if v := os.Getenv("HCOMM_TEST_SIZES"); v != "" {
+			n, _ := strconv.Atoi(v)
+			sz = []int{n}
+		}
+		if err := rankWork(c, os.Getenv("HCOMM_TEST_WANT_TRANSPORT"), sz); err != nil {
+			t.Fatal(err)
+		}
+		fmt.Println("WORK-OK")
+	case "loop":
+		// Allreduce until an operation fails (a peer is lost), then report the
+		// error; the parent checks it names the lost rank.
+		ctx := context.Background()
+		count, _ := strconv.Atoi(os.Getenv("HCOMM_TEST_COUNT"))
+		send := make([]float32, max(count, 4096))
+		for i := range send {
+			send[i] = float32(c.Rank() + 1)
+		}
+		want := float32(c.Size() * (c.Size() + 1) / 2)
+		recv := make([]float32, len(send))
+		for i := 0; ; i++ {
+			if err := collectives.AllReduceSlice(ctx, c, send, recv, hcomm.Sum, nil); err != nil {
+				fmt.Printf("OPERROR %s\n", strings.ReplaceAll(err.Error(), "\n", " "))
+				c.Abort()
+				return
+			}
+			for j, v := range recv {
+				if v != want {
+					t.Fatalf("allreduce #%d: element %d = %v, want %v", i, j, v, want)
+				}
+			}
+			if i == 0 {
+				fmt.Println("READY")
+			}
+			if i > 200000 {
+				t.Fatal("no failure after many allreduces")
+			}
+		}
+	default:
+		t.Fatalf("unknown %s=%q", roleEnv, role)
+	}
+}
+
+// lineLog collects a process's output and reports marker lines.
+type lineLog struct {
+	mu    sync.Mutex
+	b     bytes.Buffer
+	lines chan markLine
+	part  []byte
+}
+
+// markLine is a marker line and when it arrived.
+type markLine struct {
+	text string
+	at   time.Time
+}
+
+func newLineLog() *lineLog { return &lineLog{lines: make(chan markLine, 1024)} }
+
+func (l *lineLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.b.Write(p)
+	l.part = append(l.part, p...)
+	for {
+		i := bytes.IndexByte(l.part, '\n')
+		if i < 0 {
+			break
+		}
+		line := string(l.part[:i])
+		l.part = l.part[i+1:]
+		if strings.HasPrefix(line, "READY") || strings.HasPrefix(line, "OPERROR") || strings.HasPrefix(line, "DESTROYED") {
+			select {
+			case l.lines <- markLine{line, time.Now()}:
+			default:
+			}
+		}
+	}
+	return len(p), nil
+}
+
+func (l *lineLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+type rankProc struct {
+	rank int
+	cmd  *exec.Cmd
+	log  *lineLog
+	done chan error
+}
+
+// launchRanks starts n ranks of role; prefix (may be nil) wraps each command
+// (ip netns exec NAME), env adds per-rank variables; a rank whose env is nil
+// is not started (its entry is nil: the test runs it itself).
+func launchRanks(t *testing.T, ctx context.Context, n int, role string, prefix func(rank int) []string, env func(rank int) []string) []*rankProc {
+	t.Helper()
+	secret := make([]byte, 16)
+	rand.Read(secret)
+	bin, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	procs := make([]*rankProc, n)
+	for r := 0; r < n; r++ {
+		extra := env(r)
+		if extra == nil {
+			continue
+		}
+		args := []string{bin, "-test.run=^TestHelperRank$", "-test.v", "-test.timeout=120s"}
+		if prefix != nil {
+			args = append(prefix(r), args...)
+		}
+		cmd := exec.CommandContext(ctx, args[0], args[1:]...)
+		cmd.Env = append(os.Environ(),
+			roleEnv+"="+role,
+			"RANK="+strconv.Itoa(r), "WORLD_SIZE="+strconv.Itoa(n), "LOCAL_RANK="+strconv.Itoa(r),
+			"HCOMM_SECRET="+hex.EncodeToString(secret),
+			"HCCL_BUFFSIZE=1", "HCCL_CONNECT_TIMEOUT=30",
+		)
+		cmd.Env = append(cmd.Env, extra...)
+		p := &rankProc{rank: r, cmd: cmd, log: newLineLog(), done: make(chan error, 1)}
+		cmd.Stdout, cmd.Stderr = p.log, p.log
+		cmd.WaitDelay = 5 * time.Second
+		if err := cmd.Start(); err != nil {
+			for _, q := range procs[:r] {
+				if q == nil {
+					continue
+				}
+				q.cmd.Process.Kill()
+				<-q.done
+			}
+			t.Fatalf("starting rank %d: %v", r, err)
+		}
+		go func() { p.done <- cmd.Wait() }()
+		procs[r] = p
+	}
+	t.Cleanup(func() {
+		for _, p := range procs {
+			if p == nil {
+				continue
+			}
+			p.cmd.Process.Kill()
+			select {
+			case <-p.done:
+			case <-time.After(10 * time.Second):
+				t.Errorf("rank %d did not exit", p.rank)
+			}
+		}
+	})
+	return procs
+}
+
+// waitAll waits for every rank to exit and fails the test on a failure.
+func waitAll(t *testing.T, procs []*rankProc) {
+	t.Helper()
+	for _, p := range procs {
+		if p == nil {
+			continue
+		}
+		err := <-p.done
+		p.done <- err // for the cleanup
+		if err != nil {
+			t.Errorf("rank %d: %v\n%s", p.rank, err, p.log)
+		}
+	}
+}
+
+// waitLine waits for a marker line from p.
+func waitLine(t *testing.T, p *rankProc, prefix string, d time.Duration) markLine {
+	t.Helper()
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	for {
+		select {
+		case l := <-p.log.lines:
+			if strings.HasPrefix(l.text, prefix) {
+				return l
+			}
+		case <-timer.C:
+			t.Fatalf("rank %d: no %s line within %v; output:\n%s", p.rank, prefix, d, p.log)
+		}
+	}
+}
+
+func masterEnv(t *testing.T, host string) []string {
+	return []string{"MASTER_ADDR=" + host, "MASTER_PORT=" + strconv.Itoa(freePort(t))}
+}
+
+// crossProcessTransports are the transports that connect processes in this build.
+func crossProcessTransports(t *testing.T) []string {
+	var out []string
+	for _, tr := range hcomm.Transports() {
+		if tr != hcomm.TransportInproc {
+			out = append(out, tr)
+		}
+	}
+	if len(out) == 0 {
+		t.Skip("this build has no transport between processes (shm, tcp)")
+	}
+	return out
+}
+
+// Three processes join with InitFromEnv and run the data plane and the
+// collectives over every cross-process transport (forced with HCOMM_TRANSPORT),
+// and once with the transport left to hcomm.
+func TestMultiProcess(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short")
+	}
+	trs := crossProcessTransports(t)
+	cases := append(slices.Clone(trs), "auto")
+	for _, tr := range cases {
+		t.Run(tr, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+			defer cancel()
+			master := masterEnv(t, "127.0.0.1")
+			procs := launchRanks(t, ctx, 3, "work", nil, func(int) []string {
+				env := append([]string{"HCCL_EXEC_TIMEOUT=60"}, master...)
+				if tr != "auto" {
+					env = append(env, "HCOMM_TRANSPORT="+tr, "HCOMM_TEST_WANT_TRANSPORT="+tr)
+				} else {
+					env = append(env, "HCOMM_TEST_WANT_TRANSPORT="+trs[0], "HCOMM_TRANSPORT=")
+				}
+				return env
+			})
+			waitAll(t, procs)
+			for _, p := range procs {
+				if !strings.Contains(p.log.String(), "WORK-OK") {
+					t.Errorf("rank %d did not finish its work:\n%s", p.rank, p.log)
+				}
+			}
+		})
+	}
+}
+
+// InitFromEnv under mpirun's and srun's variables (as they set them), the
+// rendezvous address from HCOMM_MASTER_ADDR and from the Slurm node list.
+func TestMultiProcessLaunchers(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short")
+	}
+	crossProcessTransports(t)
+	for name, env := range map[string]func(r, port int) []string{
+		"mpirun": func(r, port int) []string {
+			return []string{"OMPI_COMM_WORLD_RANK=" + strconv.Itoa(r), "OMPI_COMM_WORLD_SIZE=3", "OMPI_COMM_WORLD_LOCAL_RANK=" + strconv.Itoa(r),
+				"HCOMM_MASTER_ADDR=127.0.0.1:" + strconv.Itoa(port)}
+		},
+		"srun": func(r, port int) []string {
+			return []string{"SLURM_PROCID=" + strconv.Itoa(r), "SLURM_NTASKS=3", "SLURM_LOCALID=" + strconv.Itoa(r),
+				"SLURM_JOB_NODELIST=localhost", "SLURM_JOB_ID=42", "HCOMM_ROOT_PORT=" + strconv.Itoa(port)}
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+			defer cancel()
+			port := freePort(t)
+			procs := launchRanks(t, ctx, 3, "work", nil, func(r int) []string {
+				// No torchrun variables: the launcher's own must be enough.
+				base := []string{"RANK=", "WORLD_SIZE=", "LOCAL_RANK=", "MASTER_ADDR=", "MASTER_PORT=", "HCOMM_SECRET=",
+					"HCOMM_TEST_WANT_TRANSPORT=", "HCOMM_TEST_SIZES=7", "HCCL_EXEC_TIMEOUT=60"}
+				return append(base, env(r, port)...)
+			})
+			waitAll(t, procs)
+		})
+	}
+}
+
+// Rank 0 is this test process (GetRootInfo, InitRootInfo); ranks 1 and 2
+// are processes that get the root info as a string. Transports are left to
+// hcomm: shm (or tcp) between processes.
+func TestMultiProcessRootInfo(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short")
+	}
+	crossProcessTransports(t)
+	cfg := &hcomm.Config{BufferSize: 1 << 20, ConnectTimeout: 30 * time.Second, ExecTimeout: 60 * time.Second}
+	root, err := hcomm.GetRootInfo(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer root.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	procs := launchRanks(t, ctx, 3, "work", nil, func(r int) []string {
+		if r == 0 {
+			return nil // rank 0 is this process
+		}
+		return []string{"HCOMM_TEST_ROOT=" + root.String(), "HCOMM_TEST_WANT_TRANSPORT=", "HCOMM_TRANSPORT="}
+	})
+	c, err := hcomm.InitRootInfo(3, root, 0, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Destroy()
+	if err := rankWork(c, "", sizes); err != nil {
+		t.Fatal(err)
+	}
+	waitAll(t, procs)
+}
+
+// When a rank's process dies mid-allreduce, the others' operations fail
+// within HCCL_EXEC_TIMEOUT with an error naming it, and Destroy returns promptly.
+func TestMultiProcessPeerDeath(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short")
+	}
+	for _, tr := range crossProcessTransports(t) {
+		for _, count := range []int{4096, 1 << 20} { // one-shot and ring schedules
+			t.Run(fmt.Sprintf("%s/%d", tr, count), func(t *testing.T) {
+				peerDeath(t, tr, count, 2)
+			})
+		}
+		t.Run(tr+"/rank0", func(t *testing.T) { peerDeath(t, tr, 4096, 0) }) // the store goes too
+	}
+}
+
+func peerDeath(t *testing.T, tr string, count, victim int) {
+	{
+		{
+			const n, execTimeout = 3, 4 * time.Second
+			ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+			defer cancel()
+			master := masterEnv(t, "127.0.0.1")
+			procs := launchRanks(t, ctx, n, "loop", nil, func(int) []string {
+				return append([]string{"HCOMM_TRANSPORT=" + tr, "HCCL_EXEC_TIMEOUT=" + strconv.Itoa(int(execTimeout/time.Second)),
+					"HCOMM_TEST_COUNT=" + strconv.Itoa(count)}, master...)
+			})
+			for _, p := range procs {
+				waitLine(t, p, "READY", 60*time.Second)
+			}
+			time.Sleep(100 * time.Millisecond) // well inside the loop
+			killed := time.Now()
+			procs[victim].cmd.Process.Signal(syscall.SIGKILL)
+			checkSurvivors(t, procs, victim, killed, execTimeout)
+		}
+	}
+}
+
+// checkSurvivors checks that every rank but victim reports an operation
+// error naming the victim within the exec timeout (plus slack for a loaded
+// machine), and destroys its communicator promptly.
+func checkSurvivors(t *testing.T, procs []*rankProc, victim int, since time.Time, execTimeout time.Duration) {
+	t.Helper()
+	for _, p := range procs {
+		if p.rank == victim {
+			continue
+		}
+		ml := waitLine(t, p, "OPERROR", execTimeout+20*time.Second)
+		line, took := ml.text, ml.at.Sub(since)
+		if !strings.Contains(line, fmt.Sprintf("rank %d", victim)) {
+			t.Errorf("rank %d's error does not name rank %d: %s", p.rank, victim, line)
+		}
+		if took > execTimeout+10*time.Second {
+			t.Errorf("rank %d failed %v after the loss; HCCL_EXEC_TIMEOUT is %v", p.rank, took, execTimeout)
+		}
+		d := waitLine(t, p, "DESTROYED", 20*time.Second)
+		ms, _ := strconv.Atoi(strings.TrimPrefix(d.text, "DESTROYED "))
+		if ms > 5000 {
+			t.Errorf("rank %d: Destroy took %d ms", p.rank, ms)
+		}
+		t.Logf("rank %d failed %v after the loss of rank %d: %s", p.rank, took.Round(time.Millisecond), victim, line)
+	}
+}

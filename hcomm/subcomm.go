@@ -1,0 +1,146 @@
+package hcomm
+
+import (
+	"context"
+	"encoding/binary"
+	"slices"
+	"strconv"
+	"sync/atomic"
+
+	"github.com/hcomm-dev/hcomm/internal/bootstrap"
+)
+
+// SplitNoColor is the color of a rank that joins no sub-communicator in
+// Split (NCCL_SPLIT_NOCOLOR).
+const SplitNoColor = -1
+
+// CreateSubComm makes a communicator of some of this communicator's ranks
+// (HcclCreateSubCommConfig). It is collective over the ranks listed: each of
+// them calls it with the same ranks, in the same order, and the same
+// subCommID, unique among this communicator's sub-communicators; ranks not
+// listed do not call it. The new communicator's rank r is ranks[r]; it has
+// its own device context (on this rank's device), HCCL buffer and channels,
+// and shares this communicator's bootstrap, which therefore stays open until
+// both are destroyed. cfg may be nil: the parent's configuration, named
+// "<parent>/<subCommID>".
+func (c *Comm) CreateSubComm(ranks []int, subCommID uint64, cfg *Config) (*Comm, error) {
+	const op = "CreateSubComm"
+	if err := c.usable(op); err != nil {
+		return nil, err
+	}
+	me := -1
+	seen := make(map[int]bool, len(ranks))
+	for i, r := range ranks {
+		if r < 0 || r >= c.size {
+			return nil, c.errorf(op, r, ErrPara, nil, "ranks[%d] = %d is outside [0, %d)", i, r, c.size)
+		}
+		if seen[r] {
+			return nil, c.errorf(op, r, ErrPara, nil, "ranks[%d] = %d is listed twice", i, r)
+		}
+		seen[r] = true
+		if r == c.rank {
+			me = i
+		}
+	}
+	if me < 0 {
+		return nil, c.errorf(op, -1, ErrPara, nil, "this rank (%d) is not among the ranks %v", c.rank, ranks)
+	}
+	return c.sub(op, ranks, "id"+strconv.FormatUint(subCommID, 10), cfg)
+}
+
+type splitCounter struct{}
+
+// Split divides the communicator's ranks by color (ncclCommSplit): it is
+// collective over every rank of this communicator, each passing its own color
+// and key; the ranks that passed the same color form a new communicator,
+// ranked by key and then by their rank here. A rank passing SplitNoColor (any
+// negative color) joins none and gets nil, nil. Each new communicator is
+// made as by CreateSubComm. Setup is bounded by the connect timeout.
+func (c *Comm) Split(color, key int, cfg *Config) (*Comm, error) {
+	const op = "Split"
+	if err := c.usable(op); err != nil {
+		return nil, err
+	}
+	ctr := c.Value(splitCounter{}, func() any { return new(atomic.Uint64) }).(*atomic.Uint64)
+	k := ctr.Add(1)
+	base := "split" + strconv.FormatUint(k, 10) + "/"
+	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.ConnectTimeout)
+	defer cancel()
+	var mine [16]byte
+	binary.LittleEndian.PutUint64(mine[:], uint64(int64(color)))
+	binary.LittleEndian.PutUint64(mine[8:], uint64(int64(key)))
+	if err := c.boot.store.Set(ctx, base+"r"+strconv.Itoa(c.rank), mine[:]); err != nil {
+		return nil, c.errorf(op, -1, ResultOf(err), err, "publishing this rank's color")
+	}
+	type member struct{ rank, key int }
+	var group []member
+	for r := 0; r < c.size; r++ {
+		v, err := c.boot.store.Get(ctx, base+"r"+strconv.Itoa(r))
+		if err != nil {
+			code := ErrInternal
+			if ctx.Err() != nil {
+				code = ErrTimeout
+			}
+			return nil, c.errorf(op, r, code, err, "waiting for rank %d's color (every rank must call Split)", r)
+		}
+		if len(v) != 16 {
+			return nil, c.errorf(op, r, ErrInternal, nil, "rank %d published %d bytes of color and key, want 16", r, len(v))
+		}
+		col := int(int64(binary.LittleEndian.Uint64(v)))
+		if col == color && color >= 0 {
+			group = append(group, member{r, int(int64(binary.LittleEndian.Uint64(v[8:])))})
+		}
+	}
+	if color < 0 {
+		return nil, nil
+	}
+	slices.SortStableFunc(group, func(a, b member) int {
+		if a.key != b.key {
+			return a.key - b.key
+		}
+		return a.rank - b.rank
+	})
+	ranks := make([]int, len(group))
+	for i, m := range group {
+		ranks[i] = m.rank
+	}
+	return c.sub(op, ranks, "split"+strconv.FormatUint(k, 10)+"c"+strconv.Itoa(color), cfg)
+}
+
+// sub makes this rank's end of the sub-communicator of ranks (parent ranks,
+// in the new order), keyed id in the parent's bootstrap store.
+func (c *Comm) sub(op string, ranks []int, id string, cfg *Config) (*Comm, error) {
+	var conf Config
+	if cfg != nil {
+		conf = *cfg
+	} else {
+		conf = c.cfg
+		conf.Name = c.name + "/" + id
+	}
+	conf, err := conf.resolve()
+	if err != nil {
+		return nil, c.errorf(op, -1, ErrPara, err, "")
+	}
+	if conf, err = conf.resolveNet(); err != nil {
+		return nil, c.errorf(op, -1, ErrPara, err, "")
+	}
+	me := slices.Index(ranks, c.rank)
+	peers := make([]peerInfo, len(ranks))
+	for i, r := range ranks {
+		if r >= len(c.boot.peers) {
+			return nil, c.errorf(op, r, ErrInternal, nil, "no bootstrap record of rank %d", r)
+		}
+		peers[i] = c.boot.peers[r]
+		peers[i].Rank = i
+		peers[i].NRanks = len(ranks)
+	}
+	parent := c.boot
+	parent.mu.Lock()
+	parent.refs++ // the sub-communicator uses the parent's store
+	parent.mu.Unlock()
+	boot := &bootState{store: bootstrap.Prefix(parent.store, "sub/"+id+"/"), peers: peers, fabric: parent.fabric,
+		iface: parent.iface, secret: parent.secret, release: parent.unref}
+	// newComm takes a reference on boot; when it fails, or when the new
+	// communicator is destroyed, boot's release drops the parent's.
+	return newComm(op, conf, me, len(ranks), c.dev.ID(), boot)
+}

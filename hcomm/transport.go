@@ -1,0 +1,290 @@
+package hcomm
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/hcomm-dev/hcomm/channel"
+	"github.com/hcomm-dev/hcomm/channel/inproc"
+	"github.com/hcomm-dev/hcomm/internal/bootstrap"
+)
+
+// Transport selection: which channel.Dialer carries a channel.
+//
+// A peer is reachable by inproc when it lives in this process (same process
+// token in the bootstrap), by shm when it lives on this host (same host id:
+// hostname and kernel boot id), and by tcp always. Protocols map onto
+// transports as DESIGN.md says:
+//
+//	HCCS, SIO, HCCS_ONLY   inproc (same process), else shm (same host)
+//	PCIE                   shm (same host); inproc when this build has no shm
+//	ROCE, UBC_CTP, UBC_TP,
+//	UB_MEM, UBOE           tcp
+//	AUTO                   the fastest that reaches the peer: inproc > shm > tcp
+//
+// Config.Transport (HCOMM_TRANSPORT) forces one transport on every channel,
+// whatever the protocol; Config.ShmDisable (HCOMM_SHM_DISABLE=1) takes shm out
+// of the choice. A channel whose protocol cannot reach its peer fails with
+// ErrNotSupport naming both ranks and where they are.
+
+// Transport names.
+const (
+	TransportInproc = "inproc"
+	TransportShm    = "shm"
+	TransportTCP    = "tcp"
+)
+
+// dialerMakers are the transports this build has, by name. inproc is always
+// here; shm and tcp register themselves from transport_*.go when their
+// packages are part of the build.
+var dialerMakers = map[string]func(c *Comm) (channel.Dialer, error){
+	TransportInproc: func(c *Comm) (channel.Dialer, error) { return inproc.NewDialer(c.boot.fabric), nil },
+}
+
+// Transports returns the names of the transports this build has, fastest
+// first: some of inproc, shm, tcp.
+func Transports() []string {
+	var out []string
+	for _, t := range []string{TransportInproc, TransportShm, TransportTCP} {
+		if _, ok := dialerMakers[t]; ok {
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
+// procToken tells this process apart from every other in a communicator.
+var procToken = func() string {
+	var b [16]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}()
+
+var (
+	hostIDOnce sync.Once
+	hostIDVal  string
+)
+
+// hostID names this host: hostname plus the kernel's boot id, so that two
+// containers with one hostname on different machines differ and a host that
+// rebooted is another host.
+func hostID() string {
+	hostIDOnce.Do(func() {
+		h, _ := os.Hostname()
+		b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+		boot := strings.TrimSpace(string(b))
+		if err != nil || boot == "" {
+			boot = "no-boot-id-" + procToken // unknown: never claim to share a host
+		}
+		hostIDVal = h + "/" + boot
+	})
+	return hostIDVal
+}
+
+// shmHostID, set when this build has shm, names what processes must share
+// to reach each other over it (shm.HostID); "" means never.
+var shmHostID = func() string { return "" }
+
+// peerInfo is what each rank publishes in the bootstrap.
+type peerInfo struct {
+	Rank     int    `json:"rank"`
+	NRanks   int    `json:"nranks"`
+	Host     string `json:"host"`     // hostID()
+	ShmHost  string `json:"shm_host"` // shmHostID(): equal and non-empty = reachable over shm
+	Proc     string `json:"proc"`     // procToken
+	Hostname string `json:"hostname"` // for messages
+	PID      int    `json:"pid"`
+	Addr     string `json:"addr"` // the address this rank's tcp transport uses
+}
+
+func (p peerInfo) where() string {
+	return fmt.Sprintf("%s pid %d", p.Hostname, p.PID)
+}
+
+// bootState is what a communicator got from its bootstrap and shares with the
+// communicators made with it (InitAll's group shares one).
+type bootState struct {
+	store  bootstrap.Store   // prefixed view for this communicator
+	client *bootstrap.Client // the connection to rank 0's store; nil for InitAll
+	peers  []peerInfo
+	fabric *inproc.Fabric
+	iface  bootstrap.Iface  // the interface of HCOMM_SOCKET_IFNAME (zero for InitAll)
+	secret bootstrap.Secret // the communicator's secret; transports reuse it
+	// release frees what the bootstrap holds (store client, rank 0's server);
+	// called by the last Destroy of the group.
+	release func() error
+	mu      sync.Mutex
+	refs    int
+}
+
+func (b *bootState) unref() error {
+	b.mu.Lock()
+	b.refs--
+	last := b.refs == 0
+	b.mu.Unlock()
+	if last && b.release != nil {
+		return b.release()
+	}
+	return nil
+}
+
+// resolveNet fills the transport fields of c from the environment.
+func (c Config) resolveNet() (Config, error) {
+	if c.Transport == "" {
+		c.Transport = os.Getenv("HCOMM_TRANSPORT")
+	}
+	c.Transport = strings.ToLower(strings.TrimSpace(c.Transport))
+	switch c.Transport {
+	case "", TransportInproc, TransportShm, TransportTCP:
+	default:
+		return c, fmt.Errorf("transport %q (Config.Transport or HCOMM_TRANSPORT) is not one of inproc, shm, tcp", c.Transport)
+	}
+	if !c.ShmDisable {
+		if v := os.Getenv("HCOMM_SHM_DISABLE"); v != "" {
+			b, err := strconv.ParseBool(v)
+			if err != nil {
+				return c, fmt.Errorf("environment variable HCOMM_SHM_DISABLE=%q: want 0 or 1", v)
+			}
+			c.ShmDisable = b
+		}
+	}
+	if c.SocketIfname == "" {
+		c.SocketIfname = os.Getenv("HCOMM_SOCKET_IFNAME")
+	}
+	if c.Transport == TransportShm && c.ShmDisable {
+		return c, fmt.Errorf("transport shm is forced (HCOMM_TRANSPORT) and disabled (HCOMM_SHM_DISABLE) at once")
+	}
+	return c, nil
+}
+
+// pickTransport chooses the transport of a channel to peer with protocol p.
+func (c *Comm) pickTransport(peer int, p Protocol) (string, error) {
+	me, them := c.boot.peers[c.rank], c.boot.peers[peer]
+	sameProc := me.Proc == them.Proc
+	sameHost := me.Host == them.Host
+	shmReach := me.ShmHost != "" && me.ShmHost == them.ShmHost
+	has := func(name string) bool { _, ok := dialerMakers[name]; return ok }
+	reaches := func(name string) bool {
+		switch name {
+		case TransportInproc:
+			return sameProc
+		case TransportShm:
+			return shmReach && !c.cfg.ShmDisable && has(TransportShm)
+		case TransportTCP:
+			return has(TransportTCP)
+		}
+		return false
+	}
+	where := fmt.Sprintf("rank %d is on %s, rank %d on %s", c.rank, me.where(), peer, them.where())
+	if f := c.cfg.Transport; f != "" {
+		if !has(f) {
+			return "", fmt.Errorf("transport %s is forced (HCOMM_TRANSPORT) but this build does not have it", f)
+		}
+		if !reaches(f) {
+			return "", fmt.Errorf("transport %s is forced (HCOMM_TRANSPORT) but cannot reach the peer: %s", f, where)
+		}
+		return f, nil
+	}
+	var order []string
+	switch p {
+	case ProtocolAuto:
+		order = []string{TransportInproc, TransportShm, TransportTCP}
+	case ProtocolHCCS, ProtocolSIO, ProtocolHCCSOnly:
+		order = []string{TransportInproc, TransportShm}
+	case ProtocolPCIE:
+		order = []string{TransportShm}
+		if !has(TransportShm) || c.cfg.ShmDisable {
+			order = append(order, TransportInproc)
+		}
+	case ProtocolROCE, ProtocolUBCCTP, ProtocolUBCTP, ProtocolUBMem, ProtocolUBOE:
+		order = []string{TransportTCP}
+	default:
+		return "", fmt.Errorf("unknown protocol %d", int32(p))
+	}
+	for _, t := range order {
+		if reaches(t) {
+			return t, nil
+		}
+	}
+	why := ""
+	switch {
+	case len(order) == 1 && !has(order[0]):
+		why = fmt.Sprintf(": this build has no %s transport", order[0])
+	case c.cfg.ShmDisable && sameHost:
+		why = " (shm is disabled by HCOMM_SHM_DISABLE)"
+	}
+	return "", fmt.Errorf("protocol %v cannot reach the peer over %s%s: %s", p, strings.Join(order, " or "), why, where)
+}
+
+// dialer returns the communicator's Dialer of the named transport, making it
+// on first use. One Dialer of each kind per communicator; Destroy closes them.
+func (c *Comm) dialer(name string) (channel.Dialer, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil, fmt.Errorf("communicator is destroyed")
+	}
+	if d, ok := c.dialers[name]; ok {
+		return d, nil
+	}
+	mk, ok := dialerMakers[name]
+	if !ok {
+		return nil, fmt.Errorf("this build has no %s transport", name)
+	}
+	d, err := mk(c)
+	if err != nil {
+		return nil, err
+	}
+	c.dialers[name] = d
+	return d, nil
+}
+
+// exchanger returns the Exchange of one channel setup between this rank and
+// peer: round i of it is the store key base/i, one value per rank.
+func (c *Comm) exchanger(base string, peer int) channel.Exchange {
+	var n int
+	var mu sync.Mutex
+	me, them := "r"+strconv.Itoa(c.rank), "r"+strconv.Itoa(peer)
+	return func(ctx context.Context, mine []byte) ([]byte, error) {
+		mu.Lock()
+		i := n
+		n++
+		mu.Unlock()
+		return bootstrap.Exchange(ctx, c.boot.store, base+"/"+strconv.Itoa(i), me, them, mine)
+	}
+}
+
+// setupMsg is hcomm's own first round of every channel setup: both ends must
+// have chosen the same transport.
+type setupMsg struct {
+	Transport string `json:"transport"`
+	Rank      int    `json:"rank"`
+}
+
+// handshake runs the first exchange round and checks the peer's choice.
+func handshake(ctx context.Context, ex channel.Exchange, rank, peer int, transport string) error {
+	mine, _ := json.Marshal(setupMsg{Transport: transport, Rank: rank})
+	b, err := ex(ctx, mine)
+	if err != nil {
+		return err
+	}
+	var theirs setupMsg
+	if err := json.Unmarshal(b, &theirs); err != nil {
+		return fmt.Errorf("rank %d's channel setup message is malformed: %v", peer, err)
+	}
+	if theirs.Rank != peer {
+		return fmt.Errorf("the setup message for rank %d's end of the channel says rank %d", peer, theirs.Rank)
+	}
+	if theirs.Transport != transport {
+		return fmt.Errorf("rank %d chose transport %q for this channel and rank %d %q: set HCOMM_TRANSPORT and HCOMM_SHM_DISABLE alike on every rank",
+			rank, transport, peer, theirs.Transport)
+	}
+	return nil
+}

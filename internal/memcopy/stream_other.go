@@ -1,0 +1,7 @@
+//go:build !amd64 || purego
+
+package memcopy
+
+const haveStream = false
+
+func streamCopy(dst, src *byte, n int) { panic("memcopy: no streaming copy on this platform") }

@@ -1,0 +1,141 @@
+// Package metrics holds hcomm's Prometheus collectors. A library takes a
+// prometheus.Registerer (nil = no metrics) and never registers globally: New
+// registers the collectors on the Registerer it is given, and a second New on
+// the same Registerer (another communicator of the same process) shares the
+// collectors already there.
+//
+// Series, every label from a small fixed set:
+//
+//	hcomm_transport_bytes_total{transport,direction}    counter   bytes moved by one-sided writes and reads
+//	hcomm_notify_wait_seconds{transport}                histogram channel notify waits, from start to signal
+//	hcomm_collective_duration_seconds{op,algorithm}     histogram a collective's time on its stream
+//	hcomm_errors_total{code}                            counter   failed data-plane tasks, by HcclResult name
+//
+// transport is inproc, shm, tcp or other; direction is write or read; op is
+// a collective's name in lower case; algorithm is the schedule's name; code is
+// an HcclResult name such as "timeout".
+package metrics
+
+import (
+	"errors"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Directions of hcomm_transport_bytes_total.
+const (
+	Write = "write"
+	Read  = "read"
+)
+
+// Set is the collectors of one Registerer. A nil *Set records nothing, so
+// callers need no checks. Safe for concurrent use.
+type Set struct {
+	bytes  *prometheus.CounterVec
+	waits  *prometheus.HistogramVec
+	colls  *prometheus.HistogramVec
+	errors *prometheus.CounterVec
+}
+
+// latencyBuckets span 1 µs to about a minute, ×4 apart.
+var latencyBuckets = prometheus.ExponentialBuckets(1e-6, 4, 14)
+
+// New registers hcomm's collectors on reg, or finds those a previous New put
+// there. A nil reg gives a nil Set.
+func New(reg prometheus.Registerer) (*Set, error) {
+	if reg == nil {
+		return nil, nil
+	}
+	s := &Set{
+		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "hcomm", Name: "transport_bytes_total",
+			Help: "Bytes moved by one-sided writes and reads (write-reduce and read-reduce included), by transport and direction.",
+		}, []string{"transport", "direction"}),
+		waits: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: "hcomm", Name: "notify_wait_seconds",
+			Help:    "Time a channel notify wait spent from its start on the stream until the peer's record arrived (or it failed).",
+			Buckets: latencyBuckets,
+		}, []string{"transport"}),
+		colls: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: "hcomm", Name: "collective_duration_seconds",
+			Help:    "Time a collective took on its stream, from its first task starting to its last finishing, by op and algorithm.",
+			Buckets: latencyBuckets,
+		}, []string{"op", "algorithm"}),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "hcomm", Name: "errors_total",
+			Help: "Data-plane tasks that failed, by HcclResult name.",
+		}, []string{"code"}),
+	}
+	var err error
+	if s.bytes, err = register(reg, s.bytes); err != nil {
+		return nil, err
+	}
+	if s.waits, err = register(reg, s.waits); err != nil {
+		return nil, err
+	}
+	if s.colls, err = register(reg, s.colls); err != nil {
+		return nil, err
+	}
+	if s.errors, err = register(reg, s.errors); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// register registers c, or returns the equal collector already registered.
+func register[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error) {
+	err := reg.Register(c)
+	if err == nil {
+		return c, nil
+	}
+	var are prometheus.AlreadyRegisteredError
+	if errors.As(err, &are) {
+		if old, ok := are.ExistingCollector.(C); ok {
+			return old, nil
+		}
+	}
+	return c, err
+}
+
+// Transport maps a transport's name to the label's fixed set.
+func Transport(name string) string {
+	switch name {
+	case "inproc", "shm", "tcp":
+		return name
+	}
+	return "other"
+}
+
+// AddBytes counts n bytes moved over transport in direction dir.
+func (s *Set) AddBytes(transport, dir string, n int64) {
+	if s == nil || n <= 0 {
+		return
+	}
+	s.bytes.WithLabelValues(Transport(transport), dir).Add(float64(n))
+}
+
+// ObserveWait records one notify wait over transport.
+func (s *Set) ObserveWait(transport string, d time.Duration) {
+	if s == nil {
+		return
+	}
+	s.waits.WithLabelValues(Transport(transport)).Observe(d.Seconds())
+}
+
+// ObserveCollective records one collective's duration.
+func (s *Set) ObserveCollective(op, algo string, d time.Duration) {
+	if s == nil {
+		return
+	}
+	s.colls.WithLabelValues(strings.ToLower(op), strings.ToLower(algo)).Observe(d.Seconds())
+}
+
+// CountError counts one failure with the HcclResult name code.
+func (s *Set) CountError(code string) {
+	if s == nil {
+		return
+	}
+	s.errors.WithLabelValues(code).Inc()
+}

@@ -1,0 +1,216 @@
+package notify
+
+import (
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hcomm-dev/hcomm/device"
+	"github.com/hcomm-dev/hcomm/internal/spin"
+)
+
+// The shared word. A notify made by NewShared keeps its whole state in one
+// 32-bit word that two processes map; both sides change it only with atomic
+// read-modify-writes, and every change keeps the bits it does not own:
+//
+//	bit 0      set: recorded and not yet waited for
+//	bit 1      sleepers: a waiter is (or is about to be) asleep on the futex
+//	bits 8-31  kick counter: bumped by the waiting side to wake its own
+//	           sleepers (Break, stream abort); its value means nothing
+//
+// A record (Signal) sets bit 0, clears bit 1 and, when bit 1 was set, wakes
+// every sleeper with FUTEX_WAKE. A waiter spins on bit 0 first; before it
+// sleeps it sets bit 1 and sleeps with FUTEX_WAIT on the value it saw, so a
+// record (or kick) between its look and its sleep changes the word and the
+// sleep returns at once: no wake-up is lost. Recording costs one atomic and,
+// only when someone sleeps, one system call.
+//
+// Memory order: Signal's compare-and-swap is sequentially consistent, so it
+// is a release of every write before it; the wait's compare-and-swap that
+// clears bit 0 is an acquire. Bytes written before a record are visible to
+// the process whose wait consumed it, as with New's notifies.
+const (
+	bitSet   = 1 << 0
+	bitSleep = 1 << 1
+	kickUnit = 1 << 8
+)
+
+// sharedWord is the backing of a NewShared notify.
+type sharedWord struct {
+	word *uint32
+	// use is held for reading by every operation that touches the word and
+	// for writing by Detach, after which the word is never touched again.
+	use      sync.RWMutex
+	detached bool
+}
+
+// do runs fn on the word unless the notify is detached.
+func (sh *sharedWord) do(fn func(*uint32)) {
+	sh.use.RLock()
+	if !sh.detached {
+		fn(sh.word)
+	}
+	sh.use.RUnlock()
+}
+
+// NewShared returns a notify whose state is the 32-bit word at word, which
+// lives in memory shared with another process (a page both have mapped).
+// That process records it with Signal; this one waits on it, and may also
+// Set, Reset, Break it like any notify. The word must be zero (reset) or a
+// state a previous notify left there, 4-byte aligned, and stay mapped until
+// Detach returns. name says whose notify it is, as for New. Giving each word
+// a cache line of its own keeps waits on one notify from slowing the records
+// of its neighbours.
+func NewShared(name string, word *uint32) *Notify {
+	return &Notify{name: name, sh: &sharedWord{word: word}}
+}
+
+// Shared reports whether the notify was made by NewShared.
+func (n *Notify) Shared() bool { return n.sh != nil }
+
+// Detach breaks the notify with err (see Break) and, for a shared notify,
+// waits until no call is touching its word; after it returns the word may be
+// unmapped, and the notify behaves as a broken notify that is never
+// recorded again. The transport that owns the shared memory calls it before
+// unmapping. Idempotent; on a notify from New it is Break.
+func (n *Notify) Detach(err error) {
+	n.Break(err)
+	if n.sh == nil {
+		return
+	}
+	n.sh.use.Lock()
+	n.sh.detached = true
+	n.sh.use.Unlock()
+}
+
+// Signal records the shared notify whose word is at word (a NewShared
+// notify, possibly of another process): it sets the word and wakes the
+// notify's sleeping waiters. It is a release: writes the caller made before
+// it are visible to the wait that consumes the record. word must be mapped
+// and 4-byte aligned. Safe for concurrent use.
+func Signal(word *uint32) {
+	for {
+		v := atomic.LoadUint32(word)
+		// Always write, even when the notify is already set: the wait that
+		// consumes the set must read this write to see the bytes before it.
+		if atomic.CompareAndSwapUint32(word, v, (v|bitSet)&^bitSleep) {
+			if v&bitSleep != 0 {
+				futexWake(word)
+			}
+			return
+		}
+	}
+}
+
+// kick changes the word without recording it and wakes its sleepers, so that
+// they look at their notify's broken state and their stop channel again.
+func kick(word *uint32) {
+	atomic.AddUint32(word, kickUnit)
+	futexWake(word)
+}
+
+func tryResetWord(w *uint32) bool {
+	for {
+		v := atomic.LoadUint32(w)
+		if v&bitSet == 0 {
+			return false
+		}
+		if atomic.CompareAndSwapUint32(w, v, v&^bitSet) {
+			return true
+		}
+	}
+}
+
+// awaitShared is await for a shared notify: spin on the word, then sleep on
+// it with a futex until a record, Break, stop or the timeout.
+func (n *Notify) awaitShared(s *device.Stream, timeout time.Duration, stop <-chan struct{}) error {
+	sh := n.sh
+	sh.use.RLock()
+	defer sh.use.RUnlock()
+	w := sh.word
+	if sh.detached {
+		return n.failErr(s, n.Broken())
+	}
+	if spinShared(w) {
+		return nil
+	}
+	var deadline time.Time
+	if timeout > 0 {
+		deadline = time.Now().Add(timeout)
+	}
+	// The kicker wakes this wait's futex sleep when stop closes. It starts
+	// with the first sleep and is stopped and waited for before the word
+	// may be unmapped (Detach waits for this function).
+	var kickerDone, kickerExited chan struct{}
+	defer func() {
+		if kickerDone != nil {
+			close(kickerDone)
+			<-kickerExited
+		}
+	}()
+	for {
+		v := atomic.LoadUint32(w)
+		if v&bitSet != 0 {
+			if atomic.CompareAndSwapUint32(w, v, v&^bitSet) {
+				return nil
+			}
+			continue
+		}
+		if b := n.Broken(); b != nil {
+			return n.failErr(s, b)
+		}
+		select {
+		case <-stop:
+			return n.fail(s, device.ErrStreamAbort, "wait for %s abandoned: stream aborted or device closed", n.name)
+		default:
+		}
+		var left time.Duration
+		if !deadline.IsZero() {
+			if left = time.Until(deadline); left <= 0 {
+				return n.fail(s, device.ErrWaitTimeout, "wait for %s timed out after %v", n.name, timeout)
+			}
+		}
+		if v&bitSleep == 0 {
+			if !atomic.CompareAndSwapUint32(w, v, v|bitSleep) {
+				continue
+			}
+			v |= bitSleep
+		}
+		if stop != nil && kickerDone == nil {
+			kickerDone, kickerExited = make(chan struct{}), make(chan struct{})
+			go func(done, exited chan struct{}) {
+				defer close(exited)
+				select {
+				case <-stop:
+					kick(w)
+				case <-done:
+				}
+			}(kickerDone, kickerExited)
+		}
+		futexWait(w, v, left)
+	}
+}
+
+// spinShared polls the word for spin.Default before the wait sleeps. Between
+// polls it yields to this process's goroutines (runtime.Gosched) and, every
+// few polls, to other processes (sched_yield): the recorder is another
+// process, which may be waiting for this core when ranks outnumber cores.
+func spinShared(w *uint32) bool {
+	if tryResetWord(w) {
+		return true
+	}
+	start := time.Now()
+	for i := 1; ; i++ {
+		runtime.Gosched()
+		if i&3 == 0 {
+			osYield()
+		}
+		if tryResetWord(w) {
+			return true
+		}
+		if i&7 == 0 && time.Since(start) >= spin.Default {
+			return false
+		}
+	}
+}
