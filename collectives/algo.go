@@ -46,6 +46,14 @@ func (s *sched) read(peer int, dst, src device.Ptr, n int64) {
 	}
 }
 
+// writeNotify writes n bytes (possibly none) into peer's memory and then
+// records its notify idx, in one task.
+func (s *sched) writeNotify(peer int, dst, src device.Ptr, n int64, idx int) {
+	if s.ok() {
+		s.do(hcomm.WriteWithNotifyOnThread(s.t, s.st.chans[peer], dst, src, n, idx))
+	}
+}
+
 func (s *sched) record(peer, idx int) {
 	if s.ok() {
 		s.do(hcomm.ChannelNotifyRecordOnThread(s.t, s.st.chans[peer], idx))

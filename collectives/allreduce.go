@@ -106,7 +106,7 @@ func issue(c *hcomm.Comm, name string, k kind, s *device.Stream, o *Options, n i
 		algo = st.forced[k]
 	}
 	if algo == AlgoAuto {
-		algo = choose(k, n, st.lay, st.mapped)
+		algo = choose(k, n, c.Size(), st.lay, st.mapped)
 	}
 	if !has(k, algo) {
 		return collErr(c, name, hcomm.ErrNotSupport, nil, "%v has no %v algorithm (it has %v)", k, algo, algorithms[k])

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/hcomm-dev/hcomm/collectives"
 	"github.com/hcomm-dev/hcomm/device"
@@ -55,7 +56,12 @@ func benchColl(b *testing.B, n int, size int64, factor float64, call func(c *hco
 		}
 		wg.Wait()
 	}
-	iter(2) // warm-up: channel setup, page faults
+	// Warm-up: channel setup, page faults, and the kernel settling after the
+	// previous benchmark freed its memory (without it the first
+	// sub-benchmark of a group reads slow).
+	for start := time.Now(); time.Since(start) < 200*time.Millisecond; {
+		iter(2)
+	}
 	b.SetBytes(size)
 	b.ResetTimer()
 	iter(b.N)

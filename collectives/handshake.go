@@ -195,89 +195,115 @@ func (s *sched) helloThen(h header, peers []int, src device.Ptr, n int64, extra 
 	}
 	h.from = int32(me)
 	h.size = int32(st.comm.Size())
-	par := make([]uint64, st.comm.Size())
+	// One object carries the call to the two tasks that need it, so that a
+	// small collective allocates once here, not once per closure.
+	x := &helloCall{h: h, peers: peers, src: src, n: n, extra: extra, then: then, s: s,
+		par: make([]uint64, st.comm.Size()), mine: s.mySlot(st.lay.helloOff(me, 0)), dev: st.comm.Device()}
 	for _, p := range peers {
-		par[p] = st.hellos[p] % 2
+		x.par[p] = st.hellos[p] % 2
 		st.hellos[p]++
-	}
-	mine := s.mySlot(st.lay.helloOff(me, 0))
-	at = func(rank int) device.Ptr {
-		if rank == me {
-			return mine.Add(headerSize)
-		}
-		return s.mySlot(st.lay.helloOff(rank, par[rank])).Add(headerSize)
 	}
 	if n > st.lay.inline() {
 		s.do(fmt.Errorf("%v: %d bytes of inline payload, the hello slots hold %d", h.kind, n, st.lay.inline()))
 	}
 	if !s.ok() {
-		return at
+		return x.at
 	}
 	if len(peers) == 0 && n == 0 && then == nil {
-		return at
+		return x.at
 	}
-	dev := st.comm.Device()
-	s.launch("collective hello", func() error {
-		b, err := dev.Bytes(mine, headerSize+n)
+	s.launch("collective hello", x.prepare)
+	for _, p := range peers {
+		s.writeNotify(p, s.peerSlot(p, st.lay.helloOff(me, x.par[p])), x.mine, headerSize+n, nHello+int(x.par[p]))
+	}
+	for _, p := range peers {
+		s.wait(p, nHello+int(x.par[p]))
+	}
+	x.check = len(peers) > 0 && !st.noCheck
+	if !x.check && then == nil {
+		return x.at
+	}
+	s.launch("collective check", x.verify)
+	return x.at
+}
+
+// helloCall is one hello in flight: what its stream tasks need.
+type helloCall struct {
+	h     header
+	peers []int
+	src   device.Ptr
+	n     int64
+	extra func(p int, payload []byte) error
+	then  func(at func(rank int) device.Ptr) error
+	s     *sched
+	par   []uint64
+	mine  device.Ptr
+	dev   *device.Device
+	check bool
+}
+
+// at returns where rank's inline payload lies in this rank's HCCL buffer.
+func (x *helloCall) at(rank int) device.Ptr {
+	if int32(rank) == x.h.from {
+		return x.mine.Add(headerSize)
+	}
+	return x.s.mySlot(x.s.st.lay.helloOff(rank, x.par[rank])).Add(headerSize)
+}
+
+// prepare (a stream task) writes the header and inline payload into this
+// rank's own hello slot, from which they are written to every peer.
+func (x *helloCall) prepare() error {
+	b, err := x.dev.Bytes(x.mine, headerSize+x.n)
+	if err != nil {
+		return err
+	}
+	x.h.encode(b)
+	if x.n > 0 {
+		in, err := x.dev.Bytes(x.src, x.n)
 		if err != nil {
 			return err
 		}
-		h.encode(b)
-		if n > 0 {
-			in, err := dev.Bytes(src, n)
-			if err != nil {
-				return err
-			}
-			copy(b[headerSize:], in)
+		copy(b[headerSize:], in)
+	}
+	return nil
+}
+
+// verify (a stream task, after every peer's hello arrived) checks the
+// peers' headers against this rank's, then runs then.
+func (x *helloCall) verify() error {
+	st := x.s.st
+	me, h, comm := int(x.h.from), x.h, st.comm
+	for _, p := range x.peers {
+		if !x.check {
+			break
 		}
-		return nil
-	})
-	for _, p := range peers {
-		s.write(p, s.peerSlot(p, st.lay.helloOff(me, par[p])), mine, headerSize+n)
-		s.record(p, nHello+int(par[p]))
-	}
-	for _, p := range peers {
-		s.wait(p, nHello+int(par[p]))
-	}
-	check := len(peers) > 0 && !st.noCheck
-	if !check && then == nil {
-		return at
-	}
-	comm := st.comm
-	s.launch("collective check", func() error {
-		for _, p := range peers {
-			if !check {
-				break
-			}
-			b, err := dev.Bytes(s.mySlot(st.lay.helloOff(p, par[p])), st.lay.helloSlot)
-			if err != nil {
-				return err
-			}
-			got, err := decodeHeader(b)
-			if err == nil && got.from != int32(p) {
-				err = fmt.Errorf("the hello in rank %d's slot says it is from rank %d", p, got.from)
-			}
-			if err != nil {
-				return &hcomm.Error{Op: h.kind.String(), Comm: comm.Name(), Rank: me, Peer: p, Code: hcomm.ErrInternal, Err: err}
-			}
-			if !got.same(h) || got.seq != h.seq {
+		b, err := x.dev.Bytes(x.s.mySlot(st.lay.helloOff(p, x.par[p])), st.lay.helloSlot)
+		if err != nil {
+			return err
+		}
+		got, err := decodeHeader(b)
+		if err == nil && got.from != int32(p) {
+			err = fmt.Errorf("the hello in rank %d's slot says it is from rank %d", p, got.from)
+		}
+		if err != nil {
+			return &hcomm.Error{Op: h.kind.String(), Comm: comm.Name(), Rank: me, Peer: p, Code: hcomm.ErrInternal, Err: err}
+		}
+		if !got.same(h) || got.seq != h.seq {
+			return &hcomm.Error{Op: h.kind.String(), Comm: comm.Name(), Rank: me, Peer: p, Code: hcomm.ErrPara, Err: ErrMismatch,
+				Msg: fmt.Sprintf("collective mismatch: rank %d called %s as its collective #%d, rank %d called %s as its #%d",
+					me, h.call(), h.seq, p, got.call(), got.seq)}
+		}
+		if x.extra != nil {
+			if err := x.extra(p, b[headerSize:]); err != nil {
 				return &hcomm.Error{Op: h.kind.String(), Comm: comm.Name(), Rank: me, Peer: p, Code: hcomm.ErrPara, Err: ErrMismatch,
-					Msg: fmt.Sprintf("collective mismatch: rank %d called %s as its collective #%d, rank %d called %s as its #%d",
-						me, h.call(), h.seq, p, got.call(), got.seq)}
-			}
-			if extra != nil {
-				if err := extra(p, b[headerSize:]); err != nil {
-					return &hcomm.Error{Op: h.kind.String(), Comm: comm.Name(), Rank: me, Peer: p, Code: hcomm.ErrPara, Err: ErrMismatch,
-						Msg: fmt.Sprintf("collective mismatch at #%d (%s): %v", h.seq, h.call(), err)}
-				}
+					Msg: fmt.Sprintf("collective mismatch at #%d (%s): %v", h.seq, h.call(), err)}
 			}
 		}
-		if then != nil {
-			return then(at)
-		}
-		return nil
-	})
-	return at
+	}
+	if x.then != nil {
+		return x.then(x.at)
+	}
+	return nil
 }
 
 // open runs the handshake with every peer, without inline payload.

@@ -1,6 +1,7 @@
 package collectives_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -169,6 +170,38 @@ func TestGetCommAsyncError(t *testing.T) {
 	for _, c := range comms {
 		if err := c.GetCommAsyncError(); !errors.Is(err, collectives.ErrMismatch) {
 			t.Errorf("rank %d: GetCommAsyncError = %v, want the mismatch", c.Rank(), err)
+		}
+	}
+}
+
+// TestTimeoutSaysWhereTheRanksAre: rank 2 never calls the collective; the
+// others' waits time out, and their errors say that rank 1 (or 0) waits in
+// the same collective while rank 2 reports no wait.
+func TestTimeoutSaysWhereTheRanksAre(t *testing.T) {
+	comms := initAll(t, 3, &hcomm.Config{ExecTimeout: 2500 * time.Millisecond, BufferSize: 1 << 20})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	run(t, comms, func(c *hcomm.Comm) error { return collectives.BarrierContext(ctx, c) }) // channels up: collective #1
+	errs := make([]error, 2)
+	run(t, comms[:2], func(c *hcomm.Comm) error {
+		s, _ := c.Device().CreateStream()
+		defer s.Destroy()
+		buf, _ := c.Device().Malloc(64)
+		defer c.Device().Free(buf)
+		if err := collectives.AllReduce(buf, buf, 4, hcomm.Float32, hcomm.Sum, c, s, nil); err != nil {
+			return err
+		}
+		errs[c.Rank()] = s.SynchronizeWithTimeout(time.Minute)
+		return nil
+	})
+	for r, err := range errs {
+		if !errors.Is(err, hcomm.ErrTimeout) {
+			t.Fatalf("rank %d: %v, want a timeout", r, err)
+		}
+		msg := err.Error()
+		other := 1 - r
+		if !strings.Contains(msg, fmt.Sprintf("rank %d waits in AllReduce #2", other)) || !strings.Contains(msg, "rank 2 reports no wait") {
+			t.Errorf("rank %d: %q does not say where ranks %d and 2 are", r, msg, other)
 		}
 	}
 }

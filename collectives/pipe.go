@@ -29,8 +29,7 @@ func (s *sched) pipeSend(peer int, src device.Ptr, n int64) {
 	if i >= 2 {
 		s.wait(peer, nAck+int(k)) // the peer consumed the slot's previous piece
 	}
-	s.write(peer, s.peerSlot(peer, st.lay.inboxSlotOff(st.comm.Rank(), k)), src, n)
-	s.record(peer, nData+int(k))
+	s.writeNotify(peer, s.peerSlot(peer, st.lay.inboxSlotOff(st.comm.Rank(), k)), src, n, nData+int(k))
 }
 
 // pipeRecv waits for the next piece from peer and returns where it lies in
@@ -82,14 +81,18 @@ func (s *sched) readGather(owner int, k uint64, dst device.Ptr, off, n int64) {
 	s.record(owner, nDone+int(k))
 }
 
-// others returns every rank but this one, in rank order.
+// others returns every rank but this one, in rank order (shared: do not
+// modify).
 func (s *sched) others() []int {
-	me, n := s.st.comm.Rank(), s.st.comm.Size()
-	ps := make([]int, 0, n-1)
-	for p := 0; p < n; p++ {
-		if p != me {
-			ps = append(ps, p)
+	if s.st.others == nil {
+		me, n := s.st.comm.Rank(), s.st.comm.Size()
+		ps := make([]int, 0, n-1)
+		for p := 0; p < n; p++ {
+			if p != me {
+				ps = append(ps, p)
+			}
 		}
+		s.st.others = ps
 	}
-	return ps
+	return s.st.others
 }

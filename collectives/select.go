@@ -65,22 +65,44 @@ func has(k kind, a Algorithm) bool {
 }
 
 // choose is the selector: the algorithm for a collective of kind k moving
-// bytes per rank (the size the one-shot path would carry inline), given the
-// layout and whether every peer's memory is mapped (inproc, shm: a read is a
-// memmove) or behind a network (tcp: a read is a round trip).
-func choose(k kind, bytes int64, l layout, mapped bool) Algorithm {
+// bytes per rank (the size the one-shot path would carry inline) among n
+// ranks, given the layout and whether every peer's memory is mapped (inproc,
+// shm: a read is a memmove) or behind a network (tcp: a read is a round
+// trip). The thresholds come from the per-algorithm table in BENCHMARKS.md.
+func choose(k kind, bytes int64, n int, l layout, mapped bool) Algorithm {
 	if has(k, AlgoOneShot) && bytes <= l.inline() {
 		return AlgoOneShot
 	}
 	switch k {
-	case kBroadcast, kAllGather:
+	case kAllReduce:
+		// Halving-doubling takes log2(n) steps where the ring takes n-1,
+		// and moves no more: it wins up to a few MiB on powers of two
+		// (BENCHMARKS.md: 2 ranks, 1 MiB, 11.9 against 8.1 GB/s), the ring's
+		// cache-sized blocks win above.
+		if bytes <= hdMax && n&(n-1) == 0 {
+			return AlgoHD
+		}
+		return AlgoRing
+	case kBroadcast:
 		if mapped {
+			return AlgoDirect
+		}
+		return AlgoRing
+	case kAllGather:
+		// With two ranks the ring is one write and one copy per piece with
+		// no publish step; with more, reading each owner's piece directly
+		// beats forwarding it n-1 times.
+		if mapped && n > 2 {
 			return AlgoDirect
 		}
 		return AlgoRing
 	}
 	return algorithms[k][len(algorithms[k])-1]
 }
+
+// hdMax is the largest message (bytes per rank) the selector gives to
+// halving-doubling.
+const hdMax = 4 << 20
 
 // hcclAlgoNames maps HCCL_ALGO's algorithm names (and hcomm's own) to
 // schedules (names are case-insensitive). HCCL's NHR, NHR_V1, NB, AHC and pipeline have no hcomm

@@ -91,6 +91,7 @@ type state struct {
 	recvd   []uint64           // pieces consumed from each peer's inbox
 	gathers []uint64           // pieces each rank has published in its gather slots
 	readers [2][]int           // the ranks that read this rank's gather slot k last
+	others  []int              // every rank but this one (sched.others)
 	noCheck bool               // skip the handshake's check (HCOMM_COLL_CHECK=0), for measuring its cost
 	mapped  bool               // every peer's memory is mapped (inproc, shm): a read is a memmove
 	forced  map[kind]Algorithm // HCCL_ALGO
@@ -224,25 +225,34 @@ func (st *state) begin(s *device.Stream) (*hcomm.Thread, error) {
 		}
 		st.threads[s] = t
 	}
-	if st.last != nil && st.lastStream != s {
-		if err := s.WaitEvent(st.last); err != nil {
-			return nil, err
+	// Order this collective after the previous one when that ran on another
+	// stream. The event is recorded only now, on that stream: it then holds
+	// the previous collective and whatever followed it there — more than
+	// needed, never less — and a run of collectives on one stream records
+	// nothing.
+	if st.lastStream != nil && st.lastStream != s {
+		if st.last == nil {
+			e, err := st.comm.Device().CreateEventWithFlags(device.EventDisableTiming)
+			if err != nil {
+				return nil, err
+			}
+			st.last = e
+		}
+		// A record that fails means the caller destroyed that stream, which
+		// it may only do once the stream's work is done: nothing to wait for.
+		if err := st.last.Record(st.lastStream); err == nil {
+			if err := s.WaitEvent(st.last); err != nil {
+				return nil, err
+			}
 		}
 	}
 	return t, nil
 }
 
-// end records the collective's completion on s.
+// end notes the stream the collective ran on, for the next begin.
 func (st *state) end(s *device.Stream) error {
-	if st.last == nil {
-		e, err := st.comm.Device().CreateEventWithFlags(device.EventDisableTiming)
-		if err != nil {
-			return err
-		}
-		st.last = e
-	}
 	st.lastStream = s
-	return st.last.Record(s)
+	return nil
 }
 
 // fork returns the side thread, ordered after everything enqueued on s so

@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/hcomm-dev/hcomm/device"
+	"github.com/hcomm-dev/hcomm/internal/metrics"
 	"github.com/hcomm-dev/hcomm/internal/reduce"
 )
 
@@ -48,5 +49,41 @@ func LocalReduceToOnThread(t *Thread, dst, a, b device.Ptr, count int64, dt Data
 			return err
 		}
 		return reduce.Reduce3(d, x, y, int(count), dt, rop)
+	})
+}
+
+// WriteWithNotifyOnThread enqueues a write of n bytes from local src to the
+// peer's dst followed by a record of the peer's notify remoteIdx, as one task
+// (HcommWriteWithNotifyOnThread, which HCCL offers on its newest parts only;
+// hcomm has it on every transport). It keeps guarantee 2 of the data plane:
+// the bytes are visible to the peer once its wait for the notify returns.
+// A schedule saves a stream task per hand-off with it.
+func WriteWithNotifyOnThread(t *Thread, ch *Channel, dst, src device.Ptr, n int64, remoteIdx int) error {
+	const op = "WriteWithNotifyOnThread"
+	c, err := dp(op, t, ch)
+	if err != nil {
+		return err
+	}
+	if err := c.remoteCheck(op, ch, "dst", dst, n); err != nil {
+		return err
+	}
+	if err := c.localCheck(op, ch.RemoteRank(), "src", src, n); err != nil {
+		return err
+	}
+	if remoteIdx < 0 || remoteIdx >= ch.ch.PeerNotifyNum() {
+		return c.errorf(op, ch.RemoteRank(), ErrPara, nil, "remote notify index %d is outside [0, %d) of rank %d's end of the channel",
+			remoteIdx, ch.ch.PeerNotifyNum(), ch.RemoteRank())
+	}
+	return c.launch(op, ch.RemoteRank(), t, func(stop <-chan struct{}) error {
+		if n > 0 {
+			b, err := c.dev.Bytes(src, n)
+			if err != nil {
+				return err
+			}
+			if err := c.moved(ch, metrics.Write, n, ch.ch.Transport().Write(stop, dst, b)); err != nil {
+				return err
+			}
+		}
+		return ch.ch.Transport().NotifyRecord(stop, remoteIdx)
 	})
 }

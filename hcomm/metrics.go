@@ -1,7 +1,6 @@
 package hcomm
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -10,7 +9,6 @@ import (
 	"time"
 
 	"github.com/hcomm-dev/hcomm/device"
-	"github.com/hcomm-dev/hcomm/internal/spin"
 	"github.com/hcomm-dev/hcomm/notify"
 )
 
@@ -34,9 +32,25 @@ func (g opTag) String() string {
 // opState is a communicator's collective counter and the collective each of
 // its threads is issuing.
 type opState struct {
-	mu  sync.Mutex
-	seq uint64
-	cur map[*Thread]opTag
+	mu   sync.Mutex
+	seq  uint64
+	last opTag
+	cur  map[*Thread]opTag
+}
+
+// LastOp returns the last collective begun on the communicator (BeginOp)
+// and its number, "" and 0 before the first. Ranks that issue their
+// collectives in the same order agree on the numbers, so comparing LastOp
+// across ranks shows which ranks have not reached a collective another rank
+// waits in. Safe for concurrent use.
+func (c *Comm) LastOp() (op string, seq uint64) {
+	st := c.opState()
+	if st == nil {
+		return "", 0
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return st.last.op, st.last.seq
 }
 
 type opStateKey struct{}
@@ -74,6 +88,7 @@ func (c *Comm) BeginOp(t *Thread, op, algo string) (seq uint64, end func() error
 	st.seq++
 	tag := opTag{op: op, algo: algo, seq: st.seq}
 	st.cur[t] = tag
+	st.last = tag
 	st.mu.Unlock()
 	clear := func() {
 		st.mu.Lock()
@@ -142,6 +157,10 @@ func (c *Comm) taskFailed(op string, peer int, err error) error {
 	return err
 }
 
+// slowWait is how long a notify wait may take before it is logged at INFO:
+// a peer that late is worth knowing about even when nothing fails.
+const slowWait = time.Second
+
 // launchWait enqueues the task of ChannelNotifyWaitOnThread: wait for n (then
 // reset it) within timeout (0: forever), timed for the metrics, and on
 // failure an error naming the notify, the channel and the collective the
@@ -150,14 +169,20 @@ func (c *Comm) launchWait(op string, t *Thread, ch *Channel, idx int, n *notify.
 	tag := c.opOf(t)
 	peer := ch.RemoteRank()
 	tr := ch.Transport()
+	timed := c.cfg.metrics != nil || c.logEnabled(slog.LevelInfo)
 	return c.launch(op, peer, t, func(stop <-chan struct{}) error {
 		var start time.Time
-		if c.cfg.metrics != nil {
+		if timed {
 			start = time.Now()
 		}
-		err := waitNotify(n, timeout, stop)
-		if c.cfg.metrics != nil {
-			c.cfg.metrics.ObserveWait(tr, time.Since(start))
+		err := c.waitReporting(n, timeout, stop, tag)
+		if timed {
+			d := time.Since(start)
+			c.cfg.metrics.ObserveWait(tr, d)
+			if err == nil && d >= slowWait {
+				c.log(slog.LevelInfo, "slow notify wait", "peer", peer, "notify", idx, "transport", tr,
+					"op", tag.op, "seq", tag.seq, "algorithm", tag.algo, "waited", d)
+			}
 		}
 		if err == nil {
 			return nil
@@ -168,32 +193,11 @@ func (c *Comm) launchWait(op string, t *Thread, ch *Channel, idx int, n *notify.
 		}
 		if timeout > 0 && device.CodeOf(err).Timeout() {
 			msg += fmt.Sprintf(": rank %d did not record it within %v", peer, timeout)
+			if where := c.whereAreThey(); where != "" {
+				msg += "; " + where
+				c.log(slog.LevelWarn, "notify wait timed out", "peer", peer, "notify", idx, "op", tag.op, "seq", tag.seq, "ranks", where)
+			}
 		}
 		return c.errorf(op, peer, ResultOf(err), err, "%s", msg)
 	})
-}
-
-// waitNotify waits for n within timeout (0: forever) or until stop closes.
-// It spins first, as notify's own wait does, so that a hand-off that comes
-// soon costs no more than there; only a wait that goes on to sleep pays for
-// the context that carries the timeout and the stream's stop.
-func waitNotify(n *notify.Notify, timeout time.Duration, stop <-chan struct{}) error {
-	if spin.Until(spin.Default, n.TryReset) {
-		return nil
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	if timeout > 0 {
-		ctx, cancel = context.WithTimeout(context.Background(), timeout)
-	}
-	defer cancel()
-	finished := make(chan struct{})
-	defer close(finished)
-	go func() {
-		select {
-		case <-stop:
-			cancel()
-		case <-finished:
-		}
-	}()
-	return n.WaitNow(ctx)
 }

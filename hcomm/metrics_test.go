@@ -194,6 +194,13 @@ func TestWaitTimeoutNamesTheCollective(t *testing.T) {
 	if !errors.Is(err, hcomm.ErrTimeout) {
 		t.Fatalf("err = %v, want a timeout", err)
 	}
+	// LastOp shows who is behind: rank 0 is in #2, rank 1 still at #1.
+	if op, seq := comms[0].LastOp(); op != "AllReduce" || seq != 2 {
+		t.Errorf("rank 0 LastOp = %q #%d", op, seq)
+	}
+	if op, seq := comms[1].LastOp(); op != "AllReduce" || seq != 1 {
+		t.Errorf("rank 1 LastOp = %q #%d", op, seq)
+	}
 	for _, s := range []string{"AllReduce #2 (oneshot)", "rank 1 did not record it within 200ms", "late"} {
 		if !strings.Contains(err.Error(), s) {
 			t.Errorf("error %q does not say %q", err, s)
@@ -262,5 +269,45 @@ func TestNoMetricsRegistersNothing(t *testing.T) {
 	}
 	if len(after) != len(before) {
 		t.Errorf("the default registry went from %d to %d families", len(before), len(after))
+	}
+}
+
+// A wait that takes more than a second is logged at INFO with the peer and
+// the collective.
+func TestSlowWaitIsLogged(t *testing.T) {
+	var logs bytes.Buffer
+	var mu sync.Mutex
+	logger := slog.New(slog.NewTextHandler(&lockedWriter{mu: &mu, w: &logs}, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	comms, err := hcomm.InitAll(2, &hcomm.Config{BufferSize: 1 << 20, Name: "slow", Logger: logger})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		for _, c := range comms {
+			c.Destroy()
+		}
+	}()
+	var wg sync.WaitGroup
+	for _, c := range comms {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			x := []int32{1}
+			for i := 0; i < 2; i++ { // the first sets the channels up
+				if i == 1 && c.Rank() == 1 {
+					time.Sleep(1200 * time.Millisecond) // rank 0 waits for this rank
+				}
+				if err := collectives.AllReduceSlice(context.Background(), c, x, x, hcomm.Sum, nil); err != nil {
+					t.Error(err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	mu.Lock()
+	out := logs.String()
+	mu.Unlock()
+	if !strings.Contains(out, `level=INFO msg="slow notify wait" comm=slow rank=0 peer=1`) || !strings.Contains(out, "op=AllReduce seq=2") {
+		t.Errorf("no INFO line for rank 0's slow wait:\n%s", out)
 	}
 }

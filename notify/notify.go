@@ -155,6 +155,15 @@ func (n *Notify) WaitNow(ctx context.Context) error {
 	return err
 }
 
+// Await blocks the calling goroutine until the notify is recorded (then
+// resets it), until timeout passes (timeout <= 0: never; the error is then
+// device.ErrWaitTimeout and matches context.DeadlineExceeded), or until stop
+// closes (device.ErrStreamAbort): Wait's task body, for callers that launch
+// their own task around the wait. A broken notify fails at once.
+func (n *Notify) Await(stop <-chan struct{}, timeout time.Duration) error {
+	return n.await(nil, timeout, stop)
+}
+
 func (n *Notify) await(s *device.Stream, timeout time.Duration, stop <-chan struct{}) error {
 	if n.sh != nil {
 		return n.awaitShared(s, timeout, stop)

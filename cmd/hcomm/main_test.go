@@ -59,6 +59,11 @@ func main() {
 				os.Exit(0)
 			}
 		}
+	case "killself":
+		if rank == "1" {
+			syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		}
+		time.Sleep(60 * time.Second)
 	case "wait":
 		c := make(chan os.Signal, 1)
 		signal.Notify(c, syscall.SIGTERM, syscall.SIGINT)
@@ -297,5 +302,14 @@ func TestBenchUnderRun(t *testing.T) {
 	rows := regexp.MustCompile(`(?m)^\[0\] +(8|512|32768) +\d+ +float +sum +-1 .* 0$`).FindAllString(out, -1)
 	if len(rows) != 3 {
 		t.Errorf("%d rows, want 3:\n%s", len(rows), out)
+	}
+}
+
+// A rank killed by a signal makes hcomm run exit with 128+signal.
+func TestRunSignalledRank(t *testing.T) {
+	_, prog := binaries(t)
+	code, out, errs, took := hcommRun(t, "run", "-n", "2", "--grace", "1s", "--", prog, "killself")
+	if code != 128+9 || took > 10*time.Second {
+		t.Errorf("exit %d after %v, want 137 promptly\n%s%s", code, took, out, errs)
 	}
 }

@@ -7,7 +7,11 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/hcomm-dev/hcomm/internal/leakcheck"
 )
+
+func TestMain(m *testing.M) { leakcheck.Main(m) }
 
 func TestNilSetRecordsNothing(t *testing.T) {
 	s, err := New(nil)

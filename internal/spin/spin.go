@@ -14,7 +14,7 @@ import (
 )
 
 // Default is how long a hand-off spins before it sleeps.
-const Default = 20 * time.Microsecond
+const Default = 50 * time.Microsecond
 
 // Until polls cond, yielding between polls, for at most d. It reports whether
 // cond became true. It never sleeps.

@@ -435,3 +435,16 @@ func TestMetricsAddrPerLocalRank(t *testing.T) {
 		}
 	}
 }
+
+// The progress line goes to stderr only when it is a terminal, and is
+// cleared at the end.
+func TestProgressLine(t *testing.T) {
+	args := []string{"allreduce", "-g", "2", "-b", "8", "-e", "64", "-f", "8", "-n", "1", "-w", "0"}
+	_, out, errs := bench(t, Hooks{Terminal: func() bool { return true }}, args...)
+	if !strings.Contains(errs, "\rallreduce float sum 64 B: row 2/2") || !strings.HasSuffix(errs, "\r\x1b[K") || strings.Contains(out, "row 2/2") {
+		t.Errorf("terminal: stderr %q", errs)
+	}
+	if _, _, errs = bench(t, Hooks{Terminal: func() bool { return false }}, args...); errs != "" {
+		t.Errorf("not a terminal: stderr %q", errs)
+	}
+}

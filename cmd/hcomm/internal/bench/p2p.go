@@ -142,6 +142,7 @@ func runP2P(ctx context.Context, c *hcomm.Comm, o Options, rep *report) (bool, e
 		}
 	}
 	sizes := o.sizes()
+	rep.total = len(sizes)
 	var first, last []float64 // per-pair µs of the smallest and largest size
 	sync := func() error { return th.Stream().Synchronize(ctx) }
 	for si, size := range sizes {

@@ -212,6 +212,7 @@ func runColl(ctx context.Context, c *hcomm.Comm, o Options, rep *report, h Hooks
 	if !cl.reduces {
 		ops = ops[:1]
 	}
+	rep.total = len(o.DataTypes) * len(ops) * len(sizes)
 	sync := func() error { return s.Synchronize(ctx) }
 	for _, dt := range o.DataTypes {
 		es := int64(dt.Size())
