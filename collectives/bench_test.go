@@ -149,6 +149,9 @@ var benchOps = []benchOp{
 		}},
 }
 
+// benchCollSizes are BenchmarkCollectives' sizes.
+var benchCollSizes = []int64{4 << 10, 1 << 20, 8 << 20, 64 << 20}
+
 // BenchmarkCollectives measures every collective with every algorithm it has
 // (and the selector's choice, "auto") at 4 KiB, 1 MiB and 64 MiB for 2 and 4
 // ranks: the figures behind BENCHMARKS.md's per-algorithm table.
@@ -158,7 +161,7 @@ func BenchmarkCollectives(b *testing.B) {
 	for _, op := range benchOps {
 		algos := append([]collectives.Algorithm{collectives.AlgoAuto}, collectives.Algorithms(op.name)...)
 		for _, n := range []int{2, 4} {
-			for _, size := range []int64{4 << 10, 1 << 20, 64 << 20} {
+			for _, size := range benchCollSizes {
 				for _, a := range algos {
 					b.Run(fmt.Sprintf("%s/ranks=%d/%s/%v", op.name, n, sizeName(size), a), func(b *testing.B) {
 						if a == collectives.AlgoOneShot && size/int64(n) > 64<<10 {

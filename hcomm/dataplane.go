@@ -7,7 +7,6 @@ import (
 	"github.com/hcomm-dev/hcomm/device"
 	"github.com/hcomm-dev/hcomm/internal/memcopy"
 	"github.com/hcomm-dev/hcomm/internal/metrics"
-	"github.com/hcomm-dev/hcomm/internal/reduce"
 )
 
 // The data plane (HCCL's Hcomm*OnThread). Every call checks its arguments,
@@ -309,33 +308,5 @@ func LocalCopyOnThread(t *Thread, dst, src device.Ptr, n int64) error {
 // LocalReduceOnThread enqueues dst = dst op src over count elements of dt
 // (HcommLocalReduceOnThread).
 func LocalReduceOnThread(t *Thread, dst, src device.Ptr, count int64, dt DataType, rop ReduceOp) error {
-	const op = "LocalReduceOnThread"
-	if t == nil {
-		return &Error{Op: op, Rank: -1, Peer: -1, Code: ErrPtr, Msg: "nil thread"}
-	}
-	fail := func(code Result, err error, msg string) error {
-		return &Error{Op: op, Rank: -1, Peer: -1, Code: code, Msg: msg, Err: err}
-	}
-	if count < 0 || !dt.Valid() || !rop.Valid() {
-		return fail(ErrPara, nil, fmt.Sprintf("count %d, data type %v, op %v", count, dt, rop))
-	}
-	n := count * int64(dt.Size())
-	dev := t.Stream().Device()
-	if _, err := dev.Bytes(dst, n); err != nil {
-		return fail(ErrPara, err, "dst")
-	}
-	if _, err := dev.Bytes(src, n); err != nil {
-		return fail(ErrPara, err, "src")
-	}
-	return t.Stream().Launch(op, func(<-chan struct{}) error {
-		d, err := dev.Bytes(dst, n)
-		if err != nil {
-			return err
-		}
-		s, err := dev.Bytes(src, n)
-		if err != nil {
-			return err
-		}
-		return reduce.Reduce(d, s, int(count), dt, rop)
-	})
+	return localReduce("LocalReduceOnThread", t, dst, dst, src, count, dt, rop)
 }

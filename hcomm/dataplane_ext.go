@@ -15,7 +15,12 @@ import (
 // to the output, instead of first copying the input there. dst may be the
 // same memory as a or b, but must not partially overlap either.
 func LocalReduceToOnThread(t *Thread, dst, a, b device.Ptr, count int64, dt DataType, rop ReduceOp) error {
-	const op = "LocalReduceToOnThread"
+	return localReduce("LocalReduceToOnThread", t, dst, a, b, count, dt, rop)
+}
+
+// localReduce checks and enqueues dst = a (op) b; a == dst is the
+// accumulating form (LocalReduceOnThread).
+func localReduce(op string, t *Thread, dst, a, b device.Ptr, count int64, dt DataType, rop ReduceOp) error {
 	if t == nil {
 		return &Error{Op: op, Rank: -1, Peer: -1, Code: ErrPtr, Msg: "nil thread"}
 	}
@@ -27,12 +32,13 @@ func LocalReduceToOnThread(t *Thread, dst, a, b device.Ptr, count int64, dt Data
 	}
 	n := count * int64(dt.Size())
 	dev := t.Stream().Device()
-	for _, r := range []struct {
-		what string
-		p    device.Ptr
-	}{{"dst", dst}, {"a", a}, {"b", b}} {
-		if _, err := dev.Bytes(r.p, n); err != nil {
-			return fail(ErrPara, err, r.what)
+	names := [3]string{"dst", "a", "b"}
+	if a == dst {
+		names = [3]string{"dst", "dst", "src"}
+	}
+	for i, p := range [3]device.Ptr{dst, a, b} {
+		if _, err := dev.Bytes(p, n); err != nil {
+			return fail(ErrPara, err, names[i])
 		}
 	}
 	return t.Stream().Launch(op, func(<-chan struct{}) error {
@@ -40,11 +46,14 @@ func LocalReduceToOnThread(t *Thread, dst, a, b device.Ptr, count int64, dt Data
 		if err != nil {
 			return err
 		}
-		x, err := dev.Bytes(a, n)
+		y, err := dev.Bytes(b, n)
 		if err != nil {
 			return err
 		}
-		y, err := dev.Bytes(b, n)
+		if a == dst {
+			return reduce.Reduce(d, y, int(count), dt, rop)
+		}
+		x, err := dev.Bytes(a, n)
 		if err != nil {
 			return err
 		}
