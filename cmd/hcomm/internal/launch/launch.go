@@ -9,6 +9,8 @@ package launch
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -16,6 +18,7 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -90,6 +93,17 @@ func Run(ctx context.Context, o Options) (Result, error) {
 			return res, fmt.Errorf("launch: finding a free port for MASTER_PORT: %w", err)
 		}
 	}
+	// A fresh secret per launch, so that the ranks' bootstrap refuses anyone
+	// else's processes (one the caller set is kept: ranks started elsewhere
+	// may share it).
+	secret := lookupVar(o.Env, "HCOMM_SECRET")
+	if secret == "" {
+		var b [16]byte
+		if _, err := rand.Read(b[:]); err != nil {
+			return res, fmt.Errorf("launch: making HCOMM_SECRET: %w", err)
+		}
+		secret = hex.EncodeToString(b[:])
+	}
 	var outMu sync.Mutex // one line at a time on both streams
 	procs := make([]*exec.Cmd, 0, o.N)
 	writers := make([]*prefixWriter, 0, 2*o.N)
@@ -113,6 +127,7 @@ func Run(ctx context.Context, o Options) (Result, error) {
 			"LOCAL_RANK":       strconv.Itoa(r),
 			"LOCAL_WORLD_SIZE": strconv.Itoa(o.N),
 			"GROUP_RANK":       "0",
+			"HCOMM_SECRET":     secret,
 		})
 		stdout := &prefixWriter{mu: &outMu, w: o.Stdout, prefix: []byte("[" + strconv.Itoa(r) + "] ")}
 		stderr := &prefixWriter{mu: &outMu, w: o.Stderr, prefix: stdout.prefix}
@@ -200,6 +215,16 @@ func FreePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
+// lookupVar returns name's value in env ("" when unset).
+func lookupVar(env []string, name string) string {
+	for i := len(env) - 1; i >= 0; i-- {
+		if k, v, ok := strings.Cut(env[i], "="); ok && k == name {
+			return v
+		}
+	}
+	return ""
+}
+
 // withVars returns env with vars set, replacing earlier definitions.
 func withVars(env []string, vars map[string]string) []string {
 	out := make([]string, 0, len(env)+len(vars))
@@ -209,7 +234,7 @@ func withVars(env []string, vars map[string]string) []string {
 			out = append(out, kv)
 		}
 	}
-	for _, k := range []string{"MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK"} {
+	for _, k := range []string{"MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "HCOMM_SECRET"} {
 		if v, ok := vars[k]; ok {
 			out = append(out, k+"="+v)
 		}

@@ -101,3 +101,33 @@ func (s *syncWriter) Write(p []byte) (int, error) {
 	defer s.mu.Unlock()
 	return s.w.Write(p)
 }
+
+// Every rank of one launch gets the same fresh HCOMM_SECRET; two launches get
+// different ones; a secret the caller set is kept.
+func TestRunSetsASecretPerLaunch(t *testing.T) {
+	secrets := func(env []string) []string {
+		var out bytes.Buffer
+		var mu sync.Mutex
+		sw := &syncWriter{mu: &mu, w: &out}
+		res, err := Run(context.Background(), Options{N: 2, Prog: "sh", Args: []string{"-c", `echo "s=$HCOMM_SECRET"`}, Env: env, Stdout: sw, Stderr: sw})
+		if err != nil || res.Code != 0 {
+			t.Fatalf("Run: %+v, %v", res, err)
+		}
+		var got []string
+		for _, line := range strings.Split(strings.TrimSpace(out.String()), "\n") {
+			_, v, _ := strings.Cut(line, "s=")
+			got = append(got, v)
+		}
+		return got
+	}
+	a, b := secrets([]string{"PATH=/usr/bin:/bin"}), secrets([]string{"PATH=/usr/bin:/bin"})
+	if len(a) != 2 || a[0] != a[1] || len(a[0]) != 32 {
+		t.Fatalf("ranks' secrets %q: want one 32-hex-digit secret", a)
+	}
+	if a[0] == b[0] {
+		t.Errorf("two launches share the secret %q", a[0])
+	}
+	if c := secrets([]string{"PATH=/usr/bin:/bin", "HCOMM_SECRET=mine"}); c[0] != "mine" || c[1] != "mine" {
+		t.Errorf("a preset secret was replaced: %q", c)
+	}
+}
