@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"sync"
 	"time"
@@ -127,6 +128,7 @@ func newComm(op string, c Config, rank, size, devID int, boot *bootState) (*Comm
 		dialers: make(map[string]channel.Dialer), values: make(map[any]any)}
 	cm.registry.Add(channel.Mem{Tag: "hccl buffer", Addr: buf, Size: bufSize})
 	cm.watchAsync() // asyncerr.go
+	cm.log(slog.LevelInfo, "communicator ready", "op", op, "size", size, "device", devID, "hccl_buffer_bytes", bufSize)
 	return cm, nil
 }
 
@@ -435,6 +437,7 @@ func (c *Comm) setupChannel(ctx context.Context, k chanKey, attempt int, d Chann
 	}
 	c.channels[k] = ch
 	c.mu.Unlock()
+	c.log(slog.LevelInfo, "channel up", "peer", d.RemoteRank, "transport", tname, "protocol", d.Protocol.String(), "notifies", d.NotifyNum, "tag", d.Tag)
 	return ch, nil
 }
 
@@ -580,6 +583,7 @@ func (c *Comm) Destroy() error {
 		return nil
 	}
 	c.closed = true
+	c.log(slog.LevelInfo, "destroying communicator", "channels", len(c.channels), "threads", len(c.threads))
 	ts := c.threads
 	chs := c.channels
 	vals := c.values
