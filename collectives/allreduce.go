@@ -83,6 +83,9 @@ func AllReduce(send, recv device.Ptr, count int64, dt hcomm.DataType, op hcomm.R
 		case AlgoHD:
 			sc.open(h, algo)
 			allReduceHD(sc, send, recv, count, dt, op)
+		case AlgoHier:
+			sc.open(h, algo)
+			allReduceHier(sc, s, send, recv, count, dt, op)
 		default:
 			return collErr(c, name, hcomm.ErrNotSupport, nil, "algorithm %v is not available for allreduce", algo)
 		}
@@ -106,7 +109,7 @@ func issue(c *hcomm.Comm, name string, k kind, s *device.Stream, o *Options, n i
 		algo = st.forced[k]
 	}
 	if algo == AlgoAuto {
-		algo = choose(k, n, c.Size(), st.lay, st.mapped)
+		algo = choose(k, n, c.Size(), st.lay, st.mapped, st.multiHost)
 	}
 	if !has(k, algo) {
 		return collErr(c, name, hcomm.ErrNotSupport, nil, "%v has no %v algorithm (it has %v)", k, algo, algorithms[k])

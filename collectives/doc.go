@@ -40,6 +40,11 @@
 //     n pieces, so that a block stays in cache from its first step to its
 //     last, and then every rank reads the others' results straight from their
 //     HCCL buffers (one copy per receiver, not a write and a copy).
+//   - hd: recursive halving-doubling (HCCL's H-D_R), folding rank counts that
+//     are not powers of two; all-reduce up to a few MiB.
+//   - hier: two levels (HCCL's level0/level1): reduce within each host over
+//     shared memory, all-reduce among one rank per host over the network,
+//     broadcast within each host; picked when ranks span hosts.
 //   - direct: every rank reads each piece straight from its owner's HCCL
 //     buffer (broadcast, all-gather); the choice wherever a read is a
 //     memmove (inproc, shm).

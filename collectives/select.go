@@ -18,6 +18,7 @@ const (
 	AlgoDirect                    // every rank reads each piece straight from its owner's HCCL buffer: one copy per receiver (mesh)
 	AlgoPairwise                  // n-1 rounds, in round r rank i exchanges with ranks i+r and i-r (all-to-all, scatter, gather)
 	AlgoHD                        // recursive halving-doubling (HCCL's H-D_R), folding rank counts that are not powers of two
+	AlgoHier                      // two levels: reduce within each host, all-reduce among one rank per host, broadcast within each host
 )
 
 func (a Algorithm) String() string {
@@ -34,6 +35,8 @@ func (a Algorithm) String() string {
 		return "pairwise"
 	case AlgoHD:
 		return "hd"
+	case AlgoHier:
+		return "hier"
 	}
 	return fmt.Sprintf("Algorithm(%d)", int(a))
 }
@@ -41,7 +44,7 @@ func (a Algorithm) String() string {
 // algorithms lists, per collective, the schedules it has, in the order the
 // selector considers them.
 var algorithms = map[kind][]Algorithm{
-	kAllReduce:      {AlgoOneShot, AlgoHD, AlgoRing},
+	kAllReduce:      {AlgoOneShot, AlgoHD, AlgoHier, AlgoRing},
 	kBroadcast:      {AlgoOneShot, AlgoDirect, AlgoRing},
 	kAllGather:      {AlgoOneShot, AlgoDirect, AlgoRing},
 	kAllGatherV:     {AlgoDirect},
@@ -69,12 +72,15 @@ func has(k kind, a Algorithm) bool {
 // ranks, given the layout and whether every peer's memory is mapped (inproc,
 // shm: a read is a memmove) or behind a network (tcp: a read is a round
 // trip). The thresholds come from the per-algorithm table in BENCHMARKS.md.
-func choose(k kind, bytes int64, n int, l layout, mapped bool) Algorithm {
+func choose(k kind, bytes int64, n int, l layout, mapped, multiHost bool) Algorithm {
 	if has(k, AlgoOneShot) && bytes <= l.inline() {
 		return AlgoOneShot
 	}
 	switch k {
 	case kAllReduce:
+		if multiHost {
+			return AlgoHier
+		}
 		// Halving-doubling takes log2(n) steps where the ring takes n-1,
 		// and moves no more: it wins up to a few MiB on powers of two
 		// (BENCHMARKS.md: 2 ranks, 1 MiB, 11.9 against 8.1 GB/s), the ring's
@@ -111,6 +117,7 @@ var hcclAlgoNames = map[string]Algorithm{
 	"ring":     AlgoRing,
 	"h-d_r":    AlgoHD,
 	"hd":       AlgoHD,
+	"hier":     AlgoHier,
 	"pairwise": AlgoPairwise,
 	"fullmesh": AlgoDirect,
 	"mesh":     AlgoDirect,

@@ -85,17 +85,19 @@ type state struct {
 	peerBuf []device.Ptr     // peers' HCCL buffers
 	threads map[*device.Stream]*hcomm.Thread
 
-	seq     uint64             // collectives issued so far (the handshake's sequence number)
-	hellos  []uint64           // handshakes with each peer so far (their parity)
-	sent    []uint64           // pieces written into each peer's inbox
-	recvd   []uint64           // pieces consumed from each peer's inbox
-	gathers []uint64           // pieces each rank has published in its gather slots
-	readers [2][]int           // the ranks that read this rank's gather slot k last
-	others  []int              // every rank but this one (sched.others)
-	noCheck bool               // skip the handshake's check (HCOMM_COLL_CHECK=0), for measuring its cost
-	mapped  bool               // every peer's memory is mapped (inproc, shm): a read is a memmove
-	forced  map[kind]Algorithm // HCCL_ALGO
+	seq       uint64             // collectives issued so far (the handshake's sequence number)
+	hellos    []uint64           // handshakes with each peer so far (their parity)
+	sent      []uint64           // pieces written into each peer's inbox
+	recvd     []uint64           // pieces consumed from each peer's inbox
+	gathers   []uint64           // pieces each rank has published in its gather slots
+	readers   [2][]int           // the ranks that read this rank's gather slot k last
+	others    []int              // every rank but this one (sched.others)
+	noCheck   bool               // skip the handshake's check (HCOMM_COLL_CHECK=0), for measuring its cost
+	multiHost bool               // ranks span hosts, some with several ranks: the two-level schedule pays
+	mapped    bool               // every peer's memory is mapped (inproc, shm): a read is a memmove
+	forced    map[kind]Algorithm // HCCL_ALGO
 
+	hier           *hier         // the two-level structure, made on first use
 	side           *hcomm.Thread // the side thread (fork/join), made on first use
 	forkEv, joinEv *device.Event
 
@@ -146,6 +148,7 @@ func (st *state) init1() {
 	st.buf = buf
 	st.lay, _ = newLayout(c.Size(), size)
 	st.mapped = true
+	st.multiHost = multiHost(c)
 	st.noCheck = os.Getenv("HCOMM_COLL_CHECK") == "0"
 	st.forced, st.err = envAlgo()
 }
@@ -204,6 +207,10 @@ func (st *state) Close() error {
 	}
 	if st.last != nil {
 		st.last.Destroy()
+	}
+	if st.hier != nil {
+		st.hier.close()
+		st.hier = nil
 	}
 	for _, e := range []*device.Event{st.forkEv, st.joinEv} {
 		if e != nil {

@@ -28,6 +28,14 @@ func (c *Comm) watchAsync() {
 	})
 }
 
+// shareAsync makes a sub-communicator report through its parent's record:
+// they share a device context, whose exception callback is the parent's.
+func (c *Comm) shareAsync(parent *Comm) {
+	if v, ok := asyncErrs.Load(parent); ok {
+		asyncErrs.Store(c, v)
+	}
+}
+
 func (a *asyncErr) note(err error) {
 	a.mu.Lock()
 	if a.err == nil {

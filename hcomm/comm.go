@@ -31,7 +31,10 @@ type Comm struct {
 	bufSize  int64
 	registry *channel.Registry
 	boot     *bootState // rendezvous store, peers, inproc fabric (shared by an InitAll group)
-	health   *health    // loss watcher of a multi-process communicator; nil for InitAll
+	// sharedDev: the device context is the parent communicator's (a
+	// sub-communicator); Destroy frees the HCCL buffer instead of closing it.
+	sharedDev bool
+	health    *health // loss watcher of a multi-process communicator; nil for InitAll
 
 	mu       sync.Mutex
 	closed   bool
@@ -106,6 +109,13 @@ func InitAll(n int, cfg *Config) ([]*Comm, error) {
 // newComm makes rank's communicator on device devID over boot, taking a
 // reference on boot (released by Destroy; on error, by newComm itself).
 func newComm(op string, c Config, rank, size, devID int, boot *bootState) (*Comm, error) {
+	return newCommOn(op, c, rank, size, devID, nil, boot)
+}
+
+// newCommOn makes a communicator on device devID, or, when parent is not
+// nil, on the parent's device context (a sub-communicator: it shares the
+// parent's streams and reports its asynchronous errors with the parent's).
+func newCommOn(op string, c Config, rank, size, devID int, parent *Comm, boot *bootState) (*Comm, error) {
 	boot.mu.Lock()
 	boot.refs++
 	boot.mu.Unlock()
@@ -113,22 +123,31 @@ func newComm(op string, c Config, rank, size, devID int, boot *bootState) (*Comm
 		boot.unref()
 		return nil, &Error{Op: op, Comm: c.Name, Rank: rank, Peer: -1, Code: code, Err: err}
 	}
-	dev, err := device.Open(devID)
-	if err != nil {
+	var dev *device.Device
+	var err error
+	if parent != nil {
+		dev = parent.dev
+	} else if dev, err = device.Open(devID); err != nil {
 		return fail(ErrRuntime, err)
 	}
 	bufSize := 2 * c.BufferSize
 	buf, err := dev.Malloc(bufSize)
 	if err != nil {
-		dev.Close()
+		if parent == nil {
+			dev.Close()
+		}
 		return fail(ErrMemory, err)
 	}
-	cm := &Comm{name: c.Name, rank: rank, size: size, cfg: c, dev: dev, buf: buf, bufSize: bufSize,
+	cm := &Comm{name: c.Name, rank: rank, size: size, cfg: c, dev: dev, buf: buf, bufSize: bufSize, sharedDev: parent != nil,
 		registry: &channel.Registry{}, boot: boot, channels: make(map[chanKey]*Channel), attempts: make(map[chanKey]int), inflight: make(map[chanKey]*acquireCall),
 		dialers: make(map[string]channel.Dialer), values: make(map[any]any)}
 	cm.registry.Add(channel.Mem{Tag: "hccl buffer", Addr: buf, Size: bufSize})
-	cm.watchAsync() // asyncerr.go
-	cm.log(slog.LevelInfo, "communicator ready", "op", op, "size", size, "device", devID, "hccl_buffer_bytes", bufSize)
+	if parent != nil {
+		cm.shareAsync(parent) // asyncerr.go
+	} else {
+		cm.watchAsync()
+	}
+	cm.log(slog.LevelInfo, "communicator ready", "op", op, "size", size, "device", dev.ID(), "hccl_buffer_bytes", bufSize)
 	return cm, nil
 }
 
@@ -606,7 +625,10 @@ func (c *Comm) Destroy() error {
 		d.Close()
 	}
 	c.boot.unref()
-	c.forgetAsync() // asyncerr.go
+	c.forgetAsync()  // asyncerr.go
+	if c.sharedDev { // a sub-communicator: the device context is its parent's
+		return c.dev.Free(c.buf)
+	}
 	return c.dev.Close()
 }
 

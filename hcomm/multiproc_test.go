@@ -42,6 +42,8 @@ func TestHelperRank(t *testing.T) {
 		rank, _ := strconv.Atoi(os.Getenv("RANK"))
 		size, _ := strconv.Atoi(os.Getenv("WORLD_SIZE"))
 		c, err = hcomm.InitRootInfo(size, root, rank, nil)
+	} else if role == "hier" {
+		c, err = hcomm.InitFromEnv(&hcomm.Config{Metrics: hierRegistry})
 	} else {
 		c, err = hcomm.InitFromEnv(nil)
 	}
@@ -95,6 +97,10 @@ func TestHelperRank(t *testing.T) {
 				t.Fatal("no failure after many allreduces")
 			}
 		}
+	case "hier":
+		if err := hierWork(c); err != nil {
+			t.Fatal(err)
+		}
 	default:
 		t.Fatalf("unknown %s=%q", roleEnv, role)
 	}
@@ -128,7 +134,7 @@ func (l *lineLog) Write(p []byte) (int, error) {
 		}
 		line := string(l.part[:i])
 		l.part = l.part[i+1:]
-		if strings.HasPrefix(line, "READY") || strings.HasPrefix(line, "OPERROR") || strings.HasPrefix(line, "DESTROYED") {
+		if strings.HasPrefix(line, "READY") || strings.HasPrefix(line, "OPERROR") || strings.HasPrefix(line, "DESTROYED") || strings.HasPrefix(line, "TCPBYTES") {
 			select {
 			case l.lines <- markLine{line, time.Now()}:
 			default:

@@ -80,7 +80,23 @@ func cleanupNetns(t *testing.T, id string) {
 	}
 }
 
-func TestMultiHostNetns(t *testing.T) {
+// netnsHosts is a set of network namespaces joined by veth pairs to one
+// bridge: n "hosts" at subnet.1 .. subnet.n.
+type netnsHosts struct {
+	id     string
+	subnet string
+	n      int
+}
+
+func (h *netnsHosts) ns(i int) string      { return fmt.Sprintf("%s-%d-%d", h.id, os.Getpid(), i) }
+func (h *netnsHosts) hostEnd(i int) string { return fmt.Sprintf("%sh%d", h.id, i) }
+func (h *netnsHosts) nsEnd(i int) string   { return fmt.Sprintf("%sn%d", h.id, i) }
+func (h *netnsHosts) addr(i int) string    { return fmt.Sprintf("%s.%d", h.subnet, i+1) }
+
+// makeNetnsHosts creates n namespaces, skipping the test where it cannot
+// (not root, no ip(8), no tcp transport); everything is removed at cleanup.
+func makeNetnsHosts(t *testing.T, n int) *netnsHosts {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("-short")
 	}
@@ -95,48 +111,47 @@ func TestMultiHostNetns(t *testing.T) {
 	}
 	var sfx [2]byte
 	rand.Read(sfx[:])
-	id := netnsPrefix + hex.EncodeToString(sfx[:])
-	cleanupNetns(t, id)
-	// HCCL_EXEC_TIMEOUT 12 s: rank 0's store reports the silent rank lost
-	// after half of it, before any wait on it times out.
-	const n, victim, execTimeout = 3, 2, 12 * time.Second
-	subnet := fmt.Sprintf("10.213.%d", 1+int(sfx[0])%250)
-	br := id + "br"
-	ns := func(i int) string { return fmt.Sprintf("%s-%d-%d", id, os.Getpid(), i) }
-	hostEnd := func(i int) string { return fmt.Sprintf("%sh%d", id, i) }
-	nsEnd := func(i int) string { return fmt.Sprintf("%sn%d", id, i) }
-	defer cleanupNetns(t, id)
-
-	if _, err := ipCmd("netns", "add", ns(0)); err != nil {
+	h := &netnsHosts{id: netnsPrefix + hex.EncodeToString(sfx[:]), subnet: fmt.Sprintf("10.213.%d", 1+int(sfx[0])%250), n: n}
+	cleanupNetns(t, h.id)
+	t.Cleanup(func() { cleanupNetns(t, h.id) })
+	if _, err := ipCmd("netns", "add", h.ns(0)); err != nil {
 		t.Skipf("cannot create network namespaces here: %v", err)
 	}
+	br := h.id + "br"
 	steps := [][]string{{"link", "add", br, "type", "bridge"}, {"link", "set", br, "up"}}
 	for i := 0; i < n; i++ {
 		if i > 0 {
-			steps = append(steps, []string{"netns", "add", ns(i)})
+			steps = append(steps, []string{"netns", "add", h.ns(i)})
 		}
 		steps = append(steps,
-			[]string{"link", "add", hostEnd(i), "type", "veth", "peer", "name", nsEnd(i)},
-			[]string{"link", "set", nsEnd(i), "netns", ns(i)},
-			[]string{"link", "set", hostEnd(i), "master", br},
-			[]string{"link", "set", hostEnd(i), "up"},
-			[]string{"-n", ns(i), "addr", "add", fmt.Sprintf("%s.%d/24", subnet, i+1), "dev", nsEnd(i)},
-			[]string{"-n", ns(i), "link", "set", nsEnd(i), "up"},
-			[]string{"-n", ns(i), "link", "set", "lo", "up"})
+			[]string{"link", "add", h.hostEnd(i), "type", "veth", "peer", "name", h.nsEnd(i)},
+			[]string{"link", "set", h.nsEnd(i), "netns", h.ns(i)},
+			[]string{"link", "set", h.hostEnd(i), "master", br},
+			[]string{"link", "set", h.hostEnd(i), "up"},
+			[]string{"-n", h.ns(i), "addr", "add", h.addr(i) + "/24", "dev", h.nsEnd(i)},
+			[]string{"-n", h.ns(i), "link", "set", h.nsEnd(i), "up"},
+			[]string{"-n", h.ns(i), "link", "set", "lo", "up"})
 	}
 	for _, s := range steps {
 		if _, err := ipCmd(s...); err != nil {
 			t.Fatal(err)
 		}
 	}
+	return h
+}
 
+func TestMultiHostNetns(t *testing.T) {
+	// HCCL_EXEC_TIMEOUT 12 s: rank 0's store reports the silent rank lost
+	// after half of it, before any wait on it times out.
+	const n, victim, execTimeout = 3, 2, 12 * time.Second
+	h := makeNetnsHosts(t, n)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	procs := launchRanks(t, ctx, n, "loop",
-		func(r int) []string { return []string{"ip", "netns", "exec", ns(r)} },
+		func(r int) []string { return []string{"ip", "netns", "exec", h.ns(r)} },
 		func(r int) []string {
-			return []string{"MASTER_ADDR=" + subnet + ".1", "MASTER_PORT=29500",
-				"HCOMM_SOCKET_IFNAME==" + nsEnd(r), "HCOMM_TRANSPORT=tcp",
+			return []string{"MASTER_ADDR=" + h.addr(0), "MASTER_PORT=29500",
+				"HCOMM_SOCKET_IFNAME==" + h.nsEnd(r), "HCOMM_TRANSPORT=tcp",
 				fmt.Sprintf("HCCL_EXEC_TIMEOUT=%d", int(execTimeout/time.Second))}
 		})
 	for _, p := range procs {
@@ -144,7 +159,7 @@ func TestMultiHostNetns(t *testing.T) {
 	}
 	time.Sleep(100 * time.Millisecond)
 	down := time.Now()
-	if _, err := ipCmd("link", "set", hostEnd(victim), "down"); err != nil {
+	if _, err := ipCmd("link", "set", h.hostEnd(victim), "down"); err != nil {
 		t.Fatal(err)
 	}
 	checkSurvivors(t, procs, victim, down, execTimeout)

@@ -19,9 +19,11 @@ const SplitNoColor = -1
 // them calls it with the same ranks, in the same order, and the same
 // subCommID, unique among this communicator's sub-communicators; ranks not
 // listed do not call it. The new communicator's rank r is ranks[r]; it has
-// its own device context (on this rank's device), HCCL buffer and channels,
-// and shares this communicator's bootstrap, which therefore stays open until
-// both are destroyed. cfg may be nil: the parent's configuration, named
+// its own HCCL buffer and channels, runs on this communicator's device
+// context (so the same streams serve both, and its asynchronous errors are
+// this communicator's), and shares this communicator's bootstrap, which
+// therefore stays open until both are destroyed. Destroy it before this
+// communicator. cfg may be nil: the parent's configuration, named
 // "<parent>/<subCommID>".
 func (c *Comm) CreateSubComm(ranks []int, subCommID uint64, cfg *Config) (*Comm, error) {
 	const op = "CreateSubComm"
@@ -142,5 +144,20 @@ func (c *Comm) sub(op string, ranks []int, id string, cfg *Config) (*Comm, error
 		iface: parent.iface, secret: parent.secret, release: parent.unref}
 	// newComm takes a reference on boot; when it fails, or when the new
 	// communicator is destroyed, boot's release drops the parent's.
-	return newComm(op, conf, me, len(ranks), c.dev.ID(), boot)
+	return newCommOn(op, conf, me, len(ranks), c.dev.ID(), c, boot)
+}
+
+// HostOf returns a label of the host rank runs on, equal for two ranks
+// exactly when they share a host and can reach each other through shared
+// memory (ranks of one process always do): what a two-level schedule groups
+// ranks by. It is "" for a rank outside [0, Size()).
+func (c *Comm) HostOf(rank int) string {
+	if rank < 0 || rank >= c.size || rank >= len(c.boot.peers) {
+		return ""
+	}
+	p := c.boot.peers[rank]
+	if p.ShmHost != "" {
+		return "shm:" + p.ShmHost
+	}
+	return "proc:" + p.Proc // no shared memory here: only a process's own ranks group
 }
