@@ -32,6 +32,9 @@ func Broadcast(buf device.Ptr, count int64, dt hcomm.DataType, root int, c *hcom
 		case algo == AlgoDirect:
 			sc.open(h, algo)
 			broadcastDirect(sc, buf, n, root)
+		case algo == AlgoTree:
+			sc.open(h, algo)
+			broadcastTree(sc, buf, n, root)
 		case algo == AlgoRing:
 			sc.open(h, algo)
 			broadcastRing(sc, buf, n, root)

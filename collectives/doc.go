@@ -45,6 +45,8 @@
 //   - hier: two levels (HCCL's level0/level1): reduce within each host over
 //     shared memory, all-reduce among one rank per host over the network,
 //     broadcast within each host; picked when ranks span hosts.
+//   - tree: a binomial tree, pipelined in pieces, log2(n) hops (broadcast,
+//     reduce); picked for small and mid-size messages over a network.
 //   - direct: every rank reads each piece straight from its owner's HCCL
 //     buffer (broadcast, all-gather); the choice wherever a read is a
 //     memmove (inproc, shm).

@@ -131,6 +131,13 @@ func Reduce(send, recv device.Ptr, count int64, dt hcomm.DataType, op hcomm.Redu
 					sc.reduce(recv, at(p), count, dt, op)
 				}
 			}
+		case AlgoTree:
+			sc.open(h, algo)
+			if n == 1 {
+				sc.copy(recv, send, count*es)
+				return nil
+			}
+			reduceTree(sc, send, recv, count, dt, op, root)
 		case AlgoRing:
 			sc.open(h, algo)
 			if n == 1 {

@@ -19,6 +19,7 @@ const (
 	AlgoPairwise                  // n-1 rounds, in round r rank i exchanges with ranks i+r and i-r (all-to-all, scatter, gather)
 	AlgoHD                        // recursive halving-doubling (HCCL's H-D_R), folding rank counts that are not powers of two
 	AlgoHier                      // two levels: reduce within each host, all-reduce among one rank per host, broadcast within each host
+	AlgoTree                      // binomial tree, pipelined in pieces: log2(n) hops (broadcast, reduce)
 )
 
 func (a Algorithm) String() string {
@@ -37,6 +38,8 @@ func (a Algorithm) String() string {
 		return "hd"
 	case AlgoHier:
 		return "hier"
+	case AlgoTree:
+		return "tree"
 	}
 	return fmt.Sprintf("Algorithm(%d)", int(a))
 }
@@ -45,12 +48,12 @@ func (a Algorithm) String() string {
 // selector considers them.
 var algorithms = map[kind][]Algorithm{
 	kAllReduce:      {AlgoOneShot, AlgoHD, AlgoHier, AlgoRing},
-	kBroadcast:      {AlgoOneShot, AlgoDirect, AlgoRing},
+	kBroadcast:      {AlgoOneShot, AlgoDirect, AlgoTree, AlgoRing},
 	kAllGather:      {AlgoOneShot, AlgoDirect, AlgoRing},
 	kAllGatherV:     {AlgoDirect},
 	kReduceScatter:  {AlgoOneShot, AlgoRing},
 	kReduceScatterV: {AlgoRing},
-	kReduce:         {AlgoOneShot, AlgoRing},
+	kReduce:         {AlgoOneShot, AlgoTree, AlgoRing},
 	kScatter:        {AlgoPairwise},
 	kGather:         {AlgoPairwise},
 	kAlltoAll:       {AlgoPairwise},
@@ -90,8 +93,16 @@ func choose(k kind, bytes int64, n int, l layout, mapped, multiHost bool) Algori
 		}
 		return AlgoRing
 	case kBroadcast:
-		if mapped {
+		switch {
+		case mapped:
 			return AlgoDirect
+		case bytes <= treeMax && n > 2:
+			return AlgoTree
+		}
+		return AlgoRing
+	case kReduce:
+		if !mapped && bytes <= treeMax && n > 2 {
+			return AlgoTree
 		}
 		return AlgoRing
 	case kAllGather:
@@ -106,18 +117,25 @@ func choose(k kind, bytes int64, n int, l layout, mapped, multiHost bool) Algori
 	return algorithms[k][len(algorithms[k])-1]
 }
 
+// treeMax is the largest message the selector sends down (or up) a tree
+// where a read crosses a network: above it the ring's single pass over each
+// link wins.
+const treeMax = 1 << 20
+
 // hdMax is the largest message (bytes per rank) the selector gives to
 // halving-doubling.
 const hdMax = 4 << 20
 
 // hcclAlgoNames maps HCCL_ALGO's algorithm names (and hcomm's own) to
-// schedules (names are case-insensitive). HCCL's NHR, NHR_V1, NB, AHC and pipeline have no hcomm
+// schedules (names are case-insensitive). HCCL's NHR, NHR_V1, AHC and pipeline have no hcomm
 // counterpart yet and are refused by name.
 var hcclAlgoNames = map[string]Algorithm{
 	"ring":     AlgoRing,
 	"h-d_r":    AlgoHD,
 	"hd":       AlgoHD,
 	"hier":     AlgoHier,
+	"tree":     AlgoTree,
+	"nb":       AlgoTree, // HCCL's NB: a nonuniform bruck/tree; hcomm's binomial tree is the nearest
 	"pairwise": AlgoPairwise,
 	"fullmesh": AlgoDirect,
 	"mesh":     AlgoDirect,
