@@ -101,6 +101,11 @@ func TestHelperRank(t *testing.T) {
 		if err := hierWork(c); err != nil {
 			t.Fatal(err)
 		}
+	case "colls":
+		if err := collsWork(c); err != nil {
+			t.Fatal(err)
+		}
+		fmt.Println("COLLS-OK")
 	default:
 		t.Fatalf("unknown %s=%q", roleEnv, role)
 	}
