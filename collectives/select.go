@@ -84,11 +84,12 @@ func choose(k kind, bytes int64, n int, l layout, mapped, multiHost bool) Algori
 		if multiHost {
 			return AlgoHier
 		}
-		// Halving-doubling takes log2(n) steps where the ring takes n-1,
-		// and moves no more: it wins up to a few MiB on powers of two
-		// (BENCHMARKS.md: 2 ranks, 1 MiB, 11.9 against 8.1 GB/s), the ring's
-		// cache-sized blocks win above.
-		if bytes <= hdMax && n&(n-1) == 0 {
+		// With two ranks halving-doubling is one exchange each way with no
+		// publish step: it wins up to several MiB (BENCHMARKS.md: 1 MiB,
+		// 11.9 against 8.3 GB/s; 8 MiB, 8.8 against 6.4); the ring's
+		// cache-sized blocks win above, and with more ranks everywhere
+		// measured (4 ranks, 1 MiB: 4.9 against 3.2).
+		if bytes <= hdMax && n == 2 {
 			return AlgoHD
 		}
 		return AlgoRing
@@ -101,10 +102,10 @@ func choose(k kind, bytes int64, n int, l layout, mapped, multiHost bool) Algori
 		}
 		return AlgoRing
 	case kReduce:
-		if !mapped && bytes <= treeMax && n > 2 {
-			return AlgoTree
-		}
-		return AlgoRing
+		// Up the tree each piece is written once and reduced once per
+		// hop; the ring's reduce-scatter plus gather moves more
+		// (BENCHMARKS.md: 4 ranks, 64 MiB, 4.1 against 3.4 GB/s).
+		return AlgoTree
 	case kAllGather:
 		// With two ranks the ring is one write and one copy per piece with
 		// no publish step; with more, reading each owner's piece directly
@@ -124,7 +125,7 @@ const treeMax = 1 << 20
 
 // hdMax is the largest message (bytes per rank) the selector gives to
 // halving-doubling.
-const hdMax = 4 << 20
+const hdMax = 8 << 20
 
 // hcclAlgoNames maps HCCL_ALGO's algorithm names (and hcomm's own) to
 // schedules (names are case-insensitive). HCCL's NHR, NHR_V1, AHC and pipeline have no hcomm
