@@ -129,6 +129,7 @@ func issue(c *hcomm.Comm, name string, k kind, s *device.Stream, o *Options, n i
 	if err := body(sc, algo); err != nil {
 		return err
 	}
+	sc.drainGathers()
 	if sc.err == nil {
 		sc.do(endOp())
 	}

@@ -58,6 +58,21 @@ func (s *sched) claimGather(readers []int) (k uint64, slot device.Ptr) {
 	return k, s.mySlot(st.lay.gatherSlotOff(k))
 }
 
+// drainGathers waits until every peer that was told to read one of this
+// rank's gather slots has done so. A collective ends with it, so that once a
+// rank's collective is complete no peer still reads this rank's memory for
+// it: the rank may then reuse its HCCL buffer freely, or destroy its
+// communicator, without pulling it from under a slow reader.
+func (s *sched) drainGathers() {
+	st := s.st
+	for k := range st.readers {
+		for _, p := range st.readers[k] {
+			s.wait(p, nDone+k)
+		}
+		st.readers[k] = nil
+	}
+}
+
 // publish tells the readers of gather slot k that it holds their piece.
 func (s *sched) publish(k uint64, readers []int) {
 	for _, p := range readers {

@@ -99,24 +99,7 @@ func checkReduce(c *Comm, op string, peer int, count int64, dt DataType, rop Red
 // WriteOnThread enqueues a one-sided write of n bytes from local src to the
 // peer's dst (HcommWriteOnThread).
 func WriteOnThread(t *Thread, ch *Channel, dst, src device.Ptr, n int64) error {
-	const op = "WriteOnThread"
-	c, err := dp(op, t, ch)
-	if err != nil {
-		return err
-	}
-	if err := c.remoteCheck(op, ch, "dst", dst, n); err != nil {
-		return err
-	}
-	if err := c.localCheck(op, ch.RemoteRank(), "src", src, n); err != nil {
-		return err
-	}
-	return c.launch(op, ch.RemoteRank(), t, func(stop <-chan struct{}) error {
-		b, err := c.dev.Bytes(src, n)
-		if err != nil {
-			return err
-		}
-		return c.moved(ch, metrics.Write, n, ch.ch.Transport().Write(stop, dst, b))
-	})
+	return writeOnThread("WriteOnThread", t, ch, dst, src, n, -1)
 }
 
 // ReadOnThread enqueues a one-sided read of n bytes from the peer's src into

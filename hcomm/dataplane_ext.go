@@ -68,7 +68,13 @@ func localReduce(op string, t *Thread, dst, a, b device.Ptr, count int64, dt Dat
 // the bytes are visible to the peer once its wait for the notify returns.
 // A schedule saves a stream task per hand-off with it.
 func WriteWithNotifyOnThread(t *Thread, ch *Channel, dst, src device.Ptr, n int64, remoteIdx int) error {
-	const op = "WriteWithNotifyOnThread"
+	return writeOnThread("WriteWithNotifyOnThread", t, ch, dst, src, n, remoteIdx)
+}
+
+// writeOnThread checks and enqueues a write of n bytes to the peer's dst,
+// followed, when remoteIdx >= 0, by a record of the peer's notify remoteIdx
+// in the same task.
+func writeOnThread(op string, t *Thread, ch *Channel, dst, src device.Ptr, n int64, remoteIdx int) error {
 	c, err := dp(op, t, ch)
 	if err != nil {
 		return err
@@ -79,12 +85,12 @@ func WriteWithNotifyOnThread(t *Thread, ch *Channel, dst, src device.Ptr, n int6
 	if err := c.localCheck(op, ch.RemoteRank(), "src", src, n); err != nil {
 		return err
 	}
-	if remoteIdx < 0 || remoteIdx >= ch.ch.PeerNotifyNum() {
+	if remoteIdx >= ch.ch.PeerNotifyNum() {
 		return c.errorf(op, ch.RemoteRank(), ErrPara, nil, "remote notify index %d is outside [0, %d) of rank %d's end of the channel",
 			remoteIdx, ch.ch.PeerNotifyNum(), ch.RemoteRank())
 	}
 	return c.launch(op, ch.RemoteRank(), t, func(stop <-chan struct{}) error {
-		if n > 0 {
+		if n > 0 || remoteIdx < 0 {
 			b, err := c.dev.Bytes(src, n)
 			if err != nil {
 				return err
@@ -92,6 +98,9 @@ func WriteWithNotifyOnThread(t *Thread, ch *Channel, dst, src device.Ptr, n int6
 			if err := c.moved(ch, metrics.Write, n, ch.ch.Transport().Write(stop, dst, b)); err != nil {
 				return err
 			}
+		}
+		if remoteIdx < 0 {
+			return nil
 		}
 		return ch.ch.Transport().NotifyRecord(stop, remoteIdx)
 	})
