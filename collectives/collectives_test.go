@@ -3,7 +3,6 @@ package collectives_test
 import (
 	"context"
 	"fmt"
-	"math"
 	"testing"
 	"time"
 
@@ -61,21 +60,7 @@ func input(dt hcomm.DataType, r, i int) float64 {
 // refReduce is the naive reference: fold the ranks' inputs in float64, then
 // cast to the type as C would (wrapping integers).
 func refReduce(dt hcomm.DataType, op hcomm.ReduceOp, n, i int) float64 {
-	acc := input(dt, 0, i)
-	for r := 1; r < n; r++ {
-		v := input(dt, r, i)
-		switch op {
-		case hcomm.Sum:
-			acc += v
-		case hcomm.Prod:
-			acc *= v
-		case hcomm.Max:
-			acc = math.Max(acc, v)
-		case hcomm.Min:
-			acc = math.Min(acc, v)
-		}
-	}
-	return acc
+	return ref(op, n, func(r int) float64 { return input(dt, r, i) })
 }
 
 func toT[T collectives.Number](dt hcomm.DataType, v float64) T {

@@ -49,6 +49,15 @@ func dp(op string, t *Thread, ch *Channel) (*Comm, error) {
 	return c, nil
 }
 
+// rangesCheck checks a one-sided op's remote range against the peer's
+// registered memory and its local range against this rank's device memory.
+func (c *Comm) rangesCheck(op string, ch *Channel, remoteWhat string, remote device.Ptr, localWhat string, local device.Ptr, n int64) error {
+	if err := c.remoteCheck(op, ch, remoteWhat, remote, n); err != nil {
+		return err
+	}
+	return c.localCheck(op, ch.RemoteRank(), localWhat, local, n)
+}
+
 func (c *Comm) localCheck(op string, peer int, what string, p device.Ptr, n int64) error {
 	if n < 0 {
 		return c.errorf(op, peer, ErrPara, nil, "length %d is negative", n)
@@ -110,10 +119,7 @@ func ReadOnThread(t *Thread, ch *Channel, dst, src device.Ptr, n int64) error {
 	if err != nil {
 		return err
 	}
-	if err := c.remoteCheck(op, ch, "src", src, n); err != nil {
-		return err
-	}
-	if err := c.localCheck(op, ch.RemoteRank(), "dst", dst, n); err != nil {
+	if err := c.rangesCheck(op, ch, "src", src, "dst", dst, n); err != nil {
 		return err
 	}
 	return c.launch(op, ch.RemoteRank(), t, func(stop <-chan struct{}) error {
@@ -137,10 +143,7 @@ func WriteReduceOnThread(t *Thread, ch *Channel, dst, src device.Ptr, count int6
 	if err != nil {
 		return err
 	}
-	if err := c.remoteCheck(op, ch, "dst", dst, n); err != nil {
-		return err
-	}
-	if err := c.localCheck(op, ch.RemoteRank(), "src", src, n); err != nil {
+	if err := c.rangesCheck(op, ch, "dst", dst, "src", src, n); err != nil {
 		return err
 	}
 	return c.launch(op, ch.RemoteRank(), t, func(stop <-chan struct{}) error {
@@ -164,10 +167,7 @@ func ReadReduceOnThread(t *Thread, ch *Channel, dst, src device.Ptr, count int64
 	if err != nil {
 		return err
 	}
-	if err := c.remoteCheck(op, ch, "src", src, n); err != nil {
-		return err
-	}
-	if err := c.localCheck(op, ch.RemoteRank(), "dst", dst, n); err != nil {
+	if err := c.rangesCheck(op, ch, "src", src, "dst", dst, n); err != nil {
 		return err
 	}
 	return c.launch(op, ch.RemoteRank(), t, func(stop <-chan struct{}) error {

@@ -79,10 +79,7 @@ func writeOnThread(op string, t *Thread, ch *Channel, dst, src device.Ptr, n int
 	if err != nil {
 		return err
 	}
-	if err := c.remoteCheck(op, ch, "dst", dst, n); err != nil {
-		return err
-	}
-	if err := c.localCheck(op, ch.RemoteRank(), "src", src, n); err != nil {
+	if err := c.rangesCheck(op, ch, "dst", dst, "src", src, n); err != nil {
 		return err
 	}
 	if remoteIdx >= ch.ch.PeerNotifyNum() {

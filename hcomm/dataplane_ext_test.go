@@ -3,6 +3,7 @@ package hcomm_test
 import (
 	"bytes"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -103,5 +104,25 @@ func TestLocalReduceTo(t *testing.T) {
 	}
 	if err := hcomm.LocalReduceToOnThread(nil, d, a, b, k, hcomm.Int32, hcomm.Sum); !errors.Is(err, hcomm.ErrPtr) {
 		t.Errorf("nil thread: %v, want ErrPtr", err)
+	}
+}
+
+// HCOMM_TCP_STREAMS sets the sockets per tcp channel; a bad value is an
+// error naming the variable, at the first channel.
+func TestTCPStreamsVariable(t *testing.T) {
+	t.Setenv("HCOMM_TCP_STREAMS", "0")
+	comms, err := hcomm.InitAll(2, &hcomm.Config{Transport: "tcp", BufferSize: 32 << 10, ConnectTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		for _, c := range comms {
+			c.Destroy()
+		}
+	}()
+	d := hcomm.ChannelDescInit(1)
+	d[0].RemoteRank = 1
+	if _, err := comms[0].ChannelAcquire(hcomm.EngineCPUTS, d); err == nil || !strings.Contains(err.Error(), "HCOMM_TCP_STREAMS") {
+		t.Fatalf("HCOMM_TCP_STREAMS=0: %v, want an error naming the variable", err)
 	}
 }
