@@ -98,6 +98,32 @@ func allGather(c *hcomm.Comm, name string, h header, send device.Ptr, sendCount 
 				}
 			}
 		case AlgoDirect:
+			if w, off, inPlace, ok := allGatherWindow(sc.st, send, sendCount*es, recv, extent(counts, displs)*es, out(me)); ok {
+				h.flags |= flagWindow
+				if inPlace {
+					h.flags |= flagInPlace
+				}
+				h.win, h.woff = w.id, off
+				sc.open(h, algo)
+				// Rank p's input lies at off in its window; in place, off is
+				// the output's offset and p's input is its part of the output.
+				at := func(p int) int64 {
+					if inPlace {
+						return off + displs[p]*es
+					}
+					return off
+				}
+				sc.lendWindow(sc.others())
+				sc.copy(out(me), send, sendCount*es)
+				for i := 1; i < c.Size(); i++ {
+					p := mod(me-i, c.Size())
+					sc.readWindow(w, p, at(p), out(p), counts[p]*es)
+				}
+				for _, p := range sc.others() {
+					sc.doneWithWindow(p)
+				}
+				break
+			}
 			sc.open(h, algo)
 			sc.copy(out(me), send, sendCount*es)
 			allGatherDirect(sc, send, out, counts, es)
@@ -110,6 +136,19 @@ func allGather(c *hcomm.Comm, name string, h header, send device.Ptr, sendCount 
 		}
 		return nil
 	})
+}
+
+// allGatherWindow reports whether an all-gather reads its peers' inputs from
+// a window: out of place when send lies in one, in place (send is this
+// rank's part of recv) when recv does. off is the offset of send, or in place
+// of recv, in the window. st.mu is held.
+func allGatherWindow(st *state, send device.Ptr, sendBytes int64, recv device.Ptr, recvBytes int64, mine device.Ptr) (w *Window, off int64, inPlace, ok bool) {
+	if send == mine {
+		w, off, ok = st.windowOf(recv, recvBytes)
+		return w, off, true, ok && recvBytes > 0
+	}
+	w, off, ok = st.windowOf(send, sendBytes)
+	return w, off, false, ok && recvBytes > 0
 }
 
 // allGatherDirect: each rank publishes its input piece by piece in its

@@ -66,6 +66,15 @@ func alltoall(c *hcomm.Comm, name string, h header, send device.Ptr, sc_, sd []i
 			return collErr(c, name, hcomm.ErrNotSupport, nil, "algorithm %v is not available for %s", algo, name)
 		}
 		h.algo = algo
+		// AlltoAll (not V: a peer's displacements are not known here) from a
+		// window: every rank's block for this rank lies at this rank's
+		// displacement in the peer's send buffer, read in place.
+		w, off, windowed := sched.st.windowOf(send, extent(sc_, sd)*es)
+		windowed = windowed && h.kind == kAlltoAll && sched.st.mapped && extent(sc_, sd) > 0
+		if windowed {
+			h.flags |= flagWindow
+			h.win, h.woff = w.id, off
+		}
 		// The hello carries this rank's send counts, so that each peer checks
 		// them against its receive counts.
 		table := sched.countTable(sc_)
@@ -78,7 +87,20 @@ func alltoall(c *hcomm.Comm, name string, h header, send device.Ptr, sc_, sd []i
 			}
 			return nil
 		})
+		if windowed {
+			sched.lendWindow(sched.others())
+		}
 		sched.copy(recv.Add(rd[me]*es), send.Add(sd[me]*es), min(sc_[me], rc[me])*es)
+		if windowed {
+			for r := 1; r < n; r++ {
+				from := mod(me-r, n)
+				sched.readWindow(w, from, off+sd[me]*es, recv.Add(rd[from]*es), rc[from]*es)
+			}
+			for _, p := range sched.others() {
+				sched.doneWithWindow(p)
+			}
+			return nil
+		}
 		per := sched.st.lay.piece / es
 		for r := 1; r < n; r++ {
 			to, from := mod(me+r, n), mod(me-r, n)

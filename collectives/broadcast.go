@@ -30,6 +30,13 @@ func Broadcast(buf device.Ptr, count int64, dt hcomm.DataType, root int, c *hcom
 		case algo == AlgoOneShot:
 			broadcastOneShot(sc, h, buf, n, root)
 		case algo == AlgoDirect:
+			if w, off, ok := sc.st.windowOf(buf, n); ok && n > 0 {
+				h.flags |= flagWindow
+				h.win, h.woff = w.id, off
+				sc.open(h, algo)
+				broadcastWindow(sc, w, off, buf, n, root)
+				break
+			}
 			sc.open(h, algo)
 			broadcastDirect(sc, buf, n, root)
 		case algo == AlgoTree:
@@ -82,6 +89,19 @@ func broadcastDirect(sc *sched, buf device.Ptr, bytes int64, root int) {
 		}
 		sc.readGather(root, sc.nextGather(root), buf.Add(lo), 0, m)
 	}
+}
+
+// broadcastWindow: buf lies at off in window w on every rank; every other
+// rank reads the root's buf in place, straight into its own (one copy per
+// receiver, none by the root), then tells the root it is done, and the
+// root's collective ends once all have (drainGathers).
+func broadcastWindow(sc *sched, w *Window, off int64, buf device.Ptr, bytes int64, root int) {
+	if sc.st.comm.Rank() == root {
+		sc.lendWindow(sc.others())
+		return
+	}
+	sc.readWindow(w, root, off, buf, bytes)
+	sc.doneWithWindow(root)
 }
 
 // broadcastRing: pieces flow root -> root+1 -> ... -> root-1 through the

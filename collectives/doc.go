@@ -55,6 +55,18 @@
 // Every rank reduces in the same order, so results are bit-identical on all
 // ranks.
 //
+// # Symmetric windows (zero copy)
+//
+// RegisterWindow registers device memory on every rank at once (NCCL's
+// symmetric window, ncclCommWindowRegister). When a Broadcast, AllGather or
+// AlltoAll finds its buffers at the same offset of a window on every rank,
+// and the peers' memory is mapped (inproc, shm; with the direct algorithm,
+// or pairwise for AlltoAll), each rank reads the root's or its peers' buffers
+// in place instead of through their HCCL buffers: one copy per receiver and
+// none by the owner. The handshake carries the window and offset, so ranks
+// that disagree get ErrMismatch before any byte is read. `hcomm bench -R 1`
+// measures it; BENCHMARKS.md has the figures.
+//
 // # The caller's duties
 //
 //  1. Every rank calls the same collectives in the same order with the same

@@ -57,7 +57,8 @@ func (k kind) String() string {
 //	0  magic "HCOL"     4  version (1)   5  kind     6  data type  7  reduce op
 //	8  algorithm        9  flags         12 root     16 count      24 sequence
 //	32 extra (a digest of per-rank counts for the V collectives)
-//	40 from rank        44 rank count    48..63 zero
+//	40 from rank        44 rank count    48 window id (0: none)   52 zero
+//	56 offset of the collective's buffer in the window
 type header struct {
 	kind  kind
 	dt    hcomm.DataType
@@ -70,6 +71,8 @@ type header struct {
 	extra uint64
 	from  int32
 	size  int32
+	win   uint32 // the symmetric window the buffers lie in (flagWindow)
+	woff  int64  // their offset in it
 }
 
 const (
@@ -77,6 +80,8 @@ const (
 	headerVersion = 1
 	flagOp        = 1 // the reduce op is part of the call
 	flagRoot      = 2 // the root is part of the call
+	flagWindow    = 4 // the buffers lie in a window (win, woff): peers read them in place
+	flagInPlace   = 8 // with flagWindow: the call is in place (woff is the output's offset)
 )
 
 var headerMagic = [4]byte{'H', 'C', 'O', 'L'}
@@ -96,6 +101,8 @@ func (h header) encode(b []byte) {
 	binary.LittleEndian.PutUint64(b[32:], h.extra)
 	binary.LittleEndian.PutUint32(b[40:], uint32(h.from))
 	binary.LittleEndian.PutUint32(b[44:], uint32(h.size))
+	binary.LittleEndian.PutUint32(b[48:], h.win)
+	binary.LittleEndian.PutUint64(b[56:], uint64(h.woff))
 }
 
 // decodeHeader parses a peer's header. It trusts nothing: a short buffer, a
@@ -122,6 +129,8 @@ func decodeHeader(b []byte) (header, error) {
 		extra: binary.LittleEndian.Uint64(b[32:]),
 		from:  int32(binary.LittleEndian.Uint32(b[40:])),
 		size:  int32(binary.LittleEndian.Uint32(b[44:])),
+		win:   binary.LittleEndian.Uint32(b[48:]),
+		woff:  int64(binary.LittleEndian.Uint64(b[56:])),
 	}, nil
 }
 
@@ -139,6 +148,12 @@ func (h header) call() string {
 	if h.extra != 0 {
 		fmt.Fprintf(&b, ", counts digest %#x", h.extra)
 	}
+	if h.flags&flagWindow != 0 {
+		fmt.Fprintf(&b, ", window %d at offset %d", h.win, h.woff)
+		if h.flags&flagInPlace != 0 {
+			b.WriteString(" in place")
+		}
+	}
 	fmt.Fprintf(&b, ", %v)", h.algo)
 	return b.String()
 }
@@ -147,7 +162,8 @@ func (h header) call() string {
 func (h header) same(o header) bool {
 	return h.kind == o.kind && h.dt == o.dt && h.flags == o.flags &&
 		(h.flags&flagOp == 0 || h.op == o.op) && (h.flags&flagRoot == 0 || h.root == o.root) &&
-		h.count == o.count && h.extra == o.extra && h.algo == o.algo && h.size == o.size
+		h.count == o.count && h.extra == o.extra && h.algo == o.algo && h.size == o.size &&
+		(h.flags&flagWindow == 0 || h.win == o.win && h.woff == o.woff)
 }
 
 // digest folds per-rank counts into the header's extra field (FNV-1a), so

@@ -96,6 +96,8 @@ type state struct {
 	multiHost bool               // ranks span hosts, some with several ranks: the two-level schedule pays
 	mapped    bool               // every peer's memory is mapped (inproc, shm): a read is a memmove
 	forced    map[kind]Algorithm // HCCL_ALGO
+	windows   int                // windows registered so far (the next one's id - 1)
+	wins      []*Window          // the live windows (window.go)
 
 	hier           *hier         // the two-level structure, made on first use
 	side           *hcomm.Thread // the side thread (fork/join), made on first use

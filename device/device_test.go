@@ -1003,3 +1003,61 @@ func TestErrorsCarryContext(t *testing.T) {
 		t.Fatal("Timeout()")
 	}
 }
+
+// A caller that enqueues faster than the stream runs waits once MaxPending
+// tasks are queued: every task finds at most MaxPending tasks still queued
+// from the moment it was taken.
+func TestEnqueueWaitsWhenQueueIsFull(t *testing.T) {
+	d := open(t, 0)
+	s := stream(t, d)
+	const n = 8 * device.MaxPending
+	var launched atomic.Int64
+	var worst atomic.Int64
+	for i := int64(1); i <= n; i++ {
+		if err := s.Launch("slow", func(<-chan struct{}) error {
+			// Tasks cost more than enqueues (about 2 µs each), so that an
+			// unbounded queue would run far ahead.
+			for t0 := time.Now(); time.Since(t0) < 2*time.Microsecond; {
+			}
+			if ahead := launched.Load() - i; ahead > worst.Load() {
+				worst.Store(ahead)
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		launched.Add(1)
+	}
+	sync0(t, s)
+	if w := worst.Load(); w > device.MaxPending {
+		t.Fatalf("a task saw %d tasks queued behind it, the bound is %d", w, device.MaxPending)
+	}
+}
+
+// A blocking host callback that enqueues on its own full stream — which
+// waits for the callback — must not deadlock: the enqueue stops waiting when
+// the stream makes no progress.
+func TestEnqueueFromOwnCallbackOnFullStreamDoesNotDeadlock(t *testing.T) {
+	d := open(t, 0)
+	s := stream(t, d)
+	done := make(chan error, 1)
+	if err := s.LaunchCallback(func() {
+		done <- s.Launch("from callback", func(<-chan struct{}) error { return nil })
+	}, device.CallbackBlock); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < device.MaxPending; i++ {
+		if err := s.Launch("filler", func(<-chan struct{}) error { return nil }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("an enqueue from a blocking callback on its own full stream hung")
+	}
+	sync0(t, s)
+}

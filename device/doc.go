@@ -25,6 +25,12 @@
 //     through the exception callback (SetExceptionInfoCallback); the tasks
 //     after a failed one are skipped until then.
 //
+// A stream's queue is bounded, as a GPU's launch queue is: an enqueue that
+// finds MaxPending tasks queued waits until the stream has run half of them
+// (or gives up after 100 ms without progress, so that a blocking host
+// callback that launches on its own stream cannot deadlock). A caller far
+// ahead of its stream therefore holds a bounded heap.
+//
 // Memory and other processes: on Linux every allocation of the host backend
 // is its own memfd, reserved in full at Malloc (fallocate), sealed against
 // shrinking and mapped MAP_SHARED; Share hands out a descriptor of it so that

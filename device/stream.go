@@ -101,6 +101,15 @@ func (s *Stream) enqueue(name string, fn func(stop <-chan struct{}) error) (uint
 		s.mu.Unlock()
 		return 0, s.errf(name, ErrInvalidHandle, "stream is destroyed")
 	}
+	if s.submitted-s.completed.Load() >= MaxPending {
+		s.mu.Unlock()
+		s.throttle()
+		s.mu.Lock()
+		if s.destroyed {
+			s.mu.Unlock()
+			return 0, s.errf(name, ErrInvalidHandle, "stream is destroyed")
+		}
+	}
 	s.submitted++
 	seq := s.submitted
 	s.q = append(s.q, &task{seq: seq, name: name, run: fn})
@@ -111,6 +120,43 @@ func (s *Stream) enqueue(name string, fn func(stop <-chan struct{}) error) (uint
 	default:
 	}
 	return seq, nil
+}
+
+// MaxPending is how many tasks a stream holds before an enqueue waits for
+// the worker (a GPU stream's launch queue is bounded the same way: CUDA's
+// holds about a thousand kernels). Without a bound, a caller that enqueues
+// much faster than the tasks run — a benchmark issuing thousands of small
+// collectives — grows the queue and the Go heap without limit, and the page
+// faults and garbage collection that costs take the processor from the
+// tasks themselves. An enqueue that finds MaxPending tasks queued waits until
+// the queue is down to MaxPending/2, so that a caller far ahead waits once per
+// MaxPending/2 tasks, not once per task.
+const MaxPending = 1024
+
+// throttleGiveUp bounds one throttle wait without progress. A caller that
+// enqueues from inside the stream's own work (a blocking host callback that
+// launches on its own stream: allowed, though CUDA forbids it) would wait
+// for itself; after this long the enqueue proceeds and the queue grows.
+const throttleGiveUp = 100 * time.Millisecond
+
+// throttle waits, while the worker makes progress, until the queue holds at
+// most MaxPending/2 tasks.
+func (s *Stream) throttle() {
+	for {
+		s.mu.Lock()
+		sub, done := s.submitted, s.destroyed
+		s.mu.Unlock()
+		c := s.completed.Load()
+		if done || sub-c < MaxPending/2+1 {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), throttleGiveUp)
+		r := s.awaitProgress(sub-MaxPending/2, spin.Default, nil, ctx.Done())
+		cancel()
+		if r != reached && s.completed.Load() == c {
+			return // no task finished for throttleGiveUp: do not wait on
+		}
+	}
 }
 
 // loop is the stream's worker: it runs the tasks in order.

@@ -59,6 +59,7 @@ type Options struct {
 	MinBW       float64        // HCOMM_TESTS_MIN_BW; 0 = no bound
 	Bidir       bool           // p2p: both directions at once
 	Protocol    hcomm.Protocol // p2p: the channels' protocol (picks the transport)
+	Register    bool           // -R 1: the buffers are symmetric windows (collectives.RegisterWindow)
 
 	corrupt func(rank int, inPlace bool, out []byte) // Hooks.Corrupt
 }
@@ -169,6 +170,7 @@ func Parse(args []string, stderr io.Writer, getenv func(string) string) (Options
 	fs.IntVar(&o.Iters, "n", 20, "timed iterations per size")
 	fs.IntVar(&o.Warmup, "w", 5, "warm-up iterations per size")
 	check := fs.Int("c", 1, "check results: 1 counts wrong elements, 0 does not check")
+	register := fs.Int("R", 0, "1 registers the send and receive buffers as symmetric windows (collectives.RegisterWindow; nccl-tests' -R 2), so that peers read them in place; 0 does not")
 	dts := fs.String("d", "float", "data type(s): a name, a comma list, or all")
 	ops := fs.String("o", "sum", "reduction(s): sum, prod, max, min, a comma list, or all")
 	fs.IntVar(&o.Root, "r", 0, "root rank of rooted collectives")
@@ -227,12 +229,15 @@ func Parse(args []string, stderr io.Writer, getenv func(string) string) (Options
 		return o, errUsage{err}
 	}
 	o.Check = *check != 0
+	o.Register = *register == 1
 	if o.Protocol, err = parseProtocol(*proto); err != nil {
 		return o, errUsage{err}
 	}
 	switch {
 	case *check != 0 && *check != 1:
 		err = fmt.Errorf("-c %d: want 0 or 1", *check)
+	case *register != 0 && *register != 1:
+		err = fmt.Errorf("-R %d: want 0 or 1", *register)
 	case o.MinBytes > o.MaxBytes:
 		err = fmt.Errorf("-b %d is larger than -e %d", o.MinBytes, o.MaxBytes)
 	case o.StepFactor != 0 && o.StepFactor <= 1:

@@ -448,3 +448,33 @@ func TestProgressLine(t *testing.T) {
 		t.Errorf("not a terminal: stderr %q", errs)
 	}
 }
+
+// -R 1 runs the collectives on symmetric windows (peers read the buffers in
+// place); the results are checked as without it.
+func TestRegisteredWindows(t *testing.T) {
+	for _, name := range []string{"broadcast", "allgather", "alltoall", "allreduce"} {
+		t.Run(name, func(t *testing.T) {
+			code, out, errs := bench(t, Hooks{}, name, "--json", "-R", "1", "-g", "4", "-r", "1", "-b", "7", "-e", "1M", "-f", "97", "-n", "2", "-w", "1", "-d", "int8,float")
+			if code != 0 {
+				t.Fatalf("exit %d\n%s%s", code, out, errs)
+			}
+			var doc struct{ Rows []Row }
+			if err := json.Unmarshal([]byte(out), &doc); err != nil {
+				t.Fatal(err)
+			}
+			if len(doc.Rows) != 2*3 {
+				t.Errorf("%d rows, want 6", len(doc.Rows))
+			}
+			for _, r := range doc.Rows {
+				for _, res := range []*Result{r.Out, r.In} {
+					if !res.NA && res.Wrong != 0 {
+						t.Errorf("%+v: %d wrong", r, res.Wrong)
+					}
+				}
+			}
+		})
+	}
+	if code, _, errs := bench(t, Hooks{}, "allgather", "-R", "2", "-g", "2"); code != 2 || !strings.Contains(errs, "-R 2") {
+		t.Errorf("-R 2: exit %d, %q", code, errs)
+	}
+}

@@ -198,6 +198,18 @@ func runColl(ctx context.Context, c *hcomm.Comm, o Options, rep *report, h Hooks
 		return false, fmt.Errorf("allocating %d bytes for the receive buffer: %w", maxRecv, err)
 	}
 	defer dev.Free(recvP)
+	if o.Register {
+		for _, b := range []struct {
+			p device.Ptr
+			n int64
+		}{{sendP, max(maxSend, 64)}, {recvP, max(maxRecv, 64)}} {
+			w, err := collectives.RegisterWindow(c, b.p, b.n)
+			if err != nil {
+				return false, fmt.Errorf("-R 1: %w", err)
+			}
+			defer w.Deregister()
+		}
+	}
 	var hostIn, hostOut []byte
 	if o.Check {
 		hostIn = make([]byte, max(maxSend, maxRecv))

@@ -17,6 +17,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -119,7 +120,7 @@ func Run(ctx context.Context, o Options) (Result, error) {
 	}
 	for r := 0; r < o.N; r++ {
 		c := exec.Command(prog, o.Args...)
-		c.Env = withVars(o.Env, map[string]string{
+		vars := map[string]string{
 			"MASTER_ADDR":      "127.0.0.1",
 			"MASTER_PORT":      strconv.Itoa(port),
 			"RANK":             strconv.Itoa(r),
@@ -128,7 +129,11 @@ func Run(ctx context.Context, o Options) (Result, error) {
 			"LOCAL_WORLD_SIZE": strconv.Itoa(o.N),
 			"GROUP_RANK":       "0",
 			"HCOMM_SECRET":     secret,
-		})
+		}
+		if g := gomaxprocs(o.Env, o.N); g != "" {
+			vars["GOMAXPROCS"] = g
+		}
+		c.Env = withVars(o.Env, vars)
 		stdout := &prefixWriter{mu: &outMu, w: o.Stdout, prefix: []byte("[" + strconv.Itoa(r) + "] ")}
 		stderr := &prefixWriter{mu: &outMu, w: o.Stderr, prefix: stdout.prefix}
 		writers = append(writers, stdout, stderr)
@@ -215,6 +220,20 @@ func FreePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
+// gomaxprocs is the GOMAXPROCS a rank gets when the caller did not set one:
+// the host's processors shared out among the n ranks, at least one each
+// (mpirun binds ranks to cores for the same reason). A Go process otherwise
+// runs as many threads as the host has processors; n of them on the same
+// processors wake and preempt each other, and small collectives, which hand
+// off between ranks every few microseconds, slow down about twofold when
+// ranks outnumber processors. "" leaves the variable alone.
+func gomaxprocs(env []string, n int) string {
+	if lookupVar(env, "GOMAXPROCS") != "" || n <= 1 {
+		return ""
+	}
+	return strconv.Itoa(max(1, runtime.NumCPU()/n))
+}
+
 // lookupVar returns name's value in env ("" when unset).
 func lookupVar(env []string, name string) string {
 	for i := len(env) - 1; i >= 0; i-- {
@@ -234,7 +253,7 @@ func withVars(env []string, vars map[string]string) []string {
 			out = append(out, kv)
 		}
 	}
-	for _, k := range []string{"MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "HCOMM_SECRET"} {
+	for _, k := range []string{"MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "HCOMM_SECRET", "GOMAXPROCS"} {
 		if v, ok := vars[k]; ok {
 			out = append(out, k+"="+v)
 		}

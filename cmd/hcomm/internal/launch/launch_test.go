@@ -3,6 +3,8 @@ package launch
 import (
 	"bytes"
 	"context"
+	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -129,5 +131,22 @@ func TestRunSetsASecretPerLaunch(t *testing.T) {
 	}
 	if c := secrets([]string{"PATH=/usr/bin:/bin", "HCOMM_SECRET=mine"}); c[0] != "mine" || c[1] != "mine" {
 		t.Errorf("a preset secret was replaced: %q", c)
+	}
+}
+
+// Ranks share the host's processors unless the caller chose GOMAXPROCS.
+func TestGomaxprocsSharesTheProcessors(t *testing.T) {
+	ncpu := runtime.NumCPU()
+	if got, want := gomaxprocs(nil, 2), strconv.Itoa(max(1, ncpu/2)); got != want {
+		t.Errorf("2 ranks on %d processors: GOMAXPROCS %q, want %q", ncpu, got, want)
+	}
+	if got := gomaxprocs(nil, 4*ncpu); got != "1" {
+		t.Errorf("%d ranks on %d processors: GOMAXPROCS %q, want 1", 4*ncpu, ncpu, got)
+	}
+	if got := gomaxprocs([]string{"GOMAXPROCS=3"}, 4); got != "" {
+		t.Errorf("the caller's GOMAXPROCS=3 was overridden with %q", got)
+	}
+	if got := gomaxprocs(nil, 1); got != "" {
+		t.Errorf("one rank: GOMAXPROCS %q, want it left alone", got)
 	}
 }
