@@ -2,6 +2,7 @@ package hcomm_test
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"slices"
 	"strings"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/hcomm-dev/hcomm/collectives"
+	"github.com/hcomm-dev/hcomm/device"
 	"github.com/hcomm-dev/hcomm/hcomm"
 )
 
@@ -132,7 +134,81 @@ func collsWork(c *hcomm.Comm) error {
 			}
 		}
 	}
+	if err := windowWork(c, val); err != nil {
+		return err
+	}
 	return collectives.BarrierContext(ctx, c)
+}
+
+// windowWork runs AlltoAll, an in-place AllGather and Broadcast on buffers
+// in a symmetric window (collectives.RegisterWindow): over shm every rank
+// reads its peers' buffers in place, through the peer's mapping.
+func windowWork(c *hcomm.Comm, val func(r, i int) int32) error {
+	me, n := c.Rank(), c.Size()
+	const count = 100003
+	dev := c.Device()
+	size := int64(2 * n * count * 4)
+	p, err := dev.Malloc(size)
+	if err != nil {
+		return err
+	}
+	defer dev.Free(p)
+	s, err := dev.CreateStream()
+	if err != nil {
+		return err
+	}
+	defer s.Destroy()
+	w, err := collectives.RegisterWindow(c, p, size)
+	if err != nil {
+		return fmt.Errorf("RegisterWindow: %w", err)
+	}
+	defer w.Deregister()
+	put := func(at device.Ptr, vals func(i int) int32, k int) error {
+		b := make([]byte, 4*k)
+		for i := 0; i < k; i++ {
+			binary.LittleEndian.PutUint32(b[4*i:], uint32(vals(i)))
+		}
+		return dev.MemcpyHtoD(at, b)
+	}
+	check := func(what string, at device.Ptr, want func(i int) int32, k int) error {
+		if err := s.SynchronizeWithTimeout(60 * time.Second); err != nil {
+			return fmt.Errorf("%s: %w", what, err)
+		}
+		b := make([]byte, 4*k)
+		if err := dev.MemcpyDtoH(b, at); err != nil {
+			return err
+		}
+		for i := 0; i < k; i++ {
+			if v := int32(binary.LittleEndian.Uint32(b[4*i:])); v != want(i) {
+				return fmt.Errorf("%s in a window: element %d = %d, want %d", what, i, v, want(i))
+			}
+		}
+		return nil
+	}
+	recv := p.Add(int64(n * count * 4))
+	if err := put(p, func(i int) int32 { return val(me, i) }, n*count); err != nil {
+		return err
+	}
+	if err := collectives.AlltoAll(p, count, hcomm.Int32, recv, count, hcomm.Int32, c, s, nil); err != nil {
+		return err
+	}
+	if err := check("AlltoAll", recv, func(i int) int32 { return val(i/count, me*count+i%count) }, n*count); err != nil {
+		return err
+	}
+	mine := recv.Add(int64(me * count * 4))
+	if err := put(mine, func(i int) int32 { return val(me, i) }, count); err != nil {
+		return err
+	}
+	if err := collectives.AllGather(mine, recv, count, hcomm.Int32, c, s, nil); err != nil {
+		return err
+	}
+	if err := check("AllGather in place", recv, func(i int) int32 { return val(i/count, i%count) }, n*count); err != nil {
+		return err
+	}
+	if err := collectives.Broadcast(p, count, hcomm.Int32, n-1, c, s, nil); err != nil {
+		return err
+	}
+	return check("Broadcast", p, func(i int) int32 { return val(n-1, i) }, count)
 }
 
 // TestMultiProcessCollectives: three processes run every collective and
