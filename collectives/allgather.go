@@ -114,10 +114,25 @@ func allGather(c *hcomm.Comm, name string, h header, send device.Ptr, sendCount 
 					return off
 				}
 				sc.lendWindow(sc.others())
-				sc.copy(out(me), send, sendCount*es)
-				for i := 1; i < c.Size(); i++ {
-					p := mod(me-i, c.Size())
-					sc.readWindow(w, p, at(p), out(p), counts[p]*es)
+				// Piece by piece across the inputs, this rank's own included:
+				// the ranks read piece q of every input at about the same
+				// time, so that an input read by n ranks comes from memory
+				// about once.
+				per := sc.st.lay.piece
+				var most int64
+				for _, x := range counts {
+					most = max(most, x*es)
+				}
+				for lo := int64(0); lo < most; lo += per {
+					if m := min(per, sendCount*es-lo); m > 0 {
+						sc.copy(out(me).Add(lo), send.Add(lo), m)
+					}
+					for i := 1; i < c.Size(); i++ {
+						p := mod(me-i, c.Size())
+						if m := min(per, counts[p]*es-lo); m > 0 {
+							sc.readWindow(w, p, at(p)+lo, out(p).Add(lo), m)
+						}
+					}
 				}
 				for _, p := range sc.others() {
 					sc.doneWithWindow(p)
