@@ -24,6 +24,7 @@ type Device struct {
 
 	mu      sync.Mutex
 	closed  bool
+	gone    atomic.Bool // closed, for the lock-free check of every call
 	streams map[*Stream]struct{}
 	defS    *Stream
 	nalloc  int
@@ -54,10 +55,7 @@ func (d *Device) check(op string) error {
 	if d == nil {
 		return newErr(op, -1, -1, ErrInvalidHandle, "nil device")
 	}
-	d.mu.Lock()
-	closed := d.closed
-	d.mu.Unlock()
-	if closed {
+	if d.gone.Load() {
 		return newErr(op, d.id, -1, ErrInvalidHandle, "device is closed")
 	}
 	return nil
@@ -77,6 +75,7 @@ func (d *Device) Close() error {
 		return nil
 	}
 	d.closed = true
+	d.gone.Store(true)
 	streams := make([]*Stream, 0, len(d.streams))
 	for s := range d.streams {
 		streams = append(streams, s)

@@ -1,8 +1,10 @@
 package device
 
 import (
+	"slices"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 )
 
@@ -106,21 +108,38 @@ func (a *allocation) size() int64 { return int64(len(a.mem)) }
 
 // allocTable holds every live allocation of the process, sorted by base, so that
 // a range can be checked in O(log n) and copies between devices can be checked
-// too.
+// too. Every data-plane call checks its ranges here, from every rank at once,
+// while allocations change rarely: writers (under mu) publish a new sorted
+// slice, and readers load the current one without a lock.
 type allocTable struct {
-	mu     sync.RWMutex
-	sorted []*allocation
+	mu   sync.Mutex
+	snap atomic.Pointer[[]*allocation]
 }
 
 var allocs allocTable
 
+// list returns the current sorted allocations (never modified in place).
+func (t *allocTable) list() []*allocation {
+	if p := t.snap.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// edit replaces the table with what fn makes of a copy of it. t.mu is held.
+func (t *allocTable) edit(fn func([]*allocation) []*allocation) {
+	cur := t.list()
+	next := fn(append(make([]*allocation, 0, len(cur)+1), cur...))
+	t.snap.Store(&next)
+}
+
 func (t *allocTable) insert(a *allocation) {
 	t.mu.Lock()
-	i := sort.Search(len(t.sorted), func(i int) bool { return t.sorted[i].base > a.base })
-	t.sorted = append(t.sorted, nil)
-	copy(t.sorted[i+1:], t.sorted[i:])
-	t.sorted[i] = a
-	t.mu.Unlock()
+	defer t.mu.Unlock()
+	t.edit(func(s []*allocation) []*allocation {
+		i := sort.Search(len(s), func(i int) bool { return s[i].base > a.base })
+		return slices.Insert(s, i, a)
+	})
 }
 
 // remove deletes the allocation that starts exactly at p and belongs to dev
@@ -128,24 +147,34 @@ func (t *allocTable) insert(a *allocation) {
 func (t *allocTable) remove(p Ptr, dev *Device) *allocation {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	i := sort.Search(len(t.sorted), func(i int) bool { return t.sorted[i].base >= p })
-	if i == len(t.sorted) || t.sorted[i].base != p || (dev != nil && t.sorted[i].dev != dev) {
+	cur := t.list()
+	i := sort.Search(len(cur), func(i int) bool { return cur[i].base >= p })
+	if i == len(cur) || cur[i].base != p || (dev != nil && cur[i].dev != dev) {
 		return nil
 	}
-	a := t.sorted[i]
-	t.sorted = append(t.sorted[:i], t.sorted[i+1:]...)
+	a := cur[i]
+	t.edit(func(s []*allocation) []*allocation { return slices.Delete(s, i, i+1) })
 	return a
 }
 
 // find returns the live allocation that holds [p, p+n), or nil.
 func (t *allocTable) find(p Ptr, n int64) *allocation {
-	t.mu.RLock()
-	defer t.mu.RUnlock()
-	i := sort.Search(len(t.sorted), func(i int) bool { return t.sorted[i].base > p }) - 1
-	if i < 0 {
+	cur := t.list()
+	// The last allocation whose base is <= p (a hand-written search: this is
+	// on the path of every data-plane call).
+	lo, hi := 0, len(cur)
+	for lo < hi {
+		m := int(uint(lo+hi) >> 1)
+		if cur[m].base <= p {
+			lo = m + 1
+		} else {
+			hi = m
+		}
+	}
+	if lo == 0 {
 		return nil
 	}
-	a := t.sorted[i]
+	a := cur[lo-1]
 	off := int64(p - a.base)
 	if off < 0 || off > a.size() || n > a.size()-off {
 		return nil
@@ -417,9 +446,9 @@ func (d *Device) MemcpyDtoH(dst []byte, src Ptr) error {
 func (t *allocTable) removeDevice(dev *Device) *allocation {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	for i, a := range t.sorted {
+	for i, a := range t.list() {
 		if a.dev == dev {
-			t.sorted = append(t.sorted[:i], t.sorted[i+1:]...)
+			t.edit(func(s []*allocation) []*allocation { return slices.Delete(s, i, i+1) })
 			return a
 		}
 	}
