@@ -3,6 +3,8 @@ package collectives
 import (
 	"strings"
 	"testing"
+
+	"github.com/hcomm-dev/hcomm/hcomm"
 )
 
 func TestParseHCCLAlgo(t *testing.T) {
@@ -91,4 +93,22 @@ func FuzzDecodeHeader(f *testing.F) {
 			t.Fatalf("re-decode: %+v, %v; want %+v", h2, err, h)
 		}
 	})
+}
+
+// BenchmarkHelloCheck is the work the handshake's comparison adds per peer
+// (what HCOMM_COLL_CHECK=0 skips): decode the peer's header and compare it
+// with this rank's. A collective pays it once per peer it greets.
+func BenchmarkHelloCheck(b *testing.B) {
+	h := header{kind: kAllReduce, dt: hcomm.Float32, op: hcomm.Sum, flags: flagOp, count: 1024, seq: 7, from: 1, size: 4, algo: AlgoOneShot}
+	buf := make([]byte, headerSize)
+	h.encode(buf)
+	mine := h
+	mine.from = 0
+	b.ReportAllocs()
+	for b.Loop() {
+		got, err := decodeHeader(buf)
+		if err != nil || !got.same(mine) || got.seq != mine.seq {
+			b.Fatal("headers differ")
+		}
+	}
 }
