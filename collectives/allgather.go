@@ -83,7 +83,13 @@ func allGather(c *hcomm.Comm, name string, h header, send device.Ptr, sendCount 
 	for _, x := range counts {
 		maxCount = max(maxCount, x)
 	}
-	return issue(c, name, h.kind, s, o, maxCount*es, func(sc *sched, algo Algorithm) error {
+	mine := recv.Add(displs[c.Rank()] * es)
+	recvBytes := extent(counts, displs) * es
+	windowed := func(st *state) bool {
+		_, _, _, ok := allGatherWindow(st, send, sendCount*es, recv, recvBytes, mine)
+		return ok
+	}
+	return issueWindowed(c, name, h.kind, s, o, maxCount*es, windowed, func(sc *sched, algo Algorithm) error {
 		me := c.Rank()
 		out := func(p int) device.Ptr { return recv.Add(displs[p] * es) }
 		switch algo {
@@ -98,7 +104,7 @@ func allGather(c *hcomm.Comm, name string, h header, send device.Ptr, sendCount 
 				}
 			}
 		case AlgoDirect:
-			if w, off, inPlace, ok := allGatherWindow(sc.st, send, sendCount*es, recv, extent(counts, displs)*es, out(me)); ok {
+			if w, off, inPlace, ok := allGatherWindow(sc.st, send, sendCount*es, recv, recvBytes, mine); ok {
 				h.flags |= flagWindow
 				if inPlace {
 					h.flags |= flagInPlace

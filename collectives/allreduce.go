@@ -98,6 +98,13 @@ func AllReduce(send, recv device.Ptr, count int64, dt hcomm.DataType, op hcomm.R
 // of n bytes per rank, issue the schedule (which opens with the handshake),
 // and record the completion.
 func issue(c *hcomm.Comm, name string, k kind, s *device.Stream, o *Options, n int64, body func(sc *sched, algo Algorithm) error) error {
+	return issueWindowed(c, name, k, s, o, n, nil, body)
+}
+
+// issueWindowed is issue for a collective that reads peers in place when its
+// buffers lie in a window: windowed (called with st.mu held) says whether
+// they do, for the selector.
+func issueWindowed(c *hcomm.Comm, name string, k kind, s *device.Stream, o *Options, n int64, windowed func(st *state) bool, body func(sc *sched, algo Algorithm) error) error {
 	st, err := getState(c)
 	if err != nil {
 		return collErr(c, name, hcomm.ResultOf(err), err, "setting up the collective channels")
@@ -109,7 +116,7 @@ func issue(c *hcomm.Comm, name string, k kind, s *device.Stream, o *Options, n i
 		algo = st.forced[k]
 	}
 	if algo == AlgoAuto {
-		algo = choose(k, n, c.Size(), st.lay, st.mapped, st.multiHost)
+		algo = choose(k, n, c.Size(), st.lay, st.mapped, st.multiHost, windowed != nil && windowed(st))
 	}
 	if !has(k, algo) {
 		return collErr(c, name, hcomm.ErrNotSupport, nil, "%v has no %v algorithm (it has %v)", k, algo, algorithms[k])

@@ -75,7 +75,7 @@ func has(k kind, a Algorithm) bool {
 // ranks, given the layout and whether every peer's memory is mapped (inproc,
 // shm: a read is a memmove) or behind a network (tcp: a read is a round
 // trip). The thresholds come from the per-algorithm table in BENCHMARKS.md.
-func choose(k kind, bytes int64, n int, l layout, mapped, multiHost bool) Algorithm {
+func choose(k kind, bytes int64, n int, l layout, mapped, multiHost, windowed bool) Algorithm {
 	if has(k, AlgoOneShot) && bytes <= l.inline() {
 		return AlgoOneShot
 	}
@@ -109,8 +109,9 @@ func choose(k kind, bytes int64, n int, l layout, mapped, multiHost bool) Algori
 	case kAllGather:
 		// With two ranks the ring is one write and one copy per piece with
 		// no publish step; with more, reading each owner's piece directly
-		// beats forwarding it n-1 times.
-		if mapped && n > 2 {
+		// beats forwarding it n-1 times. From a window, a direct read is
+		// the only copy: it wins with two ranks too (BENCHMARKS.md).
+		if mapped && (n > 2 || windowed) {
 			return AlgoDirect
 		}
 		return AlgoRing
@@ -227,11 +228,16 @@ func parseAlgo(v string) (map[kind]Algorithm, error) {
 		if a == AlgoAuto {
 			continue
 		}
+		// "allgather" names AllGather and AllGatherV: the algorithm applies
+		// to those of them that have it (AllGatherV has only direct).
+		applied := false
 		for _, k := range ks {
-			if !has(k, a) {
-				return nil, fmt.Errorf("HCCL_ALGO=%q: %v has no %v algorithm (it has %v)", v, k, a, algorithms[k])
+			if has(k, a) {
+				out[k], applied = a, true
 			}
-			out[k] = a
+		}
+		if !applied {
+			return nil, fmt.Errorf("HCCL_ALGO=%q: %v has no %v algorithm (it has %v)", v, ks[0], a, algorithms[ks[0]])
 		}
 	}
 	return out, nil

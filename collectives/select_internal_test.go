@@ -20,6 +20,8 @@ func TestParseHCCLAlgo(t *testing.T) {
 		{"allreduce=level0:NA;level1:ring/allgather=level0:NA;level1:fullmesh",
 			map[kind]Algorithm{kAllReduce: AlgoRing, kAllGather: AlgoDirect, kAllGatherV: AlgoDirect}, ""},
 		{"alltoall=level0:NA;level1:pairwise", map[kind]Algorithm{kAlltoAll: AlgoPairwise, kAlltoAllV: AlgoPairwise}, ""},
+		// "allgather" covers AllGatherV, which has no ring: the ring applies to AllGather alone.
+		{"allgather=level0:NA;level1:ring", map[kind]Algorithm{kAllGather: AlgoRing}, ""},
 		{"level0:NA;level1:NA", map[kind]Algorithm{}, ""},
 		{"level0:NA;level1:NHR", nil, `algorithm "NHR" is not available`},
 		{"allreduce=level0:NA;level1:pairwise", nil, "AllReduce has no pairwise"},
@@ -110,5 +112,23 @@ func BenchmarkHelloCheck(b *testing.B) {
 		if err != nil || !got.same(mine) || got.seq != mine.seq {
 			b.Fatal("headers differ")
 		}
+	}
+}
+
+// The all-gather reads from a window directly whatever the rank count; staged,
+// two ranks take the ring.
+func TestChooseAllGatherWindowed(t *testing.T) {
+	l, err := newLayout(2, 64<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a := choose(kAllGather, 64<<20, 2, l, true, false, false); a != AlgoRing {
+		t.Errorf("2 ranks, staged: %v, want ring", a)
+	}
+	if a := choose(kAllGather, 64<<20, 2, l, true, false, true); a != AlgoDirect {
+		t.Errorf("2 ranks, windowed: %v, want direct", a)
+	}
+	if a := choose(kAllGather, 64<<20, 2, l, false, false, true); a != AlgoRing {
+		t.Errorf("2 ranks over tcp, windowed: %v, want ring", a)
 	}
 }
