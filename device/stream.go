@@ -25,7 +25,7 @@ type Stream struct {
 	isDefault bool
 
 	mu        sync.Mutex
-	q         []*task
+	q         []task // q[head:] are queued; the consumed front is reused (compact)
 	head      int
 	submitted uint64        // tasks enqueued so far (seq of the newest)
 	nsub      atomic.Uint64 // submitted, for lock-free polls
@@ -112,7 +112,10 @@ func (s *Stream) enqueue(name string, fn func(stop <-chan struct{}) error) (uint
 	}
 	s.submitted++
 	seq := s.submitted
-	s.q = append(s.q, &task{seq: seq, name: name, run: fn})
+	if len(s.q) == cap(s.q) && s.head > 0 {
+		s.compact()
+	}
+	s.q = append(s.q, task{seq: seq, name: name, run: fn})
 	s.nsub.Store(seq)
 	s.mu.Unlock()
 	select {
@@ -159,6 +162,15 @@ func (s *Stream) throttle() {
 	}
 }
 
+// compact moves the queued tasks to the front of s.q, so that a stream that
+// is never empty (its caller keeps it busy) reuses its slice instead of
+// growing it by every task it ever ran. s.mu is held.
+func (s *Stream) compact() {
+	n := copy(s.q, s.q[s.head:])
+	clear(s.q[n:])
+	s.q, s.head = s.q[:n], 0
+}
+
 // loop is the stream's worker: it runs the tasks in order.
 func (s *Stream) loop() {
 	defer close(s.done)
@@ -167,7 +179,7 @@ func (s *Stream) loop() {
 		s.mu.Lock()
 		if s.head < len(s.q) {
 			t := s.q[s.head]
-			s.q[s.head] = nil
+			s.q[s.head] = task{}
 			s.head++
 			if s.head == len(s.q) {
 				s.q, s.head = s.q[:0], 0
@@ -178,9 +190,9 @@ func (s *Stream) loop() {
 			popped = t.seq
 			var err error
 			if !skip {
-				err = s.runTask(t, stop)
+				err = s.runTask(&t, stop)
 			}
-			s.finish(t, err)
+			s.finish(&t, err)
 			continue
 		}
 		if s.destroyed {
