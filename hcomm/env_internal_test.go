@@ -231,3 +231,16 @@ func TestSetupHandshake(t *testing.T) {
 		}
 	}
 }
+
+// Without HCOMM_TCP_STREAMS, a process on one processor opens one socket per
+// tcp channel, others the tcp package's default.
+func TestDefaultTCPStreams(t *testing.T) {
+	if got := defaultStreams(1); got != 1 {
+		t.Errorf("GOMAXPROCS=1: %d sockets, want 1", got)
+	}
+	for _, p := range []int{2, 16} {
+		if got := defaultStreams(p); got != 0 {
+			t.Errorf("GOMAXPROCS=%d: %d, want 0 (the tcp package's default)", p, got)
+		}
+	}
+}

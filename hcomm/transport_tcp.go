@@ -3,6 +3,7 @@ package hcomm
 import (
 	"fmt"
 	"os"
+	"runtime"
 	"strconv"
 
 	"github.com/hcomm-dev/hcomm/channel"
@@ -16,8 +17,15 @@ import (
 func init() {
 	dialerMakers[TransportTCP] = func(c *Comm) (channel.Dialer, error) {
 		o := tcp.Options{Secret: append([]byte(nil), c.boot.secret[:]...), Logger: c.cfg.logger}
-		// HCOMM_TCP_STREAMS: sockets per channel (default 2; the two ends
-		// use the smaller of their values), like NCCL_NSOCKS_PERTHREAD.
+		// HCOMM_TCP_STREAMS: sockets per channel (the two ends use the
+		// smaller of their values), like NCCL_NSOCKS_PERTHREAD. Default 2,
+		// or 1 in a process that runs Go on one processor (GOMAXPROCS=1, as
+		// hcomm run gives each rank when ranks fill the host): a second
+		// socket's sender and reader then only take turns with the first,
+		// and cost a goroutine hand-off per piece (BENCHMARKS.md: 2
+		// processes on 2 cores, 64 MiB all-reduce, 1.83 GB/s with one socket
+		// against 1.50 with two, medians of ten).
+		o.Streams = defaultStreams(runtime.GOMAXPROCS(0))
 		if v := os.Getenv("HCOMM_TCP_STREAMS"); v != "" {
 			n, err := strconv.Atoi(v)
 			if err != nil || n < 1 || n > 64 {
@@ -30,4 +38,14 @@ func init() {
 		}
 		return tcp.NewDialer(o)
 	}
+}
+
+// defaultStreams is the sockets per tcp channel when HCOMM_TCP_STREAMS is
+// unset, for a process running Go on procs processors (0: the tcp package's
+// default).
+func defaultStreams(procs int) int {
+	if procs == 1 {
+		return 1
+	}
+	return 0
 }
