@@ -85,9 +85,11 @@ func allGather(c *hcomm.Comm, name string, h header, send device.Ptr, sendCount 
 	}
 	mine := recv.Add(displs[c.Rank()] * es)
 	recvBytes := extent(counts, displs) * es
+	// AllGather only: with AllGatherV a rank that sends nothing may pass any
+	// send pointer, which would look like a mismatch.
 	windowed := func(st *state) bool {
 		_, _, _, ok := allGatherWindow(st, send, sendCount*es, recv, recvBytes, mine)
-		return ok
+		return ok && h.kind == kAllGather
 	}
 	return issueWindowed(c, name, h.kind, s, o, maxCount*es, windowed, func(sc *sched, algo Algorithm) error {
 		me := c.Rank()
@@ -104,7 +106,7 @@ func allGather(c *hcomm.Comm, name string, h header, send device.Ptr, sendCount 
 				}
 			}
 		case AlgoDirect:
-			if w, off, inPlace, ok := allGatherWindow(sc.st, send, sendCount*es, recv, recvBytes, mine); ok {
+			if w, off, inPlace, ok := allGatherWindow(sc.st, send, sendCount*es, recv, recvBytes, mine); ok && h.kind == kAllGather {
 				h.flags |= flagWindow
 				if inPlace {
 					h.flags |= flagInPlace

@@ -59,7 +59,8 @@
 //
 // RegisterWindow registers device memory on every rank at once (NCCL's
 // symmetric window, ncclCommWindowRegister). When a Broadcast, AllGather or
-// AlltoAll finds its buffers at the same offset of a window on every rank,
+// AlltoAll (not the V forms) finds its buffers at the same offset of a
+// window on every rank,
 // and the peers' memory is mapped (inproc, shm; with the direct algorithm,
 // or pairwise for AlltoAll), each rank reads the root's or its peers' buffers
 // in place instead of through their HCCL buffers: one copy per receiver and

@@ -21,11 +21,14 @@ import (
 // another's not, or at another offset — fails on every rank with ErrMismatch
 // naming both calls, before any data moves.
 //
-// Which collectives use a window, and when: Broadcast and AllGather(V) with
-// the direct algorithm (peers' memory mapped: inproc and shm), reading the
-// root's or every peer's buffer straight into this rank's output — one copy
-// per receiver and none through the HCCL buffer. Other collectives and
-// algorithms ignore windows. On tcp, windows are registered but not used.
+// Which collectives use a window, and when: Broadcast and AllGather with the
+// direct algorithm, and AlltoAll (pairwise), when the peers' memory is
+// mapped (inproc and shm): each rank reads the root's or every peer's buffer
+// straight into its output — one copy per receiver and none through an HCCL
+// buffer. The V forms, the other collectives and algorithms ignore windows
+// (a V form's peer displacements, or a zero-count rank's send pointer, are
+// not known or not meaningful at enqueue time). On tcp, windows are
+// registered but not used.
 type Window struct {
 	c     *hcomm.Comm
 	st    *state

@@ -246,3 +246,30 @@ func TestWindowSizesMustAgree(t *testing.T) {
 		t.Fatalf("err = %v, want the sizes named", err)
 	}
 }
+
+// The V forms ignore windows: a rank that sends nothing may pass any send
+// pointer (here nil) while the others' buffers lie in the window.
+func TestWindowAllGatherVZeroCountRank(t *testing.T) {
+	comms := initAll(t, 3, &hcomm.Config{Transport: "inproc", BufferSize: 64 << 10})
+	w, err := registerWindows(t, comms, func(int) int64 { return 1 << 16 })
+	if err != nil {
+		t.Fatal(err)
+	}
+	counts, displs := []int64{5, 0, 7}, []int64{0, 5, 5}
+	const recvOff = 4096
+	all := encodeAll(hcomm.Int32, 12, func(i int) float64 {
+		if i < 5 {
+			return input(hcomm.Int32, 0, i)
+		}
+		return input(hcomm.Int32, 2, i-5)
+	})
+	windowCase(t, comms, w, "AllGatherV with a zero-count rank", func(r int) error {
+		send := w.base[r]
+		if counts[r] == 0 {
+			send = 0
+		}
+		return collectives.AllGatherV(send, counts[r], w.base[r].Add(recvOff), counts, displs, hcomm.Int32, comms[r], w.ss[r], nil)
+	}, func(r int) (device.Ptr, []byte, device.Ptr, []byte) {
+		return w.base[r], encodeAll(hcomm.Int32, int(counts[r]), func(i int) float64 { return input(hcomm.Int32, r, i) }), w.base[r].Add(recvOff), all
+	})
+}
