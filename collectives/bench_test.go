@@ -9,6 +9,7 @@ import (
 	"github.com/hcomm-dev/hcomm/collectives"
 	"github.com/hcomm-dev/hcomm/device"
 	"github.com/hcomm-dev/hcomm/hcomm"
+	"github.com/hcomm-dev/hcomm/internal/memcopy"
 )
 
 // benchColl measures one collective with nccl-tests' conventions: every rank
@@ -175,4 +176,44 @@ func BenchmarkCollectives(b *testing.B) {
 			}
 		}
 	}
+}
+
+// BenchmarkAlltoAllFloor is what any all-to-all costs here, without a
+// library: 4 goroutines (the ranks), each copying block r of every rank's
+// 64 MiB input, its own included, into its output with hcomm's streaming
+// copy. Nothing waits on anything: it is the machine's copy rate applied to
+// the bytes an out-of-place all-to-all must write, the ceiling for
+// BenchmarkCollectives' AlltoAll (BENCHMARKS.md).
+//
+//	go test -run XXX -bench AlltoAllFloor -benchtime 20x ./collectives
+func BenchmarkAlltoAllFloor(b *testing.B) {
+	const n, size = 4, 64 << 20
+	blk := size / n
+	send, recv := make([][]byte, n), make([][]byte, n)
+	for r := range send {
+		send[r], recv[r] = make([]byte, size), make([]byte, size)
+		for i := range send[r] {
+			send[r][i] = byte(i + r)
+		}
+		copy(recv[r], send[r]) // fault the pages in
+	}
+	b.SetBytes(size)
+	b.ResetTimer()
+	for range b.N {
+		var wg sync.WaitGroup
+		for r := 0; r < n; r++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for p := 0; p < n; p++ {
+					q := (r + p) % n
+					memcopy.Stream(recv[r][q*blk:(q+1)*blk], send[q][r*blk:(r+1)*blk])
+				}
+			}()
+		}
+		wg.Wait()
+	}
+	b.StopTimer()
+	sec := b.Elapsed().Seconds() / float64(b.N)
+	b.ReportMetric(float64(size)/sec/1e9*float64(n-1)/float64(n), "busbw_GB/s")
 }
