@@ -85,11 +85,20 @@ func allGather(c *hcomm.Comm, name string, h header, send device.Ptr, sendCount 
 	}
 	mine := recv.Add(displs[c.Rank()] * es)
 	recvBytes := extent(counts, displs) * es
-	// AllGather only: with AllGatherV a rank that sends nothing may pass any
-	// send pointer, which would look like a mismatch.
+	// Whether the buffers lie in a window, looked up once (under st.mu, for
+	// the selector) and used by the direct schedule. AllGather only: with
+	// AllGatherV a rank that sends nothing may pass any send pointer, which
+	// would look like a mismatch.
+	var (
+		w       *Window
+		off     int64
+		inPlace bool
+		inWin   bool
+	)
 	windowed := func(st *state) bool {
-		_, _, _, ok := allGatherWindow(st, send, sendCount*es, recv, recvBytes, mine)
-		return ok && h.kind == kAllGather
+		w, off, inPlace, inWin = allGatherWindow(st, send, sendCount*es, recv, recvBytes, mine)
+		inWin = inWin && h.kind == kAllGather
+		return inWin
 	}
 	return issueWindowed(c, name, h.kind, s, o, maxCount*es, windowed, func(sc *sched, algo Algorithm) error {
 		me := c.Rank()
@@ -106,7 +115,7 @@ func allGather(c *hcomm.Comm, name string, h header, send device.Ptr, sendCount 
 				}
 			}
 		case AlgoDirect:
-			if w, off, inPlace, ok := allGatherWindow(sc.st, send, sendCount*es, recv, recvBytes, mine); ok && h.kind == kAllGather {
+			if inWin {
 				h.flags |= flagWindow
 				if inPlace {
 					h.flags |= flagInPlace

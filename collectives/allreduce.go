@@ -102,8 +102,8 @@ func issue(c *hcomm.Comm, name string, k kind, s *device.Stream, o *Options, n i
 }
 
 // issueWindowed is issue for a collective that reads peers in place when its
-// buffers lie in a window: windowed (called with st.mu held) says whether
-// they do, for the selector.
+// buffers lie in a window: windowed (called once, with st.mu held, before
+// body) says whether they do, for the selector.
 func issueWindowed(c *hcomm.Comm, name string, k kind, s *device.Stream, o *Options, n int64, windowed func(st *state) bool, body func(sc *sched, algo Algorithm) error) error {
 	st, err := getState(c)
 	if err != nil {
@@ -111,12 +111,13 @@ func issueWindowed(c *hcomm.Comm, name string, k kind, s *device.Stream, o *Opti
 	}
 	st.mu.Lock()
 	defer st.mu.Unlock()
+	inWin := windowed != nil && windowed(st) // always: the schedule uses what it finds
 	algo := algoOf(o)
 	if algo == AlgoAuto {
 		algo = st.forced[k]
 	}
 	if algo == AlgoAuto {
-		algo = choose(k, n, c.Size(), st.lay, st.mapped, st.multiHost, windowed != nil && windowed(st))
+		algo = choose(k, n, c.Size(), st.lay, st.mapped, st.multiHost, inWin)
 	}
 	if !has(k, algo) {
 		return collErr(c, name, hcomm.ErrNotSupport, nil, "%v has no %v algorithm (it has %v)", k, algo, algorithms[k])

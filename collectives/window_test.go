@@ -273,3 +273,30 @@ func TestWindowAllGatherVZeroCountRank(t *testing.T) {
 		return w.base[r], encodeAll(hcomm.Int32, int(counts[r]), func(i int) float64 { return input(hcomm.Int32, r, i) }), w.base[r].Add(recvOff), all
 	})
 }
+
+// Bad arguments are errors naming what was wrong, not panics.
+func TestRegisterWindowBadArguments(t *testing.T) {
+	comms := initAll(t, 1, &hcomm.Config{Transport: "inproc", BufferSize: 64 << 10})
+	c := comms[0]
+	if _, err := collectives.RegisterWindow(c, 0, 4096); err == nil || !strings.Contains(err.Error(), "not live device memory") {
+		t.Errorf("nil pointer: %v, want an error naming the range", err)
+	}
+	p, err := c.Device().Malloc(4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Device().Free(p)
+	if _, err := collectives.RegisterWindow(c, p, 0); err == nil || !strings.Contains(err.Error(), "window size 0") {
+		t.Errorf("size 0: %v, want an error naming the size", err)
+	}
+	if _, err := collectives.RegisterWindow(c, p, 8192); err == nil || !strings.Contains(err.Error(), "not live device memory") {
+		t.Errorf("past the allocation: %v, want an error naming the range", err)
+	}
+	w, err := collectives.RegisterWindow(c, p, 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Deregister(); err != nil {
+		t.Fatal(err)
+	}
+}
