@@ -10,9 +10,10 @@ import (
 // sched issues one rank's part of a schedule on a thread. It only enqueues:
 // the work runs when the stream reaches it. The first error stops issuing.
 type sched struct {
-	st  *state
-	t   *hcomm.Thread
-	err error
+	st    *state
+	t     *hcomm.Thread
+	err   error
+	opSeq uint64 // the collective's number (BeginOp)
 }
 
 func (s *sched) ok() bool { return s.err == nil }
@@ -37,6 +38,14 @@ func (s *sched) write(peer int, dst, src device.Ptr, n int64) {
 func (s *sched) launch(name string, fn func() error) {
 	if s.ok() {
 		s.do(s.t.Stream().Launch(name, func(<-chan struct{}) error { return fn() }))
+	}
+}
+
+// launchStop is launch for a task that waits: fn gets the task's stop
+// channel, for the immediate calls it makes.
+func (s *sched) launchStop(name string, fn func(stop <-chan struct{}) error) {
+	if s.ok() {
+		s.do(s.t.Stream().Launch(name, fn))
 	}
 }
 

@@ -131,8 +131,8 @@ func issueWindowed(c *hcomm.Comm, name string, k kind, s *device.Stream, o *Opti
 	}
 	// BeginOp numbers the collective for errors and logs, and times it when
 	// metrics are on; endOp enqueues the closing task.
-	_, endOp := c.BeginOp(t, name, algo.String())
-	sc := &sched{st: st, t: t}
+	opSeq, endOp := c.BeginOp(t, name, algo.String())
+	sc := &sched{st: st, t: t, opSeq: opSeq}
 	st.seq++
 	if err := body(sc, algo); err != nil {
 		return err

@@ -214,7 +214,8 @@ func (s *sched) helloThen(h header, peers []int, src device.Ptr, n int64, extra 
 	// One object carries the call to the two tasks that need it, so that a
 	// small collective allocates once here, not once per closure.
 	x := &helloCall{h: h, peers: peers, src: src, n: n, extra: extra, then: then, s: s,
-		par: make([]uint64, st.comm.Size()), mine: s.mySlot(st.lay.helloOff(me, 0)), dev: st.comm.Device()}
+		par: make([]uint64, st.comm.Size()), mine: s.mySlot(st.lay.helloOff(me, 0)), dev: st.comm.Device(), opSeq: s.opSeq}
+	x.atFn = x.at // one method value for the caller and then
 	for _, p := range peers {
 		x.par[p] = st.hellos[p] % 2
 		st.hellos[p]++
@@ -223,24 +224,40 @@ func (s *sched) helloThen(h header, peers []int, src device.Ptr, n int64, extra 
 		s.do(fmt.Errorf("%v: %d bytes of inline payload, the hello slots hold %d", h.kind, n, st.lay.inline()))
 	}
 	if !s.ok() {
-		return x.at
+		return x.atFn
 	}
 	if len(peers) == 0 && n == 0 && then == nil {
-		return x.at
-	}
-	s.launch("collective hello", x.prepare)
-	for _, p := range peers {
-		s.writeNotify(p, s.peerSlot(p, st.lay.helloOff(me, x.par[p])), x.mine, headerSize+n, nHello+int(x.par[p]))
-	}
-	for _, p := range peers {
-		s.wait(p, nHello+int(x.par[p]))
+		return x.atFn
 	}
 	x.check = len(peers) > 0 && !st.noCheck
-	if !x.check && then == nil {
-		return x.at
+	// The whole exchange is one stream task, in which the writes, records
+	// and waits are hcomm's immediate calls: a latency-bound collective
+	// (the one-shot all-reduce) then costs about one task per rank.
+	s.launchStop("collective hello", x.run)
+	return x.atFn
+}
+
+// run (the hello's stream task) writes this rank's hello into every peer's
+// slot, records the peer's hello notify, waits for every peer's hello, and
+// checks them (verify).
+func (x *helloCall) run(stop <-chan struct{}) error {
+	if err := x.prepare(); err != nil {
+		return err
 	}
-	s.launch("collective check", x.verify)
-	return x.at
+	s, st := x.s, x.s.st
+	me := int(x.h.from)
+	for _, p := range x.peers {
+		par := x.par[p]
+		if err := hcomm.WriteWithNotifyNbi(stop, st.chans[p], s.peerSlot(p, st.lay.helloOff(me, par)), x.mine, headerSize+x.n, nHello+int(par)); err != nil {
+			return err
+		}
+	}
+	for _, p := range x.peers {
+		if err := hcomm.CollectiveNotifyWait(stop, st.chans[p], nHello+int(x.par[p]), 0, x.h.kind.String(), x.opSeq, x.h.algo.String()); err != nil {
+			return err
+		}
+	}
+	return x.verify()
 }
 
 // helloCall is one hello in flight: what its stream tasks need.
@@ -256,6 +273,8 @@ type helloCall struct {
 	mine  device.Ptr
 	dev   *device.Device
 	check bool
+	opSeq uint64 // the collective's number from BeginOp, for wait errors
+	atFn  func(rank int) device.Ptr
 }
 
 // at returns where rank's inline payload lies in this rank's HCCL buffer.
@@ -317,7 +336,7 @@ func (x *helloCall) verify() error {
 		}
 	}
 	if x.then != nil {
-		return x.then(x.at)
+		return x.then(x.atFn)
 	}
 	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hcomm-dev/hcomm/channel"
@@ -36,15 +37,21 @@ type Comm struct {
 	sharedDev bool
 	health    *health // loss watcher of a multi-process communicator; nil for InitAll
 
-	mu       sync.Mutex
-	closed   bool
-	aborted  bool
+	mu      sync.Mutex
+	closed  bool
+	aborted bool
+	// unusable is set, under the lock of the field that says why, once the
+	// communicator is destroyed, aborted or has lost a rank; usable reads
+	// it without a lock and takes the locks only when it is set.
+	unusable atomic.Bool
 	channels map[chanKey]*Channel
 	attempts map[chanKey]int // channel setups started per key: the exchange's call counter
 	inflight map[chanKey]*acquireCall
 	dialers  map[string]channel.Dialer
 	threads  []*Thread
 	values   map[any]any
+	// valueSnap is a copy of values that Value reads without the lock.
+	valueSnap atomic.Pointer[map[any]any]
 }
 
 type chanKey struct {
@@ -178,6 +185,9 @@ func (c *Comm) errorf(op string, peer int, code Result, cause error, format stri
 func (c *Comm) usable(op string) error {
 	if c == nil {
 		return &Error{Op: op, Rank: -1, Peer: -1, Code: ErrPtr, Msg: "nil communicator"}
+	}
+	if !c.unusable.Load() {
+		return nil // the data plane's fast path: no lock
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -554,6 +564,13 @@ func (c *Comm) ThreadAcquireWithStream(engine Engine, s *device.Stream, notifyNu
 // collectives keep their schedules' counters here). Values are dropped by
 // Destroy; a value with a Close() method is closed then.
 func (c *Comm) Value(key any, init func() any) any {
+	// Every collective looks its state up here: the common case reads a
+	// snapshot without a lock; storing a value copies the map.
+	if m := c.valueSnap.Load(); m != nil {
+		if v, ok := (*m)[key]; ok {
+			return v
+		}
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.values == nil { // destroyed
@@ -563,6 +580,11 @@ func (c *Comm) Value(key any, init func() any) any {
 	if !ok && init != nil {
 		v = init()
 		c.values[key] = v
+		m := make(map[any]any, len(c.values))
+		for k, x := range c.values {
+			m[k] = x
+		}
+		c.valueSnap.Store(&m)
 	}
 	return v
 }
@@ -581,6 +603,7 @@ func (c *Comm) Abort() error {
 		return nil
 	}
 	c.aborted = true
+	c.unusable.Store(true)
 	ts := append([]*Thread(nil), c.threads...)
 	c.mu.Unlock()
 	for _, t := range ts {
@@ -602,12 +625,14 @@ func (c *Comm) Destroy() error {
 		return nil
 	}
 	c.closed = true
+	c.unusable.Store(true)
 	c.log(slog.LevelInfo, "destroying communicator", "channels", len(c.channels), "threads", len(c.threads))
 	ts := c.threads
 	chs := c.channels
 	vals := c.values
 	dls := c.dialers
 	c.threads, c.channels, c.values, c.dialers = nil, nil, nil, nil
+	c.valueSnap.Store(nil)
 	c.mu.Unlock()
 	for _, v := range vals {
 		if cl, ok := v.(interface{ Close() error }); ok {

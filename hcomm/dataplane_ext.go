@@ -87,18 +87,23 @@ func writeOnThread(op string, t *Thread, ch *Channel, dst, src device.Ptr, n int
 			remoteIdx, ch.ch.PeerNotifyNum(), ch.RemoteRank())
 	}
 	return c.launch(op, ch.RemoteRank(), t, func(stop <-chan struct{}) error {
-		if n > 0 || remoteIdx < 0 {
-			b, err := c.dev.Bytes(src, n)
-			if err != nil {
-				return err
-			}
-			if err := c.moved(ch, metrics.Write, n, ch.ch.Transport().Write(stop, dst, b)); err != nil {
-				return err
-			}
-		}
-		if remoteIdx < 0 {
-			return nil
-		}
-		return ch.ch.Transport().NotifyRecord(stop, remoteIdx)
+		return c.write(stop, ch, dst, src, n, remoteIdx)
 	})
+}
+
+// write is the body of a checked write, queued or immediate.
+func (c *Comm) write(stop <-chan struct{}, ch *Channel, dst, src device.Ptr, n int64, remoteIdx int) error {
+	if n > 0 || remoteIdx < 0 {
+		b, err := c.dev.Bytes(src, n)
+		if err != nil {
+			return err
+		}
+		if err := c.moved(ch, metrics.Write, n, ch.ch.Transport().Write(stop, dst, b)); err != nil {
+			return err
+		}
+	}
+	if remoteIdx < 0 {
+		return nil
+	}
+	return ch.ch.Transport().NotifyRecord(stop, remoteIdx)
 }

@@ -38,6 +38,15 @@
 // HCCL_EXEC_TIMEOUT's error naming the rank) and Destroy still returns
 // promptly. init.go, env.go, ranktable.go and transport.go say more.
 //
+// Immediate mode (dataplane_now.go): WriteNbi, WriteWithNotifyNbi,
+// ChannelNotifyRecord and ChannelNotifyWait are HCCL's thread-less calls
+// (HcommWriteNbi, HcommChannelNotifyWait, …): they do their work in the
+// calling goroutine, with the same checks and guarantees as the *OnThread
+// forms. A schedule launches one stream task (Stream.Launch) whose body
+// makes them, so that a step of many transfers and waits costs one task:
+// the collectives' handshake is one task per rank, which is what makes a
+// small all-reduce cheap.
+//
 // Names and values follow HCCL: HcclResult codes are Result, CommEngine is
 // Engine, CommProtocol is Protocol, HcclDataType is DataType, HcclReduceOp is
 // ReduceOp. Departures: handles are Go pointers rather than integers; timeouts

@@ -129,6 +129,7 @@ func (c *Comm) rankLost(rank int, reason string) {
 		return
 	}
 	c.health.lost = e
+	c.unusable.Store(true)
 	c.health.mu.Unlock()
 	c.health.lostCancel()
 	if l := c.cfg.logger; l != nil {

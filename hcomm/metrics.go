@@ -90,26 +90,27 @@ func (c *Comm) BeginOp(t *Thread, op, algo string) (seq uint64, end func() error
 	st.cur[t] = tag
 	st.last = tag
 	st.mu.Unlock()
-	clear := func() {
+	clear := func() error {
 		st.mu.Lock()
 		if st.cur[t] == tag {
 			delete(st.cur, t)
 		}
 		st.mu.Unlock()
+		return nil
 	}
 	trace := c.logEnabled(LevelTrace)
 	if trace {
 		c.log(LevelTrace, "collective issued", "op", op, "seq", tag.seq, "algorithm", algo, "stream", t.Stream().ID())
 	}
 	if c.cfg.metrics == nil && !trace {
-		return tag.seq, func() error { clear(); return nil }
+		return tag.seq, clear
 	}
 	var start time.Time // written and read by tasks of one stream, in order
 	if err := t.Stream().Launch(op+" begin", func(<-chan struct{}) error {
 		start = time.Now()
 		return nil
 	}); err != nil {
-		return tag.seq, func() error { clear(); return nil }
+		return tag.seq, clear
 	}
 	return tag.seq, func() error {
 		clear()
@@ -167,37 +168,43 @@ const slowWait = time.Second
 // thread was issuing.
 func (c *Comm) launchWait(op string, t *Thread, ch *Channel, idx int, n *notify.Notify, timeout time.Duration) error {
 	tag := c.opOf(t)
+	return c.launch(op, ch.RemoteRank(), t, func(stop <-chan struct{}) error {
+		return c.awaitNotify(op, ch, idx, n, timeout, tag, stop)
+	})
+}
+
+// awaitNotify is the body of a channel notify wait, queued (launchWait) or
+// immediate (ChannelNotifyWait); tag is the collective it belongs to.
+func (c *Comm) awaitNotify(op string, ch *Channel, idx int, n *notify.Notify, timeout time.Duration, tag opTag, stop <-chan struct{}) error {
 	peer := ch.RemoteRank()
 	tr := ch.Transport()
 	timed := c.cfg.metrics != nil || c.logEnabled(slog.LevelInfo)
-	return c.launch(op, peer, t, func(stop <-chan struct{}) error {
-		var start time.Time
-		if timed {
-			start = time.Now()
+	var start time.Time
+	if timed {
+		start = time.Now()
+	}
+	err := c.waitReporting(n, timeout, stop, tag)
+	if timed {
+		d := time.Since(start)
+		c.cfg.metrics.ObserveWait(tr, d)
+		if err == nil && d >= slowWait {
+			c.log(slog.LevelInfo, "slow notify wait", "peer", peer, "notify", idx, "transport", tr,
+				"op", tag.op, "seq", tag.seq, "algorithm", tag.algo, "waited", d)
 		}
-		err := c.waitReporting(n, timeout, stop, tag)
-		if timed {
-			d := time.Since(start)
-			c.cfg.metrics.ObserveWait(tr, d)
-			if err == nil && d >= slowWait {
-				c.log(slog.LevelInfo, "slow notify wait", "peer", peer, "notify", idx, "transport", tr,
-					"op", tag.op, "seq", tag.seq, "algorithm", tag.algo, "waited", d)
-			}
+	}
+	if err == nil {
+		return nil
+	}
+	msg := fmt.Sprintf("notify %d of the channel to rank %d (%s)", idx, peer, tr)
+	if tag.op != "" {
+		msg += ", waiting in " + tag.String()
+	}
+	if timeout > 0 && device.CodeOf(err).Timeout() {
+		msg += fmt.Sprintf(": rank %d did not record it within %v", peer, timeout)
+		if where := c.whereAreThey(); where != "" {
+			msg += "; " + where
+			c.log(slog.LevelWarn, "notify wait timed out", "peer", peer, "notify", idx, "op", tag.op, "seq", tag.seq, "ranks", where)
 		}
-		if err == nil {
-			return nil
-		}
-		msg := fmt.Sprintf("notify %d of the channel to rank %d (%s)", idx, peer, tr)
-		if tag.op != "" {
-			msg += ", waiting in " + tag.String()
-		}
-		if timeout > 0 && device.CodeOf(err).Timeout() {
-			msg += fmt.Sprintf(": rank %d did not record it within %v", peer, timeout)
-			if where := c.whereAreThey(); where != "" {
-				msg += "; " + where
-				c.log(slog.LevelWarn, "notify wait timed out", "peer", peer, "notify", idx, "op", tag.op, "seq", tag.seq, "ranks", where)
-			}
-		}
-		return c.errorf(op, peer, ResultOf(err), err, "%s", msg)
-	})
+	}
+	return c.errorf(op, peer, ResultOf(err), err, "%s", msg)
 }

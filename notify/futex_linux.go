@@ -35,5 +35,7 @@ func futexWake(w *uint32) {
 	unix.Syscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(w)), futexWakeOp, uintptr(1<<31-1), 0, 0, 0)
 }
 
-// osYield gives the processor to another runnable thread of any process.
-func osYield() { unix.Syscall(unix.SYS_SCHED_YIELD, 0, 0, 0) }
+// osYield gives the processor to another runnable thread of any process. A
+// raw system call: sched_yield never blocks, so the Go scheduler need not
+// hand this thread's P to another while it runs.
+func osYield() { unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0) }

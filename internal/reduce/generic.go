@@ -20,59 +20,61 @@ type element interface{ integer | float }
 // reduceGeneric computes dst = a op b for count elements of dt in Go.
 // chunked forces the copying element access (see run).
 func reduceGeneric(dst, a, b []byte, count int, dt DataType, op Op, chunked bool) {
-	if count <= 0 {
+	if count <= 0 || op < Sum || op > Min {
 		return
 	}
 	switch dt {
 	case Int8:
-		run(dst, a, b, count, intKernel[int8](op), chunked)
+		run(dst, a, b, count, kernelsInt8[op], chunked)
 	case Uint8:
-		run(dst, a, b, count, intKernel[uint8](op), chunked)
+		run(dst, a, b, count, kernelsUint8[op], chunked)
 	case Int16:
-		run(dst, a, b, count, intKernel[int16](op), chunked)
+		run(dst, a, b, count, kernelsInt16[op], chunked)
 	case Uint16:
-		run(dst, a, b, count, intKernel[uint16](op), chunked)
+		run(dst, a, b, count, kernelsUint16[op], chunked)
 	case Int32:
-		run(dst, a, b, count, intKernel[int32](op), chunked)
+		run(dst, a, b, count, kernelsInt32[op], chunked)
 	case Uint32:
-		run(dst, a, b, count, intKernel[uint32](op), chunked)
+		run(dst, a, b, count, kernelsUint32[op], chunked)
 	case Int64:
-		run(dst, a, b, count, intKernel[int64](op), chunked)
+		run(dst, a, b, count, kernelsInt64[op], chunked)
 	case Uint64:
-		run(dst, a, b, count, intKernel[uint64](op), chunked)
+		run(dst, a, b, count, kernelsUint64[op], chunked)
 	case Float32:
-		run(dst, a, b, count, floatKernel[float32](op), chunked)
+		run(dst, a, b, count, kernelsFloat32[op], chunked)
 	case Float64:
-		run(dst, a, b, count, floatKernel[float64](op), chunked)
+		run(dst, a, b, count, kernelsFloat64[op], chunked)
 	case Float16:
-		run(dst, a, b, count, float16Kernel(op), chunked)
+		run(dst, a, b, count, kernelsFloat16[op], chunked)
 	case BFloat16:
-		run(dst, a, b, count, bfloat16Kernel(op), chunked)
+		run(dst, a, b, count, kernelsBFloat16[op], chunked)
 	}
 }
 
-func intKernel[T integer](op Op) func(d, x, y []T) {
-	switch op {
-	case Sum:
-		return addSlices[T]
-	case Prod:
-		return mulSlices[T]
-	case Max:
-		return maxInts[T]
-	}
-	return minInts[T]
+// The kernels of each type, by Op, made once: a generic function used as a
+// value is a closure allocated where it is used, and a small reduction (the
+// one-shot all-reduce of a few bytes) should allocate nothing.
+var (
+	kernelsInt8     = intKernels[int8]()
+	kernelsUint8    = intKernels[uint8]()
+	kernelsInt16    = intKernels[int16]()
+	kernelsUint16   = intKernels[uint16]()
+	kernelsInt32    = intKernels[int32]()
+	kernelsUint32   = intKernels[uint32]()
+	kernelsInt64    = intKernels[int64]()
+	kernelsUint64   = intKernels[uint64]()
+	kernelsFloat32  = floatKernels[float32]()
+	kernelsFloat64  = floatKernels[float64]()
+	kernelsFloat16  = [4]func(d, x, y []uint16){Sum: addF16Go, Prod: mulF16Go, Max: maxF16Go, Min: minF16Go}
+	kernelsBFloat16 = [4]func(d, x, y []uint16){Sum: addBF16Go, Prod: mulBF16Go, Max: maxBF16Go, Min: minBF16Go}
+)
+
+func intKernels[T integer]() [4]func(d, x, y []T) {
+	return [4]func(d, x, y []T){Sum: addSlices[T], Prod: mulSlices[T], Max: maxInts[T], Min: minInts[T]}
 }
 
-func floatKernel[T float](op Op) func(d, x, y []T) {
-	switch op {
-	case Sum:
-		return addSlices[T]
-	case Prod:
-		return mulSlices[T]
-	case Max:
-		return maxFloats[T]
-	}
-	return minFloats[T]
+func floatKernels[T float]() [4]func(d, x, y []T) {
+	return [4]func(d, x, y []T){Sum: addSlices[T], Prod: mulSlices[T], Max: maxFloats[T], Min: minFloats[T]}
 }
 
 // addSlices is unrolled by four, which keeps four independent adds in flight
@@ -160,30 +162,6 @@ var f16Table = sync.OnceValue(func() *[1 << 16]float32 {
 	}
 	return t
 })
-
-func float16Kernel(op Op) func(d, x, y []uint16) {
-	switch op {
-	case Sum:
-		return addF16Go
-	case Prod:
-		return mulF16Go
-	case Max:
-		return maxF16Go
-	}
-	return minF16Go
-}
-
-func bfloat16Kernel(op Op) func(d, x, y []uint16) {
-	switch op {
-	case Sum:
-		return addBF16Go
-	case Prod:
-		return mulBF16Go
-	case Max:
-		return maxBF16Go
-	}
-	return minBF16Go
-}
 
 func addF16Go(d, x, y []uint16) {
 	t := f16Table()

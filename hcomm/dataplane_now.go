@@ -1,0 +1,123 @@
+package hcomm
+
+import (
+	"time"
+
+	"github.com/hcomm-dev/hcomm/device"
+)
+
+// Immediate mode: HCCL's thread-less data-plane calls (HcommWriteNbi,
+// HcommWriteWithNotifyNbi, HcommChannelNotifyRecord, HcommChannelNotifyWait;
+// experimental in HCCL). They do their work in the calling goroutine, now,
+// instead of enqueueing a task — made for the body of one stream task that
+// runs a whole step of a schedule (Thread.Launch), so that a latency-bound
+// collective costs one task instead of one per transfer and wait. They check
+// their arguments exactly as the *OnThread forms do, and keep the data
+// plane's guarantees: a write followed by a record of the peer's notify on
+// the same channel is visible to the peer once its wait returns.
+//
+// Departure from HCCL: each takes stop, the stop channel of the task it runs
+// in (nil outside one), so that a stream abort or a closed device ends a
+// wait or a blocked transfer as it ends a queued one.
+
+// WriteNbi writes n bytes from local src to the peer's dst, now
+// (HcommWriteNbi).
+func WriteNbi(stop <-chan struct{}, ch *Channel, dst, src device.Ptr, n int64) error {
+	return writeNow("WriteNbi", stop, ch, dst, src, n, -1)
+}
+
+// WriteWithNotifyNbi writes n bytes from local src to the peer's dst and then
+// records the peer's notify remoteIdx, now (HcommWriteWithNotifyNbi).
+func WriteWithNotifyNbi(stop <-chan struct{}, ch *Channel, dst, src device.Ptr, n int64, remoteIdx int) error {
+	if remoteIdx < 0 {
+		return errorOf(ch, "WriteWithNotifyNbi", "remote notify index %d is negative", remoteIdx)
+	}
+	return writeNow("WriteWithNotifyNbi", stop, ch, dst, src, n, remoteIdx)
+}
+
+func writeNow(op string, stop <-chan struct{}, ch *Channel, dst, src device.Ptr, n int64, remoteIdx int) error {
+	c, err := chanComm(op, ch)
+	if err != nil {
+		return err
+	}
+	if err := c.rangesCheck(op, ch, "dst", dst, "src", src, n); err != nil {
+		return err
+	}
+	if remoteIdx >= ch.ch.PeerNotifyNum() {
+		return c.errorf(op, ch.RemoteRank(), ErrPara, nil, "remote notify index %d is outside [0, %d) of rank %d's end of the channel",
+			remoteIdx, ch.ch.PeerNotifyNum(), ch.RemoteRank())
+	}
+	if err := c.write(stop, ch, dst, src, n, remoteIdx); err != nil {
+		return c.taskFailed(op, ch.RemoteRank(), err)
+	}
+	return nil
+}
+
+// ChannelNotifyRecord records the peer's notify remoteIdx on its end of ch,
+// now (HcommChannelNotifyRecord).
+func ChannelNotifyRecord(stop <-chan struct{}, ch *Channel, remoteIdx int) error {
+	const op = "ChannelNotifyRecord"
+	c, err := chanComm(op, ch)
+	if err != nil {
+		return err
+	}
+	if remoteIdx < 0 || remoteIdx >= ch.ch.PeerNotifyNum() {
+		return c.errorf(op, ch.RemoteRank(), ErrPara, nil, "remote notify index %d is outside [0, %d) of rank %d's end of the channel",
+			remoteIdx, ch.ch.PeerNotifyNum(), ch.RemoteRank())
+	}
+	if err := ch.ch.Transport().NotifyRecord(stop, remoteIdx); err != nil {
+		return c.taskFailed(op, ch.RemoteRank(), err)
+	}
+	return nil
+}
+
+// ChannelNotifyWait waits, in the calling goroutine, for local notify
+// localIdx of ch and then resets it (HcommChannelNotifyWait). timeout <= 0
+// takes the communicator's ExecTimeout, as ChannelNotifyWaitOnThread does.
+func ChannelNotifyWait(stop <-chan struct{}, ch *Channel, localIdx int, timeout time.Duration) error {
+	return notifyWaitNow("ChannelNotifyWait", stop, ch, localIdx, timeout, opTag{})
+}
+
+// CollectiveNotifyWait is ChannelNotifyWait for the collective numbered seq
+// by BeginOp (op, algo as given there), for the libraries built on hcomm: a
+// wait that lasts publishes where this rank is, and a timeout names the
+// collective and says where the other ranks are, as they do for a queued
+// wait issued between BeginOp and its end.
+func CollectiveNotifyWait(stop <-chan struct{}, ch *Channel, localIdx int, timeout time.Duration, op string, seq uint64, algo string) error {
+	return notifyWaitNow("ChannelNotifyWait", stop, ch, localIdx, timeout, opTag{op: op, algo: algo, seq: seq})
+}
+
+func notifyWaitNow(op string, stop <-chan struct{}, ch *Channel, localIdx int, timeout time.Duration, tag opTag) error {
+	c, err := chanComm(op, ch)
+	if err != nil {
+		return err
+	}
+	n, err := ch.ch.Notify(localIdx)
+	if err != nil {
+		return c.errorf(op, ch.RemoteRank(), ErrPara, err, "")
+	}
+	if err := c.awaitNotify(op, ch, localIdx, n, c.execTimeout(timeout), tag, stop); err != nil {
+		return c.taskFailed(op, ch.RemoteRank(), err)
+	}
+	return nil
+}
+
+// chanComm checks a channel for an immediate call and returns its
+// communicator.
+func chanComm(op string, ch *Channel) (*Comm, error) {
+	if ch == nil || ch.comm == nil {
+		return nil, &Error{Op: op, Rank: -1, Peer: -1, Code: ErrPtr, Msg: "nil channel"}
+	}
+	c := ch.comm
+	if err := c.usable(op); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+func errorOf(ch *Channel, op, format string, args ...any) error {
+	if ch == nil || ch.comm == nil {
+		return &Error{Op: op, Rank: -1, Peer: -1, Code: ErrPtr, Msg: "nil channel"}
+	}
+	return ch.comm.errorf(op, ch.RemoteRank(), ErrPara, nil, format, args...)
+}

@@ -1,0 +1,149 @@
+package hcomm_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hcomm-dev/hcomm/device"
+	"github.com/hcomm-dev/hcomm/hcomm"
+)
+
+// The immediate calls (WriteNbi, WriteWithNotifyNbi, ChannelNotifyRecord,
+// ChannelNotifyWait) inside one stream task per rank, over every transport:
+// a write then a record is visible once the peer's immediate wait returns,
+// round after round, in both directions at once; bad arguments are refused
+// with ErrPara naming what was wrong, the peer's memory untouched; a wait
+// that nobody records times out naming the peer; an abort ends it.
+func TestImmediateCalls(t *testing.T) {
+	for _, tr := range hcomm.Transports() {
+		t.Run(tr, func(t *testing.T) {
+			p := newPair(t, &hcomm.Config{BufferSize: 32 << 10, Name: "now", Transport: tr})
+			const n = 4099
+			var remote [2]device.Ptr
+			for r := 0; r < 2; r++ {
+				var err error
+				if remote[r], _, err = p.comms[r].ChannelGetHcclBuffer(p.ch[r]); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for round := 0; round < 20; round++ {
+				var got [2][]byte
+				for r := 0; r < 2; r++ {
+					fill(t, p.comms[r], p.buf[r], n, byte(10*round+r+1))
+				}
+				for r := 0; r < 2; r++ {
+					r := r
+					dev := p.comms[r].Device()
+					// Rank r writes its buffer into the upper half of the
+					// peer's, records notify 1 (or, every other round,
+					// writes and records in two calls), then waits for the
+					// peer's and reads what arrived.
+					err := p.th[r].Stream().Launch("exchange", func(stop <-chan struct{}) error {
+						dst := remote[r].Add(16 << 10)
+						if round%2 == 0 {
+							if err := hcomm.WriteWithNotifyNbi(stop, p.ch[r], dst, p.buf[r], n, 1); err != nil {
+								return err
+							}
+						} else {
+							if err := hcomm.WriteNbi(stop, p.ch[r], dst, p.buf[r], n); err != nil {
+								return err
+							}
+							if err := hcomm.ChannelNotifyRecord(stop, p.ch[r], 1); err != nil {
+								return err
+							}
+						}
+						if err := hcomm.ChannelNotifyWait(stop, p.ch[r], 1, 10*time.Second); err != nil {
+							return err
+						}
+						b, err := dev.Bytes(p.buf[r].Add(16<<10), n)
+						if err != nil {
+							return err
+						}
+						got[r] = append([]byte(nil), b...)
+						return nil
+					})
+					if err != nil {
+						t.Fatal(err)
+					}
+				}
+				for r := 0; r < 2; r++ {
+					if err := p.sync(t, r); err != nil {
+						t.Fatalf("round %d rank %d: %v", round, r, err)
+					}
+				}
+				for r := 0; r < 2; r++ {
+					want := bytes.Repeat([]byte{byte(10*round + (1 - r) + 1)}, n)
+					if !bytes.Equal(got[r], want) {
+						i := 0
+						for i < n && got[r][i] == want[i] {
+							i++
+						}
+						t.Fatalf("round %d: rank %d read byte %d = %d after its wait, want %d", round, r, i, got[r][i], want[i])
+					}
+				}
+			}
+
+			// Refused at the call, naming what was wrong; the peer's memory
+			// is untouched.
+			fill(t, p.comms[1], p.buf[1], 64, 0x77)
+			for _, c := range []struct {
+				name string
+				call func() error
+				want string
+			}{
+				{"past the peer's buffer", func() error {
+					return hcomm.WriteNbi(nil, p.ch[0], remote[0].Add(p.size-4), p.buf[0], 8)
+				}, "remote dst"},
+				{"negative length", func() error { return hcomm.WriteNbi(nil, p.ch[0], remote[0], p.buf[0], -1) }, "negative"},
+				{"notify index past the peer's", func() error {
+					return hcomm.WriteWithNotifyNbi(nil, p.ch[0], remote[0], p.buf[0], 8, 3)
+				}, "remote notify index 3"},
+				{"negative notify index", func() error {
+					return hcomm.WriteWithNotifyNbi(nil, p.ch[0], remote[0], p.buf[0], 8, -1)
+				}, "remote notify index -1"},
+				{"record index past the peer's", func() error { return hcomm.ChannelNotifyRecord(nil, p.ch[0], 3) }, "remote notify index 3"},
+				{"wait index past ours", func() error { return hcomm.ChannelNotifyWait(nil, p.ch[0], 7, time.Second) }, "7"},
+			} {
+				err := c.call()
+				if !errors.Is(err, hcomm.ErrPara) || !strings.Contains(err.Error(), c.want) {
+					t.Errorf("%s: %v, want ErrPara mentioning %q", c.name, err, c.want)
+				}
+			}
+			if err := hcomm.WriteNbi(nil, nil, remote[0], p.buf[0], 8); !errors.Is(err, hcomm.ErrPtr) {
+				t.Errorf("nil channel: %v, want ErrPtr", err)
+			}
+			if got := read(t, p.comms[1], p.buf[1], 64); !bytes.Equal(got, bytes.Repeat([]byte{0x77}, 64)) {
+				t.Error("a refused write touched the peer's memory")
+			}
+
+			// A wait nobody records times out naming the peer.
+			err := hcomm.ChannelNotifyWait(nil, p.ch[0], 2, 30*time.Millisecond)
+			if !errors.Is(err, hcomm.ErrTimeout) || !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "rank 1") {
+				t.Errorf("unrecorded wait: %v, want a timeout naming rank 1", err)
+			}
+			// Closing stop ends a wait at once.
+			stop := make(chan struct{})
+			done := make(chan error, 1)
+			go func() { done <- hcomm.ChannelNotifyWait(stop, p.ch[0], 2, time.Minute) }()
+			time.Sleep(5 * time.Millisecond)
+			close(stop)
+			select {
+			case err := <-done:
+				if err == nil || errors.Is(err, hcomm.ErrTimeout) {
+					t.Errorf("wait whose stop closed: %v, want an abort", err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("a wait whose stop closed did not return")
+			}
+			// After Destroy, the calls refuse.
+			p.comms[0].Destroy()
+			if err := hcomm.ChannelNotifyRecord(nil, p.ch[0], 0); !errors.Is(err, hcomm.ErrUnavail) {
+				t.Errorf("record after Destroy: %v, want ErrUnavail", err)
+			}
+		})
+	}
+}
