@@ -164,7 +164,8 @@ func allReduceOneShot(sc *sched, h header, send, recv device.Ptr, count int64, d
 	// the latency path, and the check costs no task of its own. Inputs are
 	// read from the hello slots (this rank's own copy included), so in
 	// place is safe.
-	sc.helloThen(h, sc.others(), send, bytes, nil, func(at func(int) device.Ptr) error {
+	sc.helloThen(h, sc.others(), send, bytes, nil, func(x *helloCall) error {
+		in := x.payload
 		if count == 0 {
 			return nil
 		}
@@ -172,28 +173,15 @@ func allReduceOneShot(sc *sched, h header, send, recv device.Ptr, count int64, d
 		if err != nil {
 			return err
 		}
-		in := func(p int) ([]byte, error) { return dev.Bytes(at(p), bytes) }
-		a, err := in(0)
-		if err != nil {
-			return err
-		}
 		if n == 1 {
-			copy(dst, a)
+			copy(dst, in(0))
 			return nil
 		}
-		b, err := in(1)
-		if err != nil {
-			return err
-		}
-		if err := reduce.Reduce3(dst, a, b, int(count), dt, op); err != nil {
+		if err := reduce.Reduce3(dst, in(0), in(1), int(count), dt, op); err != nil {
 			return err
 		}
 		for p := 2; p < n; p++ {
-			x, err := in(p)
-			if err != nil {
-				return err
-			}
-			if err := reduce.Reduce(dst, x, int(count), dt, op); err != nil {
+			if err := reduce.Reduce(dst, in(p), int(count), dt, op); err != nil {
 				return err
 			}
 		}

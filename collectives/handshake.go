@@ -203,7 +203,7 @@ func (s *sched) hello(h header, peers []int, src device.Ptr, n int64, extra func
 // check, once the check has passed: a schedule puts its first local step
 // there (the one-shot all-reduce its reduction), so that the check costs no
 // task of its own.
-func (s *sched) helloThen(h header, peers []int, src device.Ptr, n int64, extra func(p int, payload []byte) error, then func(at func(rank int) device.Ptr) error) (at func(rank int) device.Ptr) {
+func (s *sched) helloThen(h header, peers []int, src device.Ptr, n int64, extra func(p int, payload []byte) error, then func(x *helloCall) error) (at func(rank int) device.Ptr) {
 	st := s.st
 	me := st.comm.Rank()
 	if h.kind != kSendRecv { // point-to-point numbers its hellos per pair
@@ -214,8 +214,13 @@ func (s *sched) helloThen(h header, peers []int, src device.Ptr, n int64, extra 
 	// One object carries the call to the two tasks that need it, so that a
 	// small collective allocates once here, not once per closure.
 	x := &helloCall{h: h, peers: peers, src: src, n: n, extra: extra, then: then, s: s,
-		par: make([]uint64, st.comm.Size()), mine: s.mySlot(st.lay.helloOff(me, 0)), dev: st.comm.Device(), opSeq: s.opSeq}
-	x.atFn = x.at // one method value for the caller and then
+		mine: s.mySlot(st.lay.helloOff(me, 0)), dev: st.comm.Device(), opSeq: s.opSeq}
+	if sz := st.comm.Size(); sz <= len(x.parBuf) {
+		x.par = x.parBuf[:sz]
+	} else {
+		x.par = make([]uint64, sz)
+	}
+	x.atFn = x.at
 	for _, p := range peers {
 		x.par[p] = st.hellos[p] % 2
 		st.hellos[p]++
@@ -262,19 +267,38 @@ func (x *helloCall) run(stop <-chan struct{}) error {
 
 // helloCall is one hello in flight: what its stream tasks need.
 type helloCall struct {
-	h     header
-	peers []int
-	src   device.Ptr
-	n     int64
-	extra func(p int, payload []byte) error
-	then  func(at func(rank int) device.Ptr) error
-	s     *sched
-	par   []uint64
-	mine  device.Ptr
-	dev   *device.Device
-	check bool
-	opSeq uint64 // the collective's number from BeginOp, for wait errors
-	atFn  func(rank int) device.Ptr
+	h      header
+	peers  []int
+	src    device.Ptr
+	n      int64
+	extra  func(p int, payload []byte) error
+	then   func(x *helloCall) error
+	s      *sched
+	par    []uint64 // hello parity with each peer (parBuf for up to 16 ranks)
+	parBuf [16]uint64
+	mine   device.Ptr
+	dev    *device.Device
+	check  bool
+	opSeq  uint64 // the collective's number from BeginOp, for wait errors
+	atFn   func(rank int) device.Ptr
+}
+
+// slot returns the hello slot that rank's hello arrives in (for this rank:
+// the one it writes from), from the hello region resolved at setup.
+func (x *helloCall) slot(rank int) []byte {
+	st := x.s.st
+	var off int64
+	if int32(rank) == x.h.from {
+		off = st.lay.helloOff(rank, 0)
+	} else {
+		off = st.lay.helloOff(rank, x.par[rank])
+	}
+	return st.hello[off : off+st.lay.helloSlot : off+st.lay.helloSlot]
+}
+
+// payload returns rank's inline payload, as slot does its hello.
+func (x *helloCall) payload(rank int) []byte {
+	return x.slot(rank)[headerSize : headerSize+x.n]
 }
 
 // at returns where rank's inline payload lies in this rank's HCCL buffer.
@@ -288,10 +312,7 @@ func (x *helloCall) at(rank int) device.Ptr {
 // prepare (a stream task) writes the header and inline payload into this
 // rank's own hello slot, from which they are written to every peer.
 func (x *helloCall) prepare() error {
-	b, err := x.dev.Bytes(x.mine, headerSize+x.n)
-	if err != nil {
-		return err
-	}
+	b := x.slot(int(x.h.from))[:headerSize+x.n]
 	x.h.encode(b)
 	if x.n > 0 {
 		in, err := x.dev.Bytes(x.src, x.n)
@@ -312,10 +333,7 @@ func (x *helloCall) verify() error {
 		if !x.check {
 			break
 		}
-		b, err := x.dev.Bytes(x.s.mySlot(st.lay.helloOff(p, x.par[p])), st.lay.helloSlot)
-		if err != nil {
-			return err
-		}
+		b := x.slot(p)
 		got, err := decodeHeader(b)
 		if err == nil && got.from != int32(p) {
 			err = fmt.Errorf("the hello in rank %d's slot says it is from rank %d", p, got.from)
@@ -336,7 +354,7 @@ func (x *helloCall) verify() error {
 		}
 	}
 	if x.then != nil {
-		return x.then(x.atFn)
+		return x.then(x)
 	}
 	return nil
 }

@@ -81,6 +81,7 @@ type state struct {
 	comm    *hcomm.Comm
 	lay     layout
 	buf     device.Ptr
+	hello   []byte           // the hello slots of buf, resolved once (handshake.go)
 	chans   []*hcomm.Channel // by peer rank; nil for self
 	peerBuf []device.Ptr     // peers' HCCL buffers
 	threads map[*device.Stream]*hcomm.Thread
@@ -153,6 +154,12 @@ func (st *state) init1() {
 	st.multiHost = multiHost(c)
 	st.noCheck = os.Getenv("HCOMM_COLL_CHECK") == "0"
 	st.forced, st.err = envAlgo()
+	if st.err == nil && st.lay.helloSlot > 0 {
+		// The buffer stays mapped until the communicator is destroyed,
+		// after its streams' work: the handshake's tasks read and write
+		// its hello slots through this slice, without a lookup each.
+		st.hello, st.err = c.Device().Bytes(buf, st.lay.helloSlot*int64(2*c.Size()))
+	}
 }
 
 // setup acquires a channel to every peer (collective: every rank calls it at

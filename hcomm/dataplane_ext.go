@@ -87,18 +87,20 @@ func writeOnThread(op string, t *Thread, ch *Channel, dst, src device.Ptr, n int
 			remoteIdx, ch.ch.PeerNotifyNum(), ch.RemoteRank())
 	}
 	return c.launch(op, ch.RemoteRank(), t, func(stop <-chan struct{}) error {
-		return c.write(stop, ch, dst, src, n, remoteIdx)
-	})
-}
-
-// write is the body of a checked write, queued or immediate.
-func (c *Comm) write(stop <-chan struct{}, ch *Channel, dst, src device.Ptr, n int64, remoteIdx int) error {
-	if n > 0 || remoteIdx < 0 {
 		b, err := c.dev.Bytes(src, n)
 		if err != nil {
 			return err
 		}
-		if err := c.moved(ch, metrics.Write, n, ch.ch.Transport().Write(stop, dst, b)); err != nil {
+		return c.write(stop, ch, dst, b, remoteIdx)
+	})
+}
+
+// write is the body of a checked write of src to the peer's dst, queued or
+// immediate, followed by a record of the peer's notify remoteIdx when that
+// is not negative.
+func (c *Comm) write(stop <-chan struct{}, ch *Channel, dst device.Ptr, src []byte, remoteIdx int) error {
+	if len(src) > 0 || remoteIdx < 0 {
+		if err := c.moved(ch, metrics.Write, int64(len(src)), ch.ch.Transport().Write(stop, dst, src)); err != nil {
 			return err
 		}
 	}

@@ -40,14 +40,18 @@ func writeNow(op string, stop <-chan struct{}, ch *Channel, dst, src device.Ptr,
 	if err != nil {
 		return err
 	}
-	if err := c.rangesCheck(op, ch, "dst", dst, "src", src, n); err != nil {
+	if err := c.remoteCheck(op, ch, "dst", dst, n); err != nil {
 		return err
+	}
+	b, err := c.dev.Bytes(src, n) // the local check, once
+	if err != nil {
+		return c.errorf(op, ch.RemoteRank(), ErrPara, err, "local src")
 	}
 	if remoteIdx >= ch.ch.PeerNotifyNum() {
 		return c.errorf(op, ch.RemoteRank(), ErrPara, nil, "remote notify index %d is outside [0, %d) of rank %d's end of the channel",
 			remoteIdx, ch.ch.PeerNotifyNum(), ch.RemoteRank())
 	}
-	if err := c.write(stop, ch, dst, src, n, remoteIdx); err != nil {
+	if err := c.write(stop, ch, dst, b, remoteIdx); err != nil {
 		return c.taskFailed(op, ch.RemoteRank(), err)
 	}
 	return nil
