@@ -42,11 +42,26 @@ type Notify struct {
 	broken  error // set once by Break; guarded by mu
 
 	sh *sharedWord // NewShared's backing; nil for New's
+
+	// spinFor is how long a wait polls before it sleeps; spinSet says
+	// SetSpin chose it (otherwise spin.Default).
+	spinFor time.Duration
+	spinSet bool
 }
 
 // New returns a notify in the reset state. name says whose it is ("rank 0
 // channel to 1 notify 2"); it appears in every error about the notify.
 func New(name string) *Notify { return &Notify{name: name} }
+
+// SetSpin sets how long a wait for n polls before it sleeps (spin.Default,
+// 50 µs, unless set). Call it before the notify is used. A transport whose
+// records arrive through Go's network poller (tcp) sets it to zero: a
+// waiter that polls with runtime.Gosched keeps the scheduler busy, and a
+// busy scheduler polls the network only every few milliseconds (sysmon),
+// so the goroutine that would read the record stays parked until the
+// spin gives up. Sleeping at once lets the scheduler poll the network and
+// run that goroutine.
+func (n *Notify) SetSpin(d time.Duration) { n.spinFor, n.spinSet = d, true }
 
 // Name returns the name given to New.
 func (n *Notify) Name() string { return n.name }
@@ -168,7 +183,11 @@ func (n *Notify) await(s *device.Stream, timeout time.Duration, stop <-chan stru
 	if n.sh != nil {
 		return n.awaitShared(s, timeout, stop)
 	}
-	if spin.Until(spin.Default, n.TryReset) {
+	d := spin.Default
+	if n.spinSet {
+		d = n.spinFor
+	}
+	if spin.Until(d, n.TryReset) {
 		return nil
 	}
 	var expire <-chan time.Time

