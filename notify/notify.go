@@ -9,8 +9,13 @@
 // wait are ordinary stream tasks (device.Stream.Launch), ordered with the copies
 // around them exactly as event records and waits are.
 //
-// Waits spin briefly (yielding) and then sleep; a wait that outlives its timeout
-// fails its stream with device.ErrWaitTimeout, naming the notify.
+// Waits spin briefly and then sleep; a wait that outlives its timeout fails
+// its stream with device.ErrWaitTimeout, naming the notify. How they spin
+// depends on who records: a New notify's wait yields to this process's
+// goroutines (the recorder is one of them) for 50 µs — or not at all after
+// SetSpin(0), for records that arrive through Go's network poller (tcp); a
+// shared notify's wait yields the core to other processes (the recorder is
+// one of them, perhaps waiting for this core) on every poll.
 //
 // Two backings: New keeps the state in this process and sleeps on Go
 // primitives (cheap hand-offs between goroutines); NewShared keeps it in a

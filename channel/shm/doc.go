@@ -50,9 +50,9 @@
 // A notify record (NotifyRecord) is a sequentially consistent
 // compare-and-swap on the peer's word, and the wait that consumes it another:
 // a release and an acquire, so bytes written before a record are visible to
-// the peer once its wait returns. Waits spin briefly (yielding) and then
-// sleep on the word with FUTEX_WAIT, so ranks that outnumber the cores still
-// make progress; see notify.NewShared for the word's layout. Fence is a
+// the peer once its wait returns. Waits poll for 50 µs, giving the core to
+// other processes (sched_yield) between polls, and then sleep on the word
+// with FUTEX_WAIT, so ranks that outnumber the cores still make progress; see notify.NewShared for the word's layout. Fence is a
 // memory barrier only: a write is complete at the peer when the copy returns.
 //
 // # When a process dies
