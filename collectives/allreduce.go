@@ -156,37 +156,40 @@ func issueWindowed(c *hcomm.Comm, name string, k kind, s *device.Stream, o *Opti
 // inputs in rank order into recv (so that every rank gets the same bits).
 // One hand-off deep.
 func allReduceOneShot(sc *sched, h header, send, recv device.Ptr, count int64, dt hcomm.DataType, op hcomm.ReduceOp) {
-	n := sc.st.comm.Size()
-	bytes := count * int64(dt.Size())
 	h.algo = AlgoOneShot
-	dev := sc.st.comm.Device()
-	// The reduction runs in the handshake's check task: one task fewer on
-	// the latency path, and the check costs no task of its own. Inputs are
-	// read from the hello slots (this rank's own copy included), so in
-	// place is safe.
-	sc.helloThen(h, sc.others(), send, bytes, nil, func(x *helloCall) error {
-		in := x.payload
-		if count == 0 {
-			return nil
-		}
-		dst, err := dev.Bytes(recv, bytes)
-		if err != nil {
-			return err
-		}
-		if n == 1 {
-			copy(dst, in(0))
-			return nil
-		}
-		if err := reduce.Reduce3(dst, in(0), in(1), int(count), dt, op); err != nil {
-			return err
-		}
-		for p := 2; p < n; p++ {
-			if err := reduce.Reduce(dst, in(p), int(count), dt, op); err != nil {
-				return err
-			}
-		}
+	// The reduction runs in the handshake's task (reduceInline): one task
+	// per rank for the whole collective. Inputs are read from the hello
+	// slots (this rank's own copy included), so in place is safe.
+	x := helloPool.Get().(*helloCall)
+	x.red = reduceArgs{recv: recv, count: count, dt: dt, op: op}
+	sc.helloWith(x, h, sc.others(), send, count*int64(dt.Size()), nil, reduceInline)
+}
+
+// reduceInline is the one-shot all-reduce's reduction: recv = the inputs in
+// the hello slots, combined in rank order.
+func reduceInline(x *helloCall) error {
+	r := x.red
+	if r.count == 0 {
 		return nil
-	})
+	}
+	dst, err := x.dev.Bytes(r.recv, x.n)
+	if err != nil {
+		return err
+	}
+	n := x.s.st.comm.Size()
+	if n == 1 {
+		copy(dst, x.payload(0))
+		return nil
+	}
+	if err := reduce.Reduce3(dst, x.payload(0), x.payload(1), int(r.count), r.dt, r.op); err != nil {
+		return err
+	}
+	for p := 2; p < n; p++ {
+		if err := reduce.Reduce(dst, x.payload(p), int(r.count), r.dt, r.op); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // allReduceRing: a ring reduce-scatter, then an all-gather in which every

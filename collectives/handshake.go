@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 
 	"github.com/hcomm-dev/hcomm/device"
 	"github.com/hcomm-dev/hcomm/hcomm"
@@ -204,6 +205,37 @@ func (s *sched) hello(h header, peers []int, src device.Ptr, n int64, extra func
 // there (the one-shot all-reduce its reduction), so that the check costs no
 // task of its own.
 func (s *sched) helloThen(h header, peers []int, src device.Ptr, n int64, extra func(p int, payload []byte) error, then func(x *helloCall) error) (at func(rank int) device.Ptr) {
+	x := &helloCall{}
+	x.atFn, x.runFn = x.at, x.run
+	return s.helloWith(x, h, peers, src, n, extra, then)
+}
+
+// helloPool recycles the helloCalls of the one-shot all-reduce, whose only
+// user is the hello's own task (it keeps neither at nor x): a small
+// all-reduce then allocates almost nothing.
+var helloPool sync.Pool
+
+func init() {
+	helloPool.New = func() any {
+		x := &helloCall{pooled: true}
+		x.atFn, x.runFn = x.at, x.run
+		return x
+	}
+}
+
+// release returns a pooled helloCall once its task is done with it.
+func (x *helloCall) release() {
+	if !x.pooled {
+		return
+	}
+	atFn, runFn := x.atFn, x.runFn
+	*x = helloCall{pooled: true, atFn: atFn, runFn: runFn}
+	helloPool.Put(x)
+}
+
+// helloWith is helloThen on a helloCall the caller provides (fresh, or from
+// helloPool).
+func (s *sched) helloWith(x *helloCall, h header, peers []int, src device.Ptr, n int64, extra func(p int, payload []byte) error, then func(x *helloCall) error) (at func(rank int) device.Ptr) {
 	st := s.st
 	me := st.comm.Rank()
 	if h.kind != kSendRecv { // point-to-point numbers its hellos per pair
@@ -211,16 +243,15 @@ func (s *sched) helloThen(h header, peers []int, src device.Ptr, n int64, extra 
 	}
 	h.from = int32(me)
 	h.size = int32(st.comm.Size())
-	// One object carries the call to the two tasks that need it, so that a
-	// small collective allocates once here, not once per closure.
-	x := &helloCall{h: h, peers: peers, src: src, n: n, extra: extra, then: then, s: s,
-		mine: s.mySlot(st.lay.helloOff(me, 0)), dev: st.comm.Device(), opSeq: s.opSeq}
+	// One object carries the call to the task, so that a small collective
+	// allocates once here, not once per closure.
+	x.h, x.peers, x.src, x.n, x.extra, x.then, x.s = h, peers, src, n, extra, then, s
+	x.mine, x.dev, x.opSeq = s.mySlot(st.lay.helloOff(me, 0)), st.comm.Device(), s.opSeq
 	if sz := st.comm.Size(); sz <= len(x.parBuf) {
 		x.par = x.parBuf[:sz]
 	} else {
 		x.par = make([]uint64, sz)
 	}
-	x.atFn = x.at
 	for _, p := range peers {
 		x.par[p] = st.hellos[p] % 2
 		st.hellos[p]++
@@ -238,14 +269,18 @@ func (s *sched) helloThen(h header, peers []int, src device.Ptr, n int64, extra 
 	// The whole exchange is one stream task, in which the writes, records
 	// and waits are hcomm's immediate calls: a latency-bound collective
 	// (the one-shot all-reduce) then costs about one task per rank.
-	s.launchStop("collective hello", x.run)
-	return x.atFn
+	// x belongs to the task from here on: a pooled x may be reset as soon
+	// as the task has run.
+	at = x.atFn
+	s.launchStop("collective hello", x.runFn)
+	return at
 }
 
 // run (the hello's stream task) writes this rank's hello into every peer's
 // slot, records the peer's hello notify, waits for every peer's hello, and
 // checks them (verify).
 func (x *helloCall) run(stop <-chan struct{}) error {
+	defer x.release()
 	if err := x.prepare(); err != nil {
 		return err
 	}
@@ -274,13 +309,25 @@ type helloCall struct {
 	extra  func(p int, payload []byte) error
 	then   func(x *helloCall) error
 	s      *sched
-	par    []uint64 // hello parity with each peer (parBuf for up to 16 ranks)
-	parBuf [16]uint64
+	par    []uint64 // hello parity with each peer (parBuf for up to 8 ranks)
+	parBuf [8]uint64
 	mine   device.Ptr
 	dev    *device.Device
 	check  bool
 	opSeq  uint64 // the collective's number from BeginOp, for wait errors
 	atFn   func(rank int) device.Ptr
+	runFn  func(stop <-chan struct{}) error // x.run, made once
+
+	pooled bool       // from helloPool: released when run ends
+	red    reduceArgs // the one-shot all-reduce's call (reduceInline)
+}
+
+// reduceArgs is what the one-shot all-reduce's reduction needs.
+type reduceArgs struct {
+	recv  device.Ptr
+	count int64
+	dt    hcomm.DataType
+	op    hcomm.ReduceOp
 }
 
 // slot returns the hello slot that rank's hello arrives in (for this rank:
@@ -329,11 +376,20 @@ func (x *helloCall) prepare() error {
 func (x *helloCall) verify() error {
 	st := x.s.st
 	me, h, comm := int(x.h.from), x.h, st.comm
+	mine := x.slot(me)[:headerSize]
 	for _, p := range x.peers {
 		if !x.check {
 			break
 		}
 		b := x.slot(p)
+		// The common case: the peer's header is this rank's, byte for
+		// byte, but for the sender's rank. Anything else is decoded and
+		// compared field by field (same ignores what the call does not
+		// use, such as a broadcast's reduce op).
+		if [40]byte(b[:40]) == [40]byte(mine[:40]) && [20]byte(b[44:64]) == [20]byte(mine[44:64]) &&
+			binary.LittleEndian.Uint32(b[40:]) == uint32(p) && x.extra == nil {
+			continue
+		}
 		got, err := decodeHeader(b)
 		if err == nil && got.from != int32(p) {
 			err = fmt.Errorf("the hello in rank %d's slot says it is from rank %d", p, got.from)
