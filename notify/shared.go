@@ -192,8 +192,16 @@ func (n *Notify) awaitShared(s *device.Stream, timeout time.Duration, stop <-cha
 	}
 }
 
-// spinShared polls the word for spin.Default before the wait sleeps. The
-// recorder is another process, which may be waiting for this core when
+// pollsFirst is how many times a shared wait polls before its first
+// sched_yield: a recorder running on another core records within a fraction
+// of a microsecond, and a yield costs a system call (0.3 µs here) even when
+// nothing else wants the core. The 8-byte all-reduce of 2 processes on 2
+// cores: 0.85 → 0.6 µs.
+const pollsFirst = 256
+
+// spinShared polls the word for spin.Default before the wait sleeps: first
+// pollsFirst times in a row, then yielding between polls. The recorder is
+// another process, which may be waiting for this core when
 // ranks outnumber cores (four processes on two cores): so every poll yields
 // the core to other processes (sched_yield), and only every 64th to this
 // process's goroutines (runtime.Gosched). Yielding to the goroutines on
@@ -206,6 +214,11 @@ func (n *Notify) awaitShared(s *device.Stream, timeout time.Duration, stop <-cha
 func spinShared(w *uint32) bool {
 	if tryResetWord(w) {
 		return true
+	}
+	for i := 0; i < pollsFirst; i++ {
+		if atomic.LoadUint32(w)&bitSet != 0 && tryResetWord(w) {
+			return true
+		}
 	}
 	start := time.Now()
 	for i := 1; ; i++ {
