@@ -25,9 +25,9 @@
 // whole exchange — header, writes, records, waits, check, and the one-shot
 // all-reduce's reduction — is one stream task per rank, made of hcomm's
 // immediate calls (WriteWithNotifyNbi, CollectiveNotifyWait): an 8-byte
-// all-reduce costs each rank one task and about eight allocations. Set
-// HCOMM_COLL_CHECK=0 to skip the comparison (the exchange stays: it is what
-// makes slot reuse safe); BENCHMARKS.md gives its cost.
+// all-reduce costs each rank one task and two allocations (its state is
+// recycled). Set HCOMM_COLL_CHECK=0 to skip the comparison (the exchange
+// stays: it is what makes slot reuse safe); BENCHMARKS.md gives its cost.
 //
 // # Algorithms
 //
