@@ -15,7 +15,7 @@
 //
 // # The handshake
 //
-// Every collective opens with a hello: each rank writes a 64-byte header —
+// Every collective opens with a hello: each rank writes a 56-byte header —
 // collective, count, data type, reduce op, root, algorithm, sequence number
 // — into a slot of every peer's HCCL buffer, waits for every peer's, and
 // checks them. A rank that called something else gets an error matching

@@ -53,13 +53,16 @@ func (k kind) String() string {
 
 // header opens every collective: each rank writes its own into every peer's
 // hello slot, so that each rank can check that its peers made the same call
-// before any data moves. The wire form is 64 bytes, little-endian:
+// before any data moves. The wire form is 56 bytes, little-endian, so that a
+// header and 8 bytes of inline payload fill one 64-byte cache line (a small
+// all-reduce's hello then costs one line's transfer per peer, not two):
 //
-//	0  magic "HCOL"     4  version (1)   5  kind     6  data type  7  reduce op
+//	0  magic "HCOL"     4  version (2)   5  kind     6  data type  7  reduce op
 //	8  algorithm        9  flags         12 root     16 count      24 sequence
-//	32 extra (a digest of per-rank counts for the V collectives)
+//	32 extra: a digest of per-rank counts (the V collectives), or, with
+//	   flagWindow, the offset of the collective's buffer in the window (the
+//	   V collectives take no windows)
 //	40 from rank        44 rank count    48 window id (0: none)   52 zero
-//	56 offset of the collective's buffer in the window
 type header struct {
 	kind  kind
 	dt    hcomm.DataType
@@ -77,8 +80,8 @@ type header struct {
 }
 
 const (
-	headerSize    = 64
-	headerVersion = 1
+	headerSize    = 56
+	headerVersion = 2
 	flagOp        = 1 // the reduce op is part of the call
 	flagRoot      = 2 // the root is part of the call
 	flagWindow    = 4 // the buffers lie in a window (win, woff): peers read them in place
@@ -99,11 +102,14 @@ func (h header) encode(b []byte) {
 	binary.LittleEndian.PutUint32(b[12:], uint32(h.root))
 	binary.LittleEndian.PutUint64(b[16:], uint64(h.count))
 	binary.LittleEndian.PutUint64(b[24:], h.seq)
-	binary.LittleEndian.PutUint64(b[32:], h.extra)
+	if h.flags&flagWindow != 0 {
+		binary.LittleEndian.PutUint64(b[32:], uint64(h.woff))
+	} else {
+		binary.LittleEndian.PutUint64(b[32:], h.extra)
+	}
 	binary.LittleEndian.PutUint32(b[40:], uint32(h.from))
 	binary.LittleEndian.PutUint32(b[44:], uint32(h.size))
 	binary.LittleEndian.PutUint32(b[48:], h.win)
-	binary.LittleEndian.PutUint64(b[56:], uint64(h.woff))
 }
 
 // decodeHeader parses a peer's header. It trusts nothing: a short buffer, a
@@ -118,7 +124,7 @@ func decodeHeader(b []byte) (header, error) {
 	if b[4] != headerVersion {
 		return header{}, fmt.Errorf("handshake header version %d, this build speaks %d", b[4], headerVersion)
 	}
-	return header{
+	h := header{
 		kind:  kind(b[5]),
 		dt:    hcomm.DataType(b[6]),
 		op:    hcomm.ReduceOp(b[7]),
@@ -127,12 +133,16 @@ func decodeHeader(b []byte) (header, error) {
 		root:  int32(binary.LittleEndian.Uint32(b[12:])),
 		count: int64(binary.LittleEndian.Uint64(b[16:])),
 		seq:   binary.LittleEndian.Uint64(b[24:]),
-		extra: binary.LittleEndian.Uint64(b[32:]),
 		from:  int32(binary.LittleEndian.Uint32(b[40:])),
 		size:  int32(binary.LittleEndian.Uint32(b[44:])),
 		win:   binary.LittleEndian.Uint32(b[48:]),
-		woff:  int64(binary.LittleEndian.Uint64(b[56:])),
-	}, nil
+	}
+	if h.flags&flagWindow != 0 {
+		h.woff = int64(binary.LittleEndian.Uint64(b[32:]))
+	} else {
+		h.extra = binary.LittleEndian.Uint64(b[32:])
+	}
+	return h, nil
 }
 
 // call describes the call a header stands for, for errors:
@@ -386,7 +396,7 @@ func (x *helloCall) verify() error {
 		// byte, but for the sender's rank. Anything else is decoded and
 		// compared field by field (same ignores what the call does not
 		// use, such as a broadcast's reduce op).
-		if [40]byte(b[:40]) == [40]byte(mine[:40]) && [20]byte(b[44:64]) == [20]byte(mine[44:64]) &&
+		if [40]byte(b[:40]) == [40]byte(mine[:40]) && [headerSize - 44]byte(b[44:headerSize]) == [headerSize - 44]byte(mine[44:headerSize]) &&
 			binary.LittleEndian.Uint32(b[40:]) == uint32(p) && x.extra == nil {
 			continue
 		}

@@ -30,7 +30,7 @@ const (
 //	[gather slots: 2 x piece]             this rank publishes a piece, peers read it
 //	[scratch: 1 piece]                    partial results between ring steps
 type layout struct {
-	helloSlot int64 // bytes of one hello slot: a 64-byte header + inline payload
+	helloSlot int64 // bytes of one hello slot: a 56-byte header + inline payload
 	inboxOff  int64
 	gatherOff int64
 	piece     int64 // bytes of one inbox or gather slot: the pipeline's piece
