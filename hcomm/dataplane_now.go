@@ -10,11 +10,12 @@ import (
 // HcommWriteWithNotifyNbi, HcommChannelNotifyRecord, HcommChannelNotifyWait;
 // experimental in HCCL). They do their work in the calling goroutine, now,
 // instead of enqueueing a task — made for the body of one stream task that
-// runs a whole step of a schedule (Thread.Launch), so that a latency-bound
-// collective costs one task instead of one per transfer and wait. They check
-// their arguments exactly as the *OnThread forms do, and keep the data
-// plane's guarantees: a write followed by a record of the peer's notify on
-// the same channel is visible to the peer once its wait returns.
+// runs a whole step of a schedule (Launch on the thread's stream), so that a
+// latency-bound collective costs one task instead of one per transfer and
+// wait. They check their arguments exactly as the *OnThread forms do, and
+// keep the data plane's guarantees: a write followed by a record of the
+// peer's notify on the same channel is visible to the peer once its wait
+// returns.
 //
 // Departure from HCCL: each takes stop, the stop channel of the task it runs
 // in (nil outside one), so that a stream abort or a closed device ends a
