@@ -43,6 +43,8 @@ type sharedWord struct {
 	// for writing by Detach, after which the word is never touched again.
 	use      sync.RWMutex
 	detached bool
+	// local says the recorder is a goroutine of this process (SetLocal).
+	local bool
 }
 
 // do runs fn on the word unless the notify is detached.
@@ -64,6 +66,17 @@ func (sh *sharedWord) do(fn func(*uint32)) {
 // of its neighbours.
 func NewShared(name string, word *uint32) *Notify {
 	return &Notify{name: name, sh: &sharedWord{word: word}}
+}
+
+// SetLocal says that the shared notify's recorder runs in this process (a
+// channel between two ranks of one process that shares memory, as tests
+// force): its waits then yield to this process's goroutines on every poll,
+// since the recorder is one of them, instead of to other processes. Call it
+// before the notify is waited for. A notify from New ignores it.
+func (n *Notify) SetLocal(local bool) {
+	if n.sh != nil {
+		n.sh.local = local
+	}
 }
 
 // Shared reports whether the notify was made by NewShared.
@@ -132,7 +145,7 @@ func (n *Notify) awaitShared(s *device.Stream, timeout time.Duration, stop <-cha
 	if sh.detached {
 		return n.failErr(s, n.Broken())
 	}
-	if spinShared(w) {
+	if spinShared(w, sh.local) {
 		return nil
 	}
 	var deadline time.Time
@@ -210,10 +223,14 @@ const pollsFirst = 256
 // 5–6), because the goroutine that then runs is the caller issuing work
 // far ahead, not the peer this wait needs; the occasional Gosched keeps a
 // recorder in this process (a shared notify between ranks in one process,
-// as tests use) from waiting for the sleep.
-func spinShared(w *uint32) bool {
+// as tests use) from waiting for the sleep; a notify whose recorder is known
+// to be in this process (SetLocal) polls as a New notify's wait does.
+func spinShared(w *uint32, local bool) bool {
 	if tryResetWord(w) {
 		return true
+	}
+	if local {
+		return spin.Until(spin.Default, func() bool { return tryResetWord(w) })
 	}
 	for i := 0; i < pollsFirst; i++ {
 		if atomic.LoadUint32(w)&bitSet != 0 && tryResetWord(w) {

@@ -5,6 +5,7 @@ package notify_test
 import (
 	"context"
 	"errors"
+	"runtime"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -238,4 +239,58 @@ func BenchmarkSharedHandoff(b *testing.B) {
 	}
 	<-done
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/2/1000, "µs/handoff")
+}
+
+// BenchmarkSharedPingPongInProcess: two goroutines of one process hand a
+// token back and forth through two shared notifies, on one processor
+// (GOMAXPROCS=1), as two ranks of one process over shm do. With SetLocal a
+// wait yields to the other goroutine on every poll; without it, it yields
+// the core to other processes and only every 64th poll to its goroutines
+// (the policy for a recorder in another process), which here is the slow
+// path: compare the two sub-benchmarks.
+func BenchmarkSharedPingPongInProcess(b *testing.B) {
+	for _, local := range []bool{true, false} {
+		b.Run(map[bool]string{true: "SetLocal", false: "other-process-policy"}[local], func(b *testing.B) {
+			defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+			fd, err := unix.MemfdCreate("notify-bench", unix.MFD_CLOEXEC)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer unix.Close(fd)
+			if err := unix.Ftruncate(fd, 4096); err != nil {
+				b.Fatal(err)
+			}
+			m, err := unix.Mmap(fd, 0, 4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer unix.Munmap(m)
+			ping, pong := notify.NewShared("ping", word(m, 0)), notify.NewShared("pong", word(m, 64))
+			ping.SetLocal(local)
+			pong.SetLocal(local)
+			done := make(chan error, 1)
+			go func() {
+				for i := 0; i < b.N; i++ {
+					if err := ping.Await(nil, 10*time.Second); err != nil {
+						done <- err
+						return
+					}
+					notify.Signal(word(m, 64))
+				}
+				done <- nil
+			}()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				notify.Signal(word(m, 0))
+				if err := pong.Await(nil, 10*time.Second); err != nil {
+					b.Fatal(err)
+				}
+			}
+			if err := <-done; err != nil {
+				b.Fatal(err)
+			}
+			ping.Detach(nil)
+			pong.Detach(nil)
+		})
+	}
 }

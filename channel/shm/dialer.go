@@ -231,6 +231,13 @@ func (c *connecting) run(ctx context.Context, ex channel.Exchange) (*channel.Con
 		return nil, c.errf("both ends want to listen or both to dial: %w", ErrRefused)
 	}
 	c.t.peerPID = int(peer.PID)
+	if c.t.peerPID == os.Getpid() {
+		// Both ends in this process: the recorder of this end's notifies
+		// is one of its goroutines, so waits yield to them.
+		for _, n := range c.t.notifies {
+			n.SetLocal(true)
+		}
+	}
 
 	if me.Listen {
 		err = c.accept(ctx, me.Secret, int(peer.PID))
