@@ -102,6 +102,15 @@ type Transport interface {
 	Close() error
 }
 
+// WriteNotifier is implemented by a transport that sends a write and the
+// notify record that follows it together, more cheaply than Write and then
+// NotifyRecord (tcp: in one system call). The data plane uses it for
+// WriteWithNotify when the transport has it; the guarantee is the same: the
+// bytes are visible to the peer once its wait for the record returns.
+type WriteNotifier interface {
+	WriteWithNotify(stop <-chan struct{}, dst device.Ptr, src []byte, idx int) error
+}
+
 // Channel is one end of a connection between two ranks. Safe for concurrent use.
 type Channel struct {
 	Local, Remote int

@@ -3,6 +3,7 @@ package hcomm
 import (
 	"fmt"
 
+	"github.com/hcomm-dev/hcomm/channel"
 	"github.com/hcomm-dev/hcomm/device"
 	"github.com/hcomm-dev/hcomm/internal/metrics"
 	"github.com/hcomm-dev/hcomm/internal/reduce"
@@ -99,6 +100,9 @@ func writeOnThread(op string, t *Thread, ch *Channel, dst, src device.Ptr, n int
 // immediate, followed by a record of the peer's notify remoteIdx when that
 // is not negative.
 func (c *Comm) write(stop <-chan struct{}, ch *Channel, dst device.Ptr, src []byte, remoteIdx int) error {
+	if wn, ok := ch.ch.Transport().(channel.WriteNotifier); ok && len(src) > 0 && remoteIdx >= 0 {
+		return c.moved(ch, metrics.Write, int64(len(src)), wn.WriteWithNotify(stop, dst, src, remoteIdx))
+	}
 	if len(src) > 0 || remoteIdx < 0 {
 		if err := c.moved(ch, metrics.Write, int64(len(src)), ch.ch.Transport().Write(stop, dst, src)); err != nil {
 			return err

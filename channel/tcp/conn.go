@@ -43,7 +43,9 @@ type sock struct {
 
 	wmu  sync.Mutex      // serialises frames on the socket
 	hdr  [headerLen]byte // under wmu
-	vec  [2][]byte       // under wmu
+	hdr2 [headerLen]byte // under wmu: the second frame of writePair
+	vec  [4][]byte       // under wmu
+	ovec []byte          // under wmu: writePair's ordering vector
 	sent atomic.Uint64   // frames written; changes under wmu
 
 	// The watchdog of a one-frame write that may block (writeWatched). wt
@@ -264,13 +266,44 @@ func (s *sock) writeFrame(t frameType, dt reduce.DataType, op reduce.Op, id, add
 		_, err = s.nc.Write(h)
 	} else {
 		s.vec[0], s.vec[1] = h, payload
-		bufs := net.Buffers(s.vec[:])
+		bufs := net.Buffers(s.vec[:2])
 		_, err = bufs.WriteTo(s.nc)
 		s.vec[1] = nil
 	}
 	s.sendSince.Store(0)
 	s.lastTx.Store(now)
 	s.sent.Add(1)
+	return err
+}
+
+// writePair writes a WRITE frame of payload at addr and the NOTIFY frame of
+// notify idx that follows it, in one system call; the caller holds s.wmu.
+// The notify's ordering vector counts the write (on this socket) and the
+// frames already sent on the others, as c.vector would after the write.
+func (s *sock) writePair(c *conn, addr uint64, payload []byte, idx uint64) error {
+	if len(s.ovec) != 8*len(c.socks) {
+		s.ovec = make([]byte, 8*len(c.socks))
+	}
+	for i, o := range c.socks {
+		n := o.sent.Load()
+		if o == s {
+			n++ // the write below
+		}
+		binary.BigEndian.PutUint64(s.ovec[8*i:], n)
+	}
+	h := header(s.hdr[:])
+	h.encode(frameWrite, 0, 0, uint32(len(payload)), 0, addr, 0)
+	h2 := header(s.hdr2[:])
+	h2.encode(frameNotify, 0, 0, uint32(len(s.ovec)), idx, 0, 0)
+	now := time.Now().UnixNano()
+	s.sendSince.Store(now)
+	s.vec = [4][]byte{h, payload, h2, s.ovec}
+	bufs := net.Buffers(s.vec[:])
+	_, err := bufs.WriteTo(s.nc)
+	s.vec = [4][]byte{}
+	s.sendSince.Store(0)
+	s.lastTx.Store(now)
+	s.sent.Add(2)
 	return err
 }
 
@@ -286,6 +319,14 @@ func (s *sock) writeWatched(c *conn, op string, stop <-chan struct{}, t frameTyp
 	if stop == nil {
 		return false, s.writeFrame(t, dt, rop, id, addr, size, payload)
 	}
+	s.watchStart(c, op, stop)
+	err := s.writeFrame(t, dt, rop, id, addr, size, payload)
+	return s.watchEnd(), err
+}
+
+// watchStart arms the watchdog of a write that stop may end; watchEnd
+// disarms it and reports whether it fired. The caller holds s.wmu.
+func (s *sock) watchStart(c *conn, op string, stop <-chan struct{}) {
 	if s.wt == nil {
 		s.wexit = make(chan struct{}, 1)
 		s.wt = time.AfterFunc(time.Hour, func() { s.watchdog(c) })
@@ -295,7 +336,9 @@ func (s *sock) writeWatched(c *conn, op string, stop <-chan struct{}, t frameTyp
 	s.wstop, s.wop, s.wbusy, s.wfired = stop, op, true, false
 	s.wdog.Unlock()
 	s.wt.Reset(watchDelay)
-	err := s.writeFrame(t, dt, rop, id, addr, size, payload)
+}
+
+func (s *sock) watchEnd() bool {
 	s.wdog.Lock()
 	s.wbusy = false
 	s.wdog.Unlock()
@@ -306,7 +349,7 @@ func (s *sock) writeWatched(c *conn, op string, stop <-chan struct{}, t frameTyp
 	fired := s.wfired
 	s.wstop = nil
 	s.wdog.Unlock()
-	return fired, err
+	return fired
 }
 
 // watchdog runs on the timer's goroutine while a watched write is slow: it
@@ -613,6 +656,45 @@ func (c *conn) NotifyRecord(stop <-chan struct{}, idx int) error {
 	}
 	if err := c.sendSmall("NotifyRecord", stop, frameNotify, uint64(idx), 0, 0, c.vector()); err != nil {
 		return c.wrap("NotifyRecord", 0, 0, err)
+	}
+	return nil
+}
+
+// WriteWithNotify copies src into the peer's memory at dst and then records
+// the peer's notify idx (channel.WriteNotifier). A write that fits one frame
+// goes out with its NOTIFY in one system call on one socket, so that the peer
+// reads both with one wake-up; a larger one is Write, then NotifyRecord. The
+// frames are the same either way (spec.md).
+func (c *conn) WriteWithNotify(stop <-chan struct{}, dst device.Ptr, src []byte, idx int) error {
+	if len(src) == 0 || len(src) > c.chunkSize(len(src)) {
+		if err := c.Write(stop, dst, src); err != nil {
+			return err
+		}
+		return c.NotifyRecord(stop, idx)
+	}
+	const op = "WriteWithNotify"
+	if err := c.usable(op, stop, uint64(dst), int64(len(src))); err != nil {
+		return err
+	}
+	if idx < 0 || idx >= c.peerNN {
+		return c.errorf(op, 0, 0, nil, "rank %d has no notify %d on this channel (it has %d)", c.peer, idx, c.peerNN)
+	}
+	s := c.lockSock()
+	var err error
+	fired := false
+	if stop == nil {
+		err = s.writePair(c, uint64(dst), src, uint64(idx))
+	} else {
+		s.watchStart(c, op, stop)
+		err = s.writePair(c, uint64(dst), src, uint64(idx))
+		fired = s.watchEnd()
+	}
+	s.wmu.Unlock()
+	if fired {
+		return c.errorf(op, uint64(dst), int64(len(src)), aborted(op, "stop closed"), "stopped while sending")
+	}
+	if err != nil {
+		return c.wrap(op, uint64(dst), int64(len(src)), c.lost(op, s, err))
 	}
 	return nil
 }

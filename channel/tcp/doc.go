@@ -40,6 +40,12 @@
 // earlier operation is applied at the peer. Operations issued concurrently
 // on different threads are not ordered with each other.
 //
+// WriteWithNotify (channel.WriteNotifier, what hcomm's WriteWithNotify calls
+// use) sends a write that fits one frame and its NOTIFY in one system call
+// on one socket, the NOTIFY's vector counting the WRITE: the peer reads both
+// with one wake-up. The frames are the ones above; only the system calls are
+// fewer (the 8-byte all-reduce of 2 processes: 50–60 → 37–48 µs).
+//
 // # Failure
 //
 // The receiver trusts nothing: every header is validated (version, type,

@@ -307,6 +307,85 @@ func TestWriteThenNotifyIsVisible(t *testing.T) {
 
 func roundLen(r int) int { return 1 + (r*797_003)%(3<<20-1) }
 
+// TestWriteWithNotifyIsVisible: the coalesced write and record
+// (WriteWithNotify: one small frame and its NOTIFY in one system call)
+// after a big write split over four sockets: every wait that returns sees
+// the big write's bytes, which travelled on other sockets, and the small
+// one's; a write too big for one frame falls back to Write and
+// NotifyRecord; a bad notify index is refused before anything is sent.
+func TestWriteWithNotifyIsVisible(t *testing.T) {
+	const size = 3 << 20
+	o := Options{Streams: 4, ChunkSize: 64 << 10}
+	p := connectPair(t, o, o, size, 2)
+	m0, m1 := p.r0.bytes(t), p.r1.bytes(t)
+	wn, ok := p.c0.Transport.(channel.WriteNotifier)
+	if !ok {
+		t.Fatal("the tcp transport does not implement channel.WriteNotifier")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const rounds = 40
+	errc := make(chan error, 1)
+	go func() { // rank 1: wait, check, acknowledge
+		var err error
+		defer func() {
+			if err != nil {
+				cancel()
+			}
+			errc <- err
+		}()
+		for r := 1; r <= rounds; r++ {
+			if err = p.c1.Notifies[0].WaitNow(ctx); err != nil {
+				return
+			}
+			n := roundLen(r)
+			for i := 0; i < n; i++ {
+				if m1[i] != byte(r) {
+					err = fmt.Errorf("round %d: byte %d of %d is %d: the notify overtook a write", r, i, n, m1[i])
+					return
+				}
+			}
+			if err = p.c1.Transport.NotifyRecord(nil, 1); err != nil {
+				return
+			}
+		}
+	}()
+	for r := 1; r <= rounds; r++ {
+		n := roundLen(r)
+		for i := 0; i < n; i++ {
+			m0[i] = byte(r)
+		}
+		tail := min(n, 100+r) // one frame, sent with the record
+		if r%5 == 0 {
+			tail = n // the whole round in one call: several frames, the fallback
+		}
+		if err := p.c0.Transport.Write(nil, p.r1.buf.Addr, m0[:n-tail]); err != nil {
+			t.Fatal(err)
+		}
+		var stop chan struct{}
+		if r%2 == 0 {
+			stop = make(chan struct{}) // the watched path
+		}
+		if err := wn.WriteWithNotify(stop, p.r1.buf.Addr+device.Ptr(n-tail), m0[n-tail:n], 0); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.c0.Notifies[1].WaitNow(ctx); err != nil {
+			t.Fatalf("round %d: %v (checker: %v)", r, err, <-errc)
+		}
+	}
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	m1[0] = 0xAA
+	if err := wn.WriteWithNotify(nil, p.r1.buf.Addr, m0[:8], 2); err == nil || !strings.Contains(err.Error(), "no notify 2") {
+		t.Fatalf("notify index 2 of 2: %v", err)
+	}
+	time.Sleep(20 * time.Millisecond)
+	if m1[0] != 0xAA {
+		t.Fatal("a refused WriteWithNotify wrote its bytes")
+	}
+}
+
 // TestConcurrentThreads runs writers on several goroutines over one channel,
 // each with its own region and notify, as threads of a communicator do.
 func TestConcurrentThreads(t *testing.T) {
