@@ -286,3 +286,5 @@ func TestPeerNeverDials(t *testing.T) {
 		t.Fatal("the listener outlived the failed connect")
 	}
 }
+
+var _ channel.WriteNotifier = (*Transport)(nil)

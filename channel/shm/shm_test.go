@@ -456,11 +456,17 @@ func TestWriteThenRecordVisibleAfterWait(t *testing.T) {
 		src := make([]byte, n)
 		for i := 0; i < rounds; i++ {
 			pattern(src, i+int(n))
-			if err := p.e.tr.Write(nil, p.remote(0).Addr, src); err != nil {
-				t.Fatal(err)
-			}
-			if err := p.e.tr.NotifyRecord(nil, 0); err != nil {
-				t.Fatal(err)
+			if i%2 == 1 { // the combined call, every other round
+				if err := p.e.tr.WriteWithNotify(nil, p.remote(0).Addr, src, 0); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				if err := p.e.tr.Write(nil, p.remote(0).Addr, src); err != nil {
+					t.Fatal(err)
+				}
+				if err := p.e.tr.NotifyRecord(nil, 0); err != nil {
+					t.Fatal(err)
+				}
 			}
 			if err := p.e.wait(0); err != nil {
 				t.Fatalf("size %d round %d: %v", n, i, err)
@@ -511,6 +517,13 @@ func TestOutOfRangeRefused(t *testing.T) {
 		if err := tr.Read(nil, make([]byte, c.n), c.dst); !errors.Is(err, shm.ErrOutOfRange) {
 			t.Errorf("%s: Read = %v", c.name, err)
 		}
+		if err := tr.WriteWithNotify(nil, c.dst, src, 0); !errors.Is(err, shm.ErrOutOfRange) {
+			t.Errorf("%s: WriteWithNotify = %v", c.name, err)
+		}
+	}
+	// A bad notify index is refused before a byte is written.
+	if err := tr.WriteWithNotify(nil, rb.Addr, []byte{0xEE}, notifyNum); err == nil || !strings.Contains(err.Error(), "no notify 4") {
+		t.Errorf("WriteWithNotify(notify %d) = %v", notifyNum, err)
 	}
 	if err := tr.NotifyRecord(nil, notifyNum); err == nil || !strings.Contains(err.Error(), "no notify 4") {
 		t.Errorf("NotifyRecord(%d) = %v", notifyNum, err)
