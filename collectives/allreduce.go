@@ -105,11 +105,10 @@ func issue(c *hcomm.Comm, name string, k kind, s *device.Stream, o *Options, n i
 // buffers lie in a window: windowed (called once, with st.mu held, before
 // body) says whether they do, for the selector.
 func issueWindowed(c *hcomm.Comm, name string, k kind, s *device.Stream, o *Options, n int64, windowed func(st *state) bool, body func(sc *sched, algo Algorithm) error) error {
-	st, err := getState(c)
+	st, err := lockState(c)
 	if err != nil {
 		return collErr(c, name, hcomm.ResultOf(err), err, "setting up the collective channels")
 	}
-	st.mu.Lock()
 	defer st.mu.Unlock()
 	inWin := windowed != nil && windowed(st) // always: the schedule uses what it finds
 	algo := algoOf(o)

@@ -46,7 +46,7 @@ func (a Algorithm) String() string {
 
 // algorithms lists, per collective, the schedules it has, in the order the
 // selector considers them.
-var algorithms = map[kind][]Algorithm{
+var algorithms = [kSendRecv + 1][]Algorithm{
 	kAllReduce:      {AlgoOneShot, AlgoHD, AlgoHier, AlgoRing},
 	kBroadcast:      {AlgoOneShot, AlgoDirect, AlgoTree, AlgoRing},
 	kAllGather:      {AlgoOneShot, AlgoDirect, AlgoRing},
@@ -62,6 +62,9 @@ var algorithms = map[kind][]Algorithm{
 }
 
 func has(k kind, a Algorithm) bool {
+	if int(k) >= len(algorithms) {
+		return false
+	}
 	for _, x := range algorithms[k] {
 		if x == a {
 			return true
@@ -206,8 +209,8 @@ func parseAlgo(v string) (map[kind]Algorithm, error) {
 			return nil, fmt.Errorf("HCCL_ALGO=%q: %v", v, err)
 		}
 		for k := range algorithms {
-			if a != AlgoAuto && has(k, a) {
-				out[k] = a
+			if a != AlgoAuto && has(kind(k), a) {
+				out[kind(k)] = a
 			}
 		}
 		return out, nil

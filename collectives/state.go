@@ -116,6 +116,18 @@ type state struct {
 type stateKey struct{}
 
 func getState(c *hcomm.Comm) (*state, error) {
+	st, err := lockState(c)
+	if err != nil {
+		return nil, err
+	}
+	st.mu.Unlock()
+	return st, nil
+}
+
+// lockState is getState that returns with st.mu held (and does not hold it
+// when it fails): a collective issues its schedule under the lock, so it
+// takes it once.
+func lockState(c *hcomm.Comm) (*state, error) {
 	if err := c.Check(); err != nil {
 		return nil, err
 	}
@@ -124,9 +136,10 @@ func getState(c *hcomm.Comm) (*state, error) {
 		return nil, fmt.Errorf("communicator is destroyed")
 	}
 	st.mu.Lock()
-	defer st.mu.Unlock()
 	if st.err != nil {
-		return nil, st.err
+		err := st.err
+		st.mu.Unlock()
+		return nil, err
 	}
 	if st.chans != nil || c.Size() == 1 {
 		if st.threads == nil {
@@ -135,7 +148,9 @@ func getState(c *hcomm.Comm) (*state, error) {
 		return st, nil
 	}
 	if st.err = st.setup(); st.err != nil {
-		return nil, st.err
+		err := st.err
+		st.mu.Unlock()
+		return nil, err
 	}
 	return st, nil
 }

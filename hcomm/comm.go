@@ -50,6 +50,7 @@ type Comm struct {
 	dialers  map[string]channel.Dialer
 	threads  []*Thread
 	values   map[any]any
+	ops      opState // BeginOp's counter and what each thread issues (metrics.go)
 	// valueSnap is a copy of values that Value reads without the lock.
 	valueSnap atomic.Pointer[map[any]any]
 }

@@ -35,7 +35,16 @@ type opState struct {
 	mu   sync.Mutex
 	seq  uint64
 	last opTag
-	cur  map[*Thread]opTag
+	cur  map[*Thread]*opSlot
+}
+
+// opSlot is what a thread is issuing; end (made once per thread, so that a
+// collective allocates nothing here) clears it. A thread's collectives are
+// issued one after another, so the end of one always concerns the last
+// begun. A slot lives as long as the communicator (a few per thread).
+type opSlot struct {
+	tag opTag
+	end func() error
 }
 
 // LastOp returns the last collective begun on the communicator (BeginOp)
@@ -45,30 +54,22 @@ type opState struct {
 // waits in. Safe for concurrent use.
 func (c *Comm) LastOp() (op string, seq uint64) {
 	st := c.opState()
-	if st == nil {
-		return "", 0
-	}
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	return st.last.op, st.last.seq
 }
 
-type opStateKey struct{}
-
-func (c *Comm) opState() *opState {
-	st, _ := c.Value(opStateKey{}, func() any { return &opState{cur: make(map[*Thread]opTag)} }).(*opState)
-	return st
-}
+func (c *Comm) opState() *opState { return &c.ops }
 
 // opOf returns the collective t is issuing ("" op when none).
 func (c *Comm) opOf(t *Thread) opTag {
 	st := c.opState()
-	if st == nil {
-		return opTag{}
-	}
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	return st.cur[t]
+	if sl := st.cur[t]; sl != nil {
+		return sl.tag
+	}
+	return opTag{}
 }
 
 // BeginOp tells the communicator that the work enqueued on t from now until
@@ -81,23 +82,30 @@ func (c *Comm) opOf(t *Thread) opTag {
 // libraries built on hcomm (package collectives); safe for concurrent use.
 func (c *Comm) BeginOp(t *Thread, op, algo string) (seq uint64, end func() error) {
 	st := c.opState()
-	if st == nil || t == nil {
+	if t == nil {
 		return 0, func() error { return nil }
 	}
 	st.mu.Lock()
 	st.seq++
 	tag := opTag{op: op, algo: algo, seq: st.seq}
-	st.cur[t] = tag
+	sl := st.cur[t]
+	if sl == nil {
+		if st.cur == nil {
+			st.cur = make(map[*Thread]*opSlot)
+		}
+		sl = &opSlot{}
+		sl.end = func() error {
+			st.mu.Lock()
+			sl.tag = opTag{}
+			st.mu.Unlock()
+			return nil
+		}
+		st.cur[t] = sl
+	}
+	sl.tag = tag
 	st.last = tag
 	st.mu.Unlock()
-	clear := func() error {
-		st.mu.Lock()
-		if st.cur[t] == tag {
-			delete(st.cur, t)
-		}
-		st.mu.Unlock()
-		return nil
-	}
+	clear := sl.end
 	trace := c.logEnabled(LevelTrace)
 	if trace {
 		c.log(LevelTrace, "collective issued", "op", op, "seq", tag.seq, "algorithm", algo, "stream", t.Stream().ID())
