@@ -256,31 +256,7 @@ func TestWriteThenNotifyIsVisible(t *testing.T) {
 	if testing.Short() {
 		rounds = 10
 	}
-	errc := make(chan error, 1)
-	go func() { // rank 1: wait, check, acknowledge
-		var err error
-		defer func() {
-			if err != nil {
-				cancel() // a failed check ends rank 0's wait at once
-			}
-			errc <- err
-		}()
-		for r := 1; r <= rounds; r++ {
-			if err = p.c1.Notifies[0].WaitNow(ctx); err != nil {
-				return
-			}
-			n := roundLen(r)
-			for i := 0; i < n; i++ {
-				if m1[i] != byte(r) {
-					err = fmt.Errorf("round %d: byte %d of %d is %d: the notify overtook the write", r, i, n, m1[i])
-					return
-				}
-			}
-			if err = p.c1.Transport.NotifyRecord(nil, 1); err != nil {
-				return
-			}
-		}
-	}()
+	errc := checkRounds(ctx, cancel, p, m1, rounds)
 	for r := 1; r <= rounds; r++ {
 		n := roundLen(r)
 		for i := 0; i < n; i++ {
@@ -307,26 +283,13 @@ func TestWriteThenNotifyIsVisible(t *testing.T) {
 
 func roundLen(r int) int { return 1 + (r*797_003)%(3<<20-1) }
 
-// TestWriteWithNotifyIsVisible: the coalesced write and record
-// (WriteWithNotify: one small frame and its NOTIFY in one system call)
-// after a big write split over four sockets: every wait that returns sees
-// the big write's bytes, which travelled on other sockets, and the small
-// one's; a write too big for one frame falls back to Write and
-// NotifyRecord; a bad notify index is refused before anything is sent.
-func TestWriteWithNotifyIsVisible(t *testing.T) {
-	const size = 3 << 20
-	o := Options{Streams: 4, ChunkSize: 64 << 10}
-	p := connectPair(t, o, o, size, 2)
-	m0, m1 := p.r0.bytes(t), p.r1.bytes(t)
-	wn, ok := p.c0.Transport.(channel.WriteNotifier)
-	if !ok {
-		t.Fatal("the tcp transport does not implement channel.WriteNotifier")
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	const rounds = 40
+// checkRounds is rank 1 of the visibility tests: for each round it waits for
+// notify 0, checks that the round's roundLen(r) bytes all read r (a notify
+// that overtook a write leaves older bytes), and acknowledges with notify 1.
+// A failed check cancels ctx, so that rank 0's wait ends at once.
+func checkRounds(ctx context.Context, cancel context.CancelFunc, p *pair, m1 []byte, rounds int) <-chan error {
 	errc := make(chan error, 1)
-	go func() { // rank 1: wait, check, acknowledge
+	go func() {
 		var err error
 		defer func() {
 			if err != nil {
@@ -350,6 +313,28 @@ func TestWriteWithNotifyIsVisible(t *testing.T) {
 			}
 		}
 	}()
+	return errc
+}
+
+// TestWriteWithNotifyIsVisible: the coalesced write and record
+// (WriteWithNotify: one small frame and its NOTIFY in one system call)
+// after a big write split over four sockets: every wait that returns sees
+// the big write's bytes, which travelled on other sockets, and the small
+// one's; a write too big for one frame falls back to Write and
+// NotifyRecord; a bad notify index is refused before anything is sent.
+func TestWriteWithNotifyIsVisible(t *testing.T) {
+	const size = 3 << 20
+	o := Options{Streams: 4, ChunkSize: 64 << 10}
+	p := connectPair(t, o, o, size, 2)
+	m0, m1 := p.r0.bytes(t), p.r1.bytes(t)
+	wn, ok := p.c0.Transport.(channel.WriteNotifier)
+	if !ok {
+		t.Fatal("the tcp transport does not implement channel.WriteNotifier")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const rounds = 40
+	errc := checkRounds(ctx, cancel, p, m1, rounds)
 	for r := 1; r <= rounds; r++ {
 		n := roundLen(r)
 		for i := 0; i < n; i++ {
