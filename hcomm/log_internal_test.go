@@ -50,3 +50,39 @@ func TestLoggerCarriesCommAndRank(t *testing.T) {
 	var none Comm
 	none.Logger().Error("discarded") // no logger: no output, no panic
 }
+
+// BeginOp's per-thread slot: the tag a queued wait names is the newest
+// collective begun on the thread, and it stays until every collective begun
+// there has ended, also when a library overlaps two; LastOp counts them all.
+func TestBeginOpSlots(t *testing.T) {
+	c := &Comm{name: "ops"}
+	th := &Thread{}
+	other := &Thread{}
+	if got := c.opOf(th); got.op != "" {
+		t.Fatalf("before any BeginOp: %v", got)
+	}
+	seq1, end1 := c.BeginOp(th, "AllReduce", "oneshot")
+	seq2, end2 := c.BeginOp(th, "Broadcast", "ring")
+	seq3, end3 := c.BeginOp(other, "Barrier", "oneshot")
+	if seq1 != 1 || seq2 != 2 || seq3 != 3 {
+		t.Fatalf("numbers %d %d %d, want 1 2 3", seq1, seq2, seq3)
+	}
+	if got := c.opOf(th).String(); got != "Broadcast #2 (ring)" {
+		t.Fatalf("thread issuing %q, want the newest, Broadcast #2 (ring)", got)
+	}
+	end1()
+	if got := c.opOf(th).String(); got != "Broadcast #2 (ring)" {
+		t.Fatalf("after the first end: %q, want Broadcast #2 still", got)
+	}
+	end2()
+	if got := c.opOf(th); got.op != "" {
+		t.Fatalf("after both ends: %v, want none", got)
+	}
+	if got := c.opOf(other).String(); got != "Barrier #3 (oneshot)" {
+		t.Fatalf("other thread: %q", got)
+	}
+	end3()
+	if op, seq := c.LastOp(); op != "Barrier" || seq != 3 {
+		t.Fatalf("LastOp = %s #%d", op, seq)
+	}
+}

@@ -39,12 +39,13 @@ type opState struct {
 }
 
 // opSlot is what a thread is issuing; end (made once per thread, so that a
-// collective allocates nothing here) clears it. A thread's collectives are
-// issued one after another, so the end of one always concerns the last
-// begun. A slot lives as long as the communicator (a few per thread).
+// collective allocates nothing here) clears it once every collective begun
+// on the thread has ended — the tag is the newest begun until then. A slot
+// lives as long as the communicator (one per thread).
 type opSlot struct {
-	tag opTag
-	end func() error
+	tag  opTag
+	open int // BeginOps not yet ended (more than one only if a library overlaps them)
+	end  func() error
 }
 
 // LastOp returns the last collective begun on the communicator (BeginOp)
@@ -96,13 +97,16 @@ func (c *Comm) BeginOp(t *Thread, op, algo string) (seq uint64, end func() error
 		sl = &opSlot{}
 		sl.end = func() error {
 			st.mu.Lock()
-			sl.tag = opTag{}
+			if sl.open--; sl.open <= 0 {
+				sl.open, sl.tag = 0, opTag{}
+			}
 			st.mu.Unlock()
 			return nil
 		}
 		st.cur[t] = sl
 	}
 	sl.tag = tag
+	sl.open++
 	st.last = tag
 	st.mu.Unlock()
 	clear := sl.end
