@@ -236,13 +236,14 @@ func resolveAll(cfg *Config) (Config, error) {
 }
 
 // bootLogger is where the bootstrap logs refused connections: the
-// communicator's logger, else slog's default — a stranger knocking is worth a
-// warning even when HCOMM_DEBUG is off.
+// communicator's logger (Config.Logger, else HCOMM_DEBUG's); with neither,
+// nothing — a library that writes to slog's default logger unasked lands its
+// lines in the middle of its program's output (a benchmark's table).
 func (c Config) bootLogger() *slog.Logger {
 	if c.logger != nil {
 		return c.logger
 	}
-	return slog.Default()
+	return slog.New(slog.DiscardHandler)
 }
 
 // join runs the rendezvous and makes the communicator.

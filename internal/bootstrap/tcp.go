@@ -158,7 +158,7 @@ func decodeAdd(body []byte) (string, int64, error) {
 // ServerOptions tune a Server. The zero value is usable.
 type ServerOptions struct {
 	// Logger receives refused connections (Warn) and protocol errors; nil
-	// means slog.Default().
+	// means none (a library does not write to slog's default logger unasked).
 	Logger *slog.Logger
 	// HandshakeTimeout bounds a new connection's proof of the secret
 	// (default 10 s): a connection that says nothing is closed after it.
@@ -208,7 +208,7 @@ func Listen(addr string, secret Secret, opts ServerOptions) (*Server, error) {
 // Serve is Listen over a listener the caller made; the Server owns ln.
 func Serve(ln net.Listener, secret Secret, opts ServerOptions) *Server {
 	if opts.Logger == nil {
-		opts.Logger = slog.Default()
+		opts.Logger = slog.New(slog.DiscardHandler)
 	}
 	if opts.HandshakeTimeout <= 0 {
 		opts.HandshakeTimeout = 10 * time.Second
