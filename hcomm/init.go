@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/hcomm-dev/hcomm/channel/inproc"
@@ -268,21 +269,29 @@ func join(op string, c Config, js joinSpec) (*Comm, error) {
 	if js.rank == 0 {
 		if srv = claimRoot(js.secret); srv == nil {
 			srv, err = bootstrap.Listen(js.listen, js.secret, bootstrap.ServerOptions{Logger: c.bootLogger(), OnLost: publishLoss, IdleTimeout: c.livenessTimeout()})
+			if errors.Is(err, syscall.EADDRINUSE) {
+				return fail(ErrTCPConnect, err, "rank 0 starting the bootstrap store: address %s in use: another job on this port (MASTER_PORT)?", js.listen)
+			}
 			if err != nil {
 				return fail(ErrTCPConnect, err, "rank 0 starting the bootstrap store")
 			}
 		}
+		srv.Expect(js.nRanks) // a rank that claims another count, or a taken rank, fails the job at once
 	}
-	cli, err := bootstrap.Dial(ctx, js.addr, js.secret, js.rank)
+	cli, err := bootstrap.Dial(ctx, js.addr, js.secret, bootstrap.Claim{Rank: js.rank, NRanks: js.nRanks})
 	if err != nil {
 		if srv != nil {
 			srv.Close()
 		}
-		code := ErrTCPConnect
-		if ctx.Err() != nil {
-			code = ErrTimeout
+		switch {
+		case errors.Is(err, bootstrap.ErrJobFailed):
+			return fail(ErrPara, err, "")
+		case errors.Is(err, bootstrap.ErrAuth):
+			return fail(ErrTCPConnect, err, "")
+		case ctx.Err() != nil:
+			return fail(ErrTimeout, err, "joining the bootstrap within HCCL_CONNECT_TIMEOUT %v", c.ConnectTimeout)
 		}
-		return fail(code, err, "joining the bootstrap within HCCL_CONNECT_TIMEOUT %v", c.ConnectTimeout)
+		return fail(ErrTCPConnect, err, "joining the bootstrap within HCCL_CONNECT_TIMEOUT %v", c.ConnectTimeout)
 	}
 	cli.KeepAlive(keepAliveInterval)
 	release := func() error {
@@ -295,7 +304,10 @@ func join(op string, c Config, js joinSpec) (*Comm, error) {
 	peers, code, err := rendezvous(ctx, cli, js, ifc)
 	if err != nil {
 		release()
-		if ctx.Err() != nil {
+		switch {
+		case errors.Is(err, bootstrap.ErrJobFailed):
+			code = ErrPara // another rank's claim did not fit: the store says which
+		case ctx.Err() != nil:
 			code = ErrTimeout
 		}
 		return fail(code, err, "")

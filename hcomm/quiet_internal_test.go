@@ -48,7 +48,7 @@ func refuseStranger(t *testing.T, cfg *Config) {
 	defer cancel()
 	var wrong bootstrap.Secret
 	wrong[0] = root.Secret[0] + 1
-	if _, err := bootstrap.Dial(ctx, root.Addr, wrong, 1); !errors.Is(err, bootstrap.ErrAuth) {
+	if _, err := bootstrap.Dial(ctx, root.Addr, wrong, bootstrap.Claim{Rank: 1, NRanks: 2}); !errors.Is(err, bootstrap.ErrAuth) {
 		t.Fatalf("a stranger's dial: %v; want ErrAuth", err)
 	}
 	for srv.Refused() == 0 {
