@@ -163,15 +163,18 @@ var ErrAborted = errors.New("communicator aborted")
 type Error struct {
 	Op   string // "WriteOnThread", "ChannelAcquire", "AllReduce", …
 	Comm string // the communicator's name
-	Rank int
-	Peer int // -1 when no single peer is concerned
+	Rank int    // -1 when not known (a launch environment that names none)
+	Peer int    // -1 when no single peer is concerned
 	Code Result
 	Msg  string
 	Err  error // the cause: a *device.Error, ErrAborted, a transport error…
 }
 
 func (e *Error) Error() string {
-	s := fmt.Sprintf("hcomm %s rank %d", e.Comm, e.Rank)
+	s := "hcomm " + e.Comm
+	if e.Rank >= 0 { // -1: the rank is not known (yet)
+		s += fmt.Sprintf(" rank %d", e.Rank)
+	}
 	if e.Peer >= 0 {
 		s += fmt.Sprintf(" peer %d", e.Peer)
 	}
