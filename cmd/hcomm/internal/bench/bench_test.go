@@ -367,8 +367,9 @@ func TestMetricsAddr(t *testing.T) {
 	if !strings.Contains(errs, "serving metrics on http://127.0.0.1:") {
 		t.Errorf("stderr does not say where: %q", errs)
 	}
-	for _, s := range []string{`hcomm_collective_duration_seconds_count{algorithm="`, `op="allreduce"}`,
-		`hcomm_transport_bytes_total{direction="write",transport="inproc"}`, "hcomm_notify_wait_seconds_bucket", "go_goroutines"} {
+	for _, s := range []string{`hcomm_collective_duration_seconds_count{algorithm="`, `op="allreduce",rank="1"}`,
+		`hcomm_transport_bytes_total{direction="write",rank="0",transport="inproc"}`, `hcomm_errors_total{code="timeout",rank="1"} 0`,
+		"hcomm_notify_wait_seconds_bucket", "go_goroutines"} {
 		if !strings.Contains(body, s) {
 			t.Errorf("scrape lacks %q:\n%s", s, body)
 		}
