@@ -27,8 +27,12 @@ import (
 //  1. Rank 0 serves the bootstrap store (a small TCP key/value store,
 //     internal/bootstrap) at that address; every rank, rank 0 included,
 //     connects to it, proves it knows the secret (HMAC challenge-response;
-//     the secret never crosses the wire), claims its rank and publishes where
-//     it runs (host id, process, address).
+//     the secret never crosses the wire), claims its rank of a job of n
+//     ranks, and publishes where it runs (host id, process, address). The
+//     store checks the claims as they come: a rank count other than rank 0's
+//     or a rank two processes claim fails every rank at once, naming them;
+//     once all n have joined, a newcomer (another job on the port) is
+//     refused alone.
 //  2. Rank 0 gathers the n descriptions and publishes the list; every rank
 //     checks it (same rank count, no rank claimed twice).
 //  3. Channels are then set up pairwise through the store (ChannelAcquire):

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -231,4 +232,51 @@ func TestJobCompleteRefusesNewcomerAlone(t *testing.T) {
 	if v, err := r1.Get(ctx, "k"); err != nil || string(v) != "v" {
 		t.Fatalf("the job after a newcomer: %q, %v", v, err)
 	}
+}
+
+// FuzzClientHello sends the server arbitrary answers to its challenge: it
+// never panics, never admits one (none can prove the secret), and keeps
+// serving.
+func FuzzClientHello(f *testing.F) {
+	sec, _ := NewSecret()
+	srv, err := Listen("127.0.0.1:0", sec, ServerOptions{HandshakeTimeout: 2 * time.Second})
+	if err != nil {
+		f.Fatal(err)
+	}
+	defer srv.Close()
+	shaped := func(v byte, hostLen byte, host string) []byte {
+		b := append(magicClient[:], v)
+		b = append(b, claimBytes(Claim{Rank: 1, NRanks: 2, PID: 3, Host: host})[:12]...)
+		b = append(b, hostLen)
+		b = append(b, make([]byte, nonceLen+macLen)...) // a zero nonce and a MAC that does not prove
+		return append(b, host...)
+	}
+	f.Add(shaped(version, 4, "node"))       // well formed, wrong MAC
+	f.Add(shaped(version, 200, "short"))    // a host shorter than its length
+	f.Add(shaped(1, 0, ""))                 // version 1
+	f.Add([]byte("GET / HTTP/1.1\r\n\r\n")) // not hcomm
+	f.Add([]byte{})                         // silence, then EOF
+	f.Fuzz(func(t *testing.T, b []byte) {
+		c, err := net.Dial("tcp", srv.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := io.ReadFull(c, make([]byte, serverHello)); err != nil {
+			t.Fatal(err)
+		}
+		c.Write(b)
+		c.(*net.TCPConn).CloseWrite()
+		reply, _ := io.ReadAll(c)
+		if len(reply) > 0 && reply[0] == verdictAdmitted {
+			t.Fatalf("admitted %x", b)
+		}
+		srv.mu.Lock()
+		n := len(srv.members)
+		srv.mu.Unlock()
+		if n != 0 {
+			t.Fatalf("%d members after %x", n, b)
+		}
+	})
 }

@@ -9,8 +9,10 @@
 // Every TCP store connection proves, before its first request, that it knows
 // the communicator's 128-bit secret (an HMAC-SHA256 challenge-response in both
 // directions; the secret never crosses the wire). A connection that fails the
-// proof is refused, logged, and has no effect on the store. The wire format is
-// in spec.md.
+// proof is refused, logged, and has no effect on the store. It also claims a
+// rank of a job of some rank count: the server checks the claims as one job
+// (Server.Expect) and fails the whole rendezvous at once, with the reason,
+// when they do not fit (ErrJobFailed). The wire format is in spec.md.
 package bootstrap
 
 import (
