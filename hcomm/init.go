@@ -284,9 +284,7 @@ func join(op string, c Config, js joinSpec) (*Comm, error) {
 	}
 	cli, err := bootstrap.Dial(ctx, js.addr, js.secret, bootstrap.Claim{Rank: js.rank, NRanks: js.nRanks})
 	if err != nil {
-		if srv != nil {
-			srv.Close()
-		}
+		closeStore(srv, c.ConnectTimeout)
 		switch {
 		case errors.Is(err, bootstrap.ErrJobFailed):
 			return fail(ErrPara, err, "")
@@ -307,7 +305,8 @@ func join(op string, c Config, js joinSpec) (*Comm, error) {
 	}
 	peers, code, err := rendezvous(ctx, cli, js, ifc)
 	if err != nil {
-		release()
+		cli.Close()
+		closeStore(srv, c.ConnectTimeout)
 		switch {
 		case errors.Is(err, bootstrap.ErrJobFailed):
 			code = ErrPara // another rank's claim did not fit: the store says which
@@ -328,6 +327,27 @@ func join(op string, c Config, js joinSpec) (*Comm, error) {
 	}
 	cm.watch()
 	return cm, nil
+}
+
+// failLinger bounds how long the store of a job whose rendezvous failed
+// outlives rank 0's init call, so that ranks that dial late learn why.
+const failLinger = 3 * time.Second
+
+// closeStore closes rank 0's store (srv; nil: none) after a failed
+// rendezvous: at once, unless the store failed the job (a rank that did not
+// fit) — then it keeps refusing late ranks with the reason for failLinger
+// (at most timeout) before it closes by itself, rather than leave them to
+// wait out HCCL_CONNECT_TIMEOUT for a store that is gone. (The process's
+// exit ends it sooner; a launcher stops the late ranks then.)
+func closeStore(srv *bootstrap.Server, timeout time.Duration) {
+	if srv == nil {
+		return
+	}
+	if srv.Failed() == "" {
+		srv.Close()
+		return
+	}
+	time.AfterFunc(min(failLinger, timeout), func() { srv.Close() })
 }
 
 // peerList is what rank 0 publishes: every rank's description, or why the

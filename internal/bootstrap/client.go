@@ -246,6 +246,11 @@ func (c *Client) call(ctx context.Context, op byte, body ...[]byte) ([]byte, err
 	dl, _ := ctx.Deadline()
 	if err := c.send(dl, frame(op, id, body...)); err != nil {
 		forget()
+		c.mu.Lock()
+		if c.err != nil { // the connection ended first (an ABORT, Close): say why
+			err = c.err
+		}
+		c.mu.Unlock()
 		return nil, err
 	}
 	select {

@@ -255,8 +255,14 @@ type Server struct {
 // member is an admitted rank's claim and connection.
 type member struct {
 	Claim
-	sc *srvConn
+	sc   *srvConn
+	gone chan struct{} // closed when the connection has left
 }
+
+// rejoinGrace is how long a claim of a rank whose holder is leaving (its
+// client closed and dials again: the server may not have seen the end yet)
+// waits for it before it counts as a second process claiming the rank.
+const rejoinGrace = 200 * time.Millisecond
 
 // Listen starts a store on addr ("host:port"; port 0 picks one) that admits
 // the connections proving they know secret.
@@ -331,8 +337,8 @@ func (s *Server) admitLocked(c Claim) (reason string, fatal bool) {
 	held := s.members[c.Rank]
 	if s.complete {
 		if held != nil {
-			return fmt.Sprintf("%s claims a rank of a job of %d ranks, but all %d ranks of this store's job have joined and %s holds it: is another job using this port (MASTER_PORT)?",
-				c, c.NRanks, s.nranks, held.Claim), false
+			return fmt.Sprintf("%s claims a rank of a job of %d ranks, but all %d ranks of this store's job have joined and pid %d on %s holds rank %d: is another job using this port (MASTER_PORT), or was the rank launched twice?",
+				c, c.NRanks, s.nranks, held.PID, held.Host, c.Rank), false
 		}
 		return fmt.Sprintf("%s claims a rank of a job of %d ranks, but all %d ranks of this store's job have joined: is another job using this port (MASTER_PORT)?",
 			c, c.NRanks, s.nranks), false
@@ -544,8 +550,17 @@ func (s *Server) handshake(c net.Conn, sc *srvConn) (Claim, bool) {
 	}
 	s.mu.Lock()
 	reason, fatal := s.admitLocked(cl)
+	if held := s.members[cl.Rank]; reason != "" && held != nil && !s.complete && s.failed == "" {
+		s.mu.Unlock()
+		select {
+		case <-held.gone:
+		case <-time.After(rejoinGrace):
+		}
+		s.mu.Lock()
+		reason, fatal = s.admitLocked(cl)
+	}
 	if reason == "" {
-		s.members[cl.Rank] = &member{Claim: cl, sc: sc}
+		s.members[cl.Rank] = &member{Claim: cl, sc: sc, gone: make(chan struct{})}
 		s.complete = s.nranks > 0 && len(s.members) == s.nranks
 		sc.wmu.Lock()
 		sc.admitted = true
@@ -573,6 +588,7 @@ func (s *Server) leave(rank int, sc *srvConn) {
 	s.mu.Lock()
 	if m := s.members[rank]; m != nil && m.sc == sc {
 		delete(s.members, rank)
+		close(m.gone)
 	}
 	s.mu.Unlock()
 }
@@ -703,6 +719,7 @@ func (s *Server) serve(c net.Conn, sc *srvConn) {
 			reply(id, opOK, nil)
 		case opBye:
 			bye = true
+			s.leave(rank, sc) // before the connection ends: the rank may dial again at once
 		case opPing:
 		case opCancel:
 			cmu.Lock()
