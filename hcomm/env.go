@@ -43,11 +43,11 @@ func InitFromEnv(cfg *Config) (*Comm, error) {
 	const op = "InitFromEnv"
 	c, err := resolveAll(cfg)
 	if err != nil {
-		return nil, &Error{Op: op, Comm: c.Name, Rank: -1, Peer: -1, Code: ErrPara, Err: err}
+		return nil, noRankErr(op, c.Name, ErrPara, err, "")
 	}
 	le, err := parseLaunchEnv(os.Getenv)
 	if err != nil {
-		return nil, &Error{Op: op, Comm: c.Name, Rank: -1, Peer: -1, Code: ErrPara, Err: err}
+		return nil, noRankErr(op, c.Name, ErrPara, err, "")
 	}
 	listen, err := listenAddr(c, le.addr)
 	if err != nil {

@@ -88,8 +88,7 @@ func ParseRootInfo(s string) (RootInfo, error) {
 		if len(q) > 80 {
 			q = q[:80] + "…"
 		}
-		return RootInfo{}, &Error{Op: "ParseRootInfo", Rank: -1, Peer: -1, Code: ErrPara,
-			Msg: fmt.Sprintf("root info %q: %s (want %s<32 hex digits>@host:port)", q, why, rootInfoScheme)}
+		return RootInfo{}, noRankErr("ParseRootInfo", "", ErrPara, nil, "root info %q: %s (want %s<32 hex digits>@host:port)", q, why, rootInfoScheme)
 	}
 	rest, ok := strings.CutPrefix(s, rootInfoScheme)
 	if !ok {

@@ -55,6 +55,10 @@ func TestWriteWithNotify(t *testing.T) {
 	if err := hcomm.WriteWithNotifyOnThread(p.th[0], p.ch[0], remote, p.buf[0], 8, 3); !errors.Is(err, hcomm.ErrPara) {
 		t.Errorf("notify index 3 of 3: %v, want ErrPara", err)
 	}
+	// A negative index is refused too, not taken for a write without a record.
+	if err := hcomm.WriteWithNotifyOnThread(p.th[0], p.ch[0], remote, p.buf[0], 8, -1); !errors.Is(err, hcomm.ErrPara) {
+		t.Errorf("notify index -1: %v, want ErrPara", err)
+	}
 	fill(t, p.comms[1], p.buf[1], 64, 0x77)
 	if err := hcomm.WriteWithNotifyOnThread(p.th[0], p.ch[0], remote.Add(p.size-4), p.buf[0], 8, 0); !errors.Is(err, hcomm.ErrPara) {
 		t.Errorf("write past the peer's buffer: %v, want ErrPara", err)
