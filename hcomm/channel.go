@@ -9,6 +9,7 @@ import (
 
 	"github.com/hcomm-dev/hcomm/channel"
 	"github.com/hcomm-dev/hcomm/device"
+	"github.com/hcomm-dev/hcomm/notify"
 	"github.com/hcomm-dev/hcomm/thread"
 )
 
@@ -35,27 +36,35 @@ func ChannelDescInit(n int) []ChannelDesc {
 	return d
 }
 
-// Channel is a channel handle: this rank's end of a connection to one peer.
+// Channel is a channel handle (HCCL's ChannelHandle): this rank's end of a
+// connection to one peer. It holds the transport that carries it, the local
+// notifies the peer records into, how many notifies the peer's end has, and
+// the memory the peer registered when the channel was acquired; the data
+// plane checks every call against those (dataplane.go) before the transport
+// acts. Safe for concurrent use; the communicator owns it (Destroy closes it).
 type Channel struct {
-	comm   *Comm
-	engine Engine
-	proto  Protocol
-	ch     *channel.Channel
-	remote []channel.Mem
+	comm       *Comm
+	engine     Engine
+	proto      Protocol
+	remote     int
+	tr         channel.Transport
+	notifies   []*notify.Notify // local: the peer records, this end waits
+	peerNotify int              // how many notifies the peer's end has
+	remoteMems []channel.Mem    // the peer's registered memory at acquire time, HCCL buffer first
 }
 
 // RemoteRank returns the peer's rank.
-func (ch *Channel) RemoteRank() int { return ch.ch.Remote }
+func (ch *Channel) RemoteRank() int { return ch.remote }
 
 // Protocol returns the protocol the channel was acquired with.
 func (ch *Channel) Protocol() Protocol { return ch.proto }
 
 // Transport names the transport that carries the channel: "inproc", "shm"
 // or "tcp" (see transport.go for how it is chosen).
-func (ch *Channel) Transport() string { return ch.ch.Transport().Name() }
+func (ch *Channel) Transport() string { return ch.tr.Name() }
 
 // NotifyNum returns the number of local notifies.
-func (ch *Channel) NotifyNum() int { return ch.ch.NotifyNum() }
+func (ch *Channel) NotifyNum() int { return len(ch.notifies) }
 
 // ChannelAcquire gets or creates channels to the peers the descriptors name
 // (HcclChannelAcquire). It is collective between the two ends of each channel:
@@ -190,11 +199,12 @@ func (c *Comm) setupChannel(ctx context.Context, k chanKey, attempt int, d Chann
 		name += ", " + d.Tag
 	}
 	name += ")"
-	tname, err := c.pickTransport(d.RemoteRank, d.Protocol)
+	t, err := c.pickTransport(d.RemoteRank, d.Protocol)
 	if err != nil {
 		return nil, c.errorf(op, d.RemoteRank, ErrNotSupport, err, "")
 	}
-	dl, err := c.dialer(tname)
+	tname := t.name
+	dl, err := c.dialer(t)
 	if err != nil {
 		return nil, c.errorf(op, d.RemoteRank, ErrInternal, err, "%s transport", tname)
 	}
@@ -216,9 +226,8 @@ func (c *Comm) setupChannel(ctx context.Context, k chanKey, attempt int, d Chann
 		}
 		return nil, c.errorf(op, d.RemoteRank, ErrInternal, nil, "%s transport returned an incomplete connection", tname)
 	}
-	ch := &Channel{comm: c, engine: engine, proto: d.Protocol,
-		ch: channel.New(name, c.rank, d.RemoteRank, int32(d.Protocol), conn.Notifies, conn.PeerNotifyNum, conn.RemoteMems, conn.Transport)}
-	ch.remote = conn.RemoteMems
+	ch := &Channel{comm: c, engine: engine, proto: d.Protocol, remote: d.RemoteRank, tr: conn.Transport,
+		notifies: conn.Notifies, peerNotify: conn.PeerNotifyNum, remoteMems: conn.RemoteMems}
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
@@ -253,7 +262,7 @@ func (c *Comm) ChannelGetHcclBuffer(ch *Channel) (device.Ptr, int64, error) {
 	if err := c.checkChannel("ChannelGetHcclBuffer", ch); err != nil {
 		return 0, 0, err
 	}
-	m := ch.remote[0]
+	m := ch.remoteMems[0]
 	return m.Addr, m.Size, nil
 }
 
@@ -263,7 +272,7 @@ func (c *Comm) ChannelGetRemoteMems(ch *Channel) ([]channel.Mem, error) {
 	if err := c.checkChannel("ChannelGetRemoteMems", ch); err != nil {
 		return nil, err
 	}
-	return append([]channel.Mem(nil), ch.remote...), nil
+	return append([]channel.Mem(nil), ch.remoteMems...), nil
 }
 
 func (c *Comm) checkChannel(op string, ch *Channel) error {

@@ -285,7 +285,7 @@ func (c *Comm) Destroy() error {
 	}
 	c.unwatch(chs)
 	for _, ch := range chs {
-		ch.ch.Close()
+		ch.tr.Close()
 	}
 	for _, d := range dls {
 		d.Close()

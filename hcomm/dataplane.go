@@ -4,6 +4,7 @@ import (
 	"github.com/hcomm-dev/hcomm/channel"
 	"github.com/hcomm-dev/hcomm/device"
 	"github.com/hcomm-dev/hcomm/internal/metrics"
+	"github.com/hcomm-dev/hcomm/notify"
 )
 
 // The data plane (HCCL's Hcomm*OnThread). Every call checks its arguments,
@@ -69,20 +70,32 @@ func (c *Comm) remoteCheck(op string, ch *Channel, what string, p device.Ptr, n 
 	if n < 0 {
 		return c.errorf(op, ch.RemoteRank(), ErrPara, nil, "length %d is negative", n)
 	}
-	if err := ch.ch.CheckRemote(p, n, nil); err != nil {
-		return c.errorf(op, ch.RemoteRank(), ErrPara, err, "remote %s", what)
+	for _, m := range ch.remoteMems {
+		if m.Contains(p, n) {
+			return nil
+		}
 	}
-	return nil
+	hb := ch.remoteMems[0]
+	return c.errorf(op, ch.remote, ErrPara, nil, "remote %s: range [%#x, +%d) is outside the memory rank %d registered (HCCL buffer [%#x, +%d) and %d other ranges)",
+		what, uintptr(p), n, ch.remote, uintptr(hb.Addr), hb.Size, len(ch.remoteMems)-1)
 }
 
 // remoteIdxCheck checks a notify index of the peer's end of ch: what a
 // record names.
 func (c *Comm) remoteIdxCheck(op string, ch *Channel, idx int) error {
-	if idx < 0 || idx >= ch.ch.PeerNotifyNum() {
-		return c.errorf(op, ch.RemoteRank(), ErrPara, nil, "remote notify index %d is outside [0, %d) of rank %d's end of the channel",
-			idx, ch.ch.PeerNotifyNum(), ch.RemoteRank())
+	if idx < 0 || idx >= ch.peerNotify {
+		return c.errorf(op, ch.remote, ErrPara, nil, "remote notify index %d is outside [0, %d) of rank %d's end of the channel",
+			idx, ch.peerNotify, ch.remote)
 	}
 	return nil
+}
+
+// localNotify returns local notify idx of ch: what a wait names.
+func (c *Comm) localNotify(op string, ch *Channel, idx int) (*notify.Notify, error) {
+	if idx < 0 || idx >= len(ch.notifies) {
+		return nil, c.errorf(op, ch.remote, ErrPara, nil, "local notify index %d is outside [0, %d)", idx, len(ch.notifies))
+	}
+	return ch.notifies[idx], nil
 }
 
 // launch enqueues fn on t, wrapping its error with the communicator's context.
@@ -116,16 +129,16 @@ func checkReduce(c *Comm, op string, peer int, count int64, dt DataType, rop Red
 // immediate, followed by a record of the peer's notify remoteIdx when that
 // is not negative.
 func (c *Comm) write(stop <-chan struct{}, ch *Channel, dst device.Ptr, src []byte, remoteIdx int) error {
-	if wn, ok := ch.ch.Transport().(channel.WriteNotifier); ok && len(src) > 0 && remoteIdx >= 0 {
+	if wn, ok := ch.tr.(channel.WriteNotifier); ok && len(src) > 0 && remoteIdx >= 0 {
 		return c.moved(ch, metrics.Write, int64(len(src)), wn.WriteWithNotify(stop, dst, src, remoteIdx))
 	}
 	if len(src) > 0 || remoteIdx < 0 {
-		if err := c.moved(ch, metrics.Write, int64(len(src)), ch.ch.Transport().Write(stop, dst, src)); err != nil {
+		if err := c.moved(ch, metrics.Write, int64(len(src)), ch.tr.Write(stop, dst, src)); err != nil {
 			return err
 		}
 	}
 	if remoteIdx < 0 {
 		return nil
 	}
-	return ch.ch.Transport().NotifyRecord(stop, remoteIdx)
+	return ch.tr.NotifyRecord(stop, remoteIdx)
 }

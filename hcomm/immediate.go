@@ -70,7 +70,7 @@ func ChannelNotifyRecord(stop <-chan struct{}, ch *Channel, remoteIdx int) error
 	if err := c.remoteIdxCheck(op, ch, remoteIdx); err != nil {
 		return err
 	}
-	if err := ch.ch.Transport().NotifyRecord(stop, remoteIdx); err != nil {
+	if err := ch.tr.NotifyRecord(stop, remoteIdx); err != nil {
 		return c.taskFailed(op, ch.RemoteRank(), err)
 	}
 	return nil
@@ -97,9 +97,9 @@ func notifyWaitNow(op string, stop <-chan struct{}, ch *Channel, localIdx int, t
 	if err != nil {
 		return err
 	}
-	n, err := ch.ch.Notify(localIdx)
+	n, err := c.localNotify(op, ch, localIdx)
 	if err != nil {
-		return c.errorf(op, ch.RemoteRank(), ErrPara, err, "")
+		return err
 	}
 	if err := c.awaitNotify(op, ch, localIdx, n, c.execTimeout(timeout), tag, stop); err != nil {
 		return c.taskFailed(op, ch.RemoteRank(), err)

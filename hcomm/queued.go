@@ -35,7 +35,7 @@ func ReadOnThread(t *Thread, ch *Channel, dst, src device.Ptr, n int64) error {
 		if err != nil {
 			return err
 		}
-		return c.moved(ch, metrics.Read, n, ch.ch.Transport().Read(stop, b, src))
+		return c.moved(ch, metrics.Read, n, ch.tr.Read(stop, b, src))
 	})
 }
 
@@ -76,9 +76,9 @@ func reduceOnThread(op, dir string, t *Thread, ch *Channel, dst, src device.Ptr,
 			return err
 		}
 		if dir == metrics.Write {
-			err = ch.ch.Transport().WriteReduce(stop, remote, b, int(count), dt, rop)
+			err = ch.tr.WriteReduce(stop, remote, b, int(count), dt, rop)
 		} else {
-			err = ch.ch.Transport().ReadReduce(stop, b, remote, int(count), dt, rop)
+			err = ch.tr.ReadReduce(stop, b, remote, int(count), dt, rop)
 		}
 		return c.moved(ch, dir, n, err)
 	})
@@ -96,7 +96,7 @@ func ChannelNotifyRecordOnThread(t *Thread, ch *Channel, remoteIdx int) error {
 		return err
 	}
 	return c.launch(op, ch.RemoteRank(), t, func(stop <-chan struct{}) error {
-		return ch.ch.Transport().NotifyRecord(stop, remoteIdx)
+		return ch.tr.NotifyRecord(stop, remoteIdx)
 	})
 }
 
@@ -111,9 +111,9 @@ func ChannelNotifyWaitOnThread(t *Thread, ch *Channel, localIdx int, timeout tim
 	if err != nil {
 		return err
 	}
-	n, err := ch.ch.Notify(localIdx)
+	n, err := c.localNotify(op, ch, localIdx)
 	if err != nil {
-		return c.errorf(op, ch.RemoteRank(), ErrPara, err, "")
+		return err
 	}
 	// wait.go: times the wait, and names the collective in its error.
 	return c.launchWait(op, t, ch, localIdx, n, c.execTimeout(timeout))
@@ -128,7 +128,7 @@ func ChannelFenceOnThread(t *Thread, ch *Channel) error {
 		return err
 	}
 	return c.launch(op, ch.RemoteRank(), t, func(stop <-chan struct{}) error {
-		return ch.ch.Transport().Fence(stop)
+		return ch.tr.Fence(stop)
 	})
 }
 
