@@ -74,7 +74,24 @@ func (ch *Channel) NotifyNum() int { return len(ch.notifies) }
 // per (engine, remote rank, protocol, tag): a second call returns the same
 // channel. Each channel's transport follows its protocol and where the peer
 // runs (transport.go); a protocol that cannot reach the peer is ErrNotSupport.
+//
+// ChannelAcquire is ChannelAcquireContext with context.Background().
 func (c *Comm) ChannelAcquire(engine Engine, descs []ChannelDesc) ([]*Channel, error) {
+	return c.ChannelAcquireContext(context.Background(), engine, descs)
+}
+
+// ChannelAcquireContext is ChannelAcquire bounded by ctx as well: the setup
+// ends at the first of ctx ending, ConnectTimeout (HCCL_CONNECT_TIMEOUT),
+// Abort or Destroy, and a lost rank. A ctx that ends first fails the call
+// with an *Error matching ctx's error (context.Canceled: code ErrUnavail;
+// context.DeadlineExceeded: code ErrTimeout, Timeout() true); Abort, with one
+// wrapping ErrAborted. The channels of the call that were set up stay with
+// the communicator: a later call with the same descriptors returns them. A
+// setup that failed (timed out, cancelled) is spent: each end numbers its
+// setups of a channel and the two ends meet only on equal numbers, so a
+// channel whose setup failed on one end only is set up again only once the
+// other end has made as many attempts.
+func (c *Comm) ChannelAcquireContext(ctx context.Context, engine Engine, descs []ChannelDesc) ([]*Channel, error) {
 	const op = "ChannelAcquire"
 	if err := c.usable(op); err != nil {
 		return nil, err
@@ -110,9 +127,10 @@ func (c *Comm) ChannelAcquire(engine Engine, descs []ChannelDesc) ([]*Channel, e
 		}
 	}
 	out := make([]*Channel, len(descs))
-	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.ConnectTimeout)
+	ctx, done := c.setupCtx(ctx) // ConnectTimeout, Abort, Destroy or a lost rank end it too
+	defer done()
+	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	defer c.stopOnLoss(cancel)() // a lost rank ends the setup at once
 	// The channels are set up concurrently (at most acquireParallel at once),
 	// so that no order of descriptors on the two ends can deadlock.
 	errs := make([]error, len(descs))
@@ -130,7 +148,7 @@ func (c *Comm) ChannelAcquire(engine Engine, descs []ChannelDesc) ([]*Channel, e
 		}()
 	}
 	wg.Wait()
-	if err := c.lostCheck(op); err != nil {
+	if err := c.usable(op); err != nil { // aborted, destroyed, lost a rank
 		for _, e := range errs {
 			if e != nil {
 				return nil, err
@@ -241,15 +259,14 @@ func (c *Comm) setupChannel(ctx context.Context, k chanKey, attempt int, d Chann
 }
 
 // connectErr wraps a failed channel setup: a timeout when ctx ran out
-// (HCCL_CONNECT_TIMEOUT), a connect error otherwise.
+// (HCCL_CONNECT_TIMEOUT or the caller's deadline), ErrUnavail when it was
+// cancelled, a connect error otherwise.
 func (c *Comm) connectErr(ctx context.Context, peer int, tname string, err error) *Error {
 	code := ErrTCPConnect
-	switch {
-	case ctx.Err() == context.DeadlineExceeded:
-		code = ErrTimeout
-	case tname != TransportTCP:
+	if tname != TransportTCP {
 		code = ErrInternal
 	}
+	code, err = ended(ctx, code, err)
 	if tname == "" {
 		tname = "a"
 	}

@@ -1,6 +1,7 @@
 package hcomm
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"os"
@@ -34,6 +35,10 @@ type Comm struct {
 	sharedDev bool
 	health    *health   // loss watcher of a multi-process communicator; nil for InitAll
 	async     *asyncErr // GetCommAsyncError's record; a sub-communicator's is its parent's
+	// stopped ends when Abort or Destroy is called (stop): the blocking
+	// setups of the communicator (ChannelAcquire, Split) watch it.
+	stopped context.Context
+	stop    context.CancelFunc
 
 	mu      sync.Mutex
 	closed  bool
@@ -136,6 +141,7 @@ func newCommOn(op string, c Config, rank, size, devID int, parent *Comm, boot *b
 	cm := &Comm{name: c.Name, rank: rank, size: size, cfg: c, dev: dev, buf: buf, bufSize: bufSize, sharedDev: parent != nil,
 		registry: &channel.Registry{}, boot: boot, channels: make(map[chanKey]*Channel), attempts: make(map[chanKey]int), inflight: make(map[chanKey]*acquireCall),
 		dialers: make(map[string]channel.Dialer), values: make(map[any]any)}
+	cm.stopped, cm.stop = context.WithCancel(context.Background())
 	cm.registry.Add(channel.Mem{Tag: "hccl buffer", Addr: buf, Size: bufSize})
 	if parent != nil {
 		cm.async = parent.async
@@ -232,7 +238,8 @@ func (c *Comm) Value(key any, init func() any) any {
 
 // Abort makes every pending operation of the communicator fail promptly: the
 // streams of its threads are aborted (pending waits end with an error wrapping
-// ErrAborted and device.ErrStreamAbort), and later calls fail with ErrUnavail.
+// ErrAborted and device.ErrStreamAbort), a ChannelAcquire or Split waiting
+// for its peers returns such an error, and later calls fail with ErrUnavail.
 // It does not wait for peers. Destroy is still needed afterwards. Idempotent.
 func (c *Comm) Abort() error {
 	if c == nil {
@@ -247,6 +254,7 @@ func (c *Comm) Abort() error {
 	c.unusable.Store(true)
 	ts := append([]*Thread(nil), c.threads...)
 	c.mu.Unlock()
+	c.stop()
 	for _, t := range ts {
 		t.Stream().Abort()
 	}
@@ -267,6 +275,7 @@ func (c *Comm) Destroy() error {
 	}
 	c.closed = true
 	c.unusable.Store(true)
+	c.stop() // a setup still waiting for its peers ends
 	c.log(slog.LevelInfo, "destroying communicator", "channels", len(c.channels), "threads", len(c.threads))
 	ts := c.threads
 	chs := c.channels
@@ -295,6 +304,21 @@ func (c *Comm) Destroy() error {
 		return c.dev.Free(c.buf)
 	}
 	return c.dev.Close()
+}
+
+// setupCtx bounds a blocking setup call of c (ChannelAcquire, Split): it
+// ends with ctx, after Config.ConnectTimeout (HCCL_CONNECT_TIMEOUT), at Abort
+// or Destroy, and when c learns of a lost rank. Call done when the setup is
+// over.
+func (c *Comm) setupCtx(ctx context.Context) (_ context.Context, done func()) {
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.ConnectTimeout)
+	unstop := context.AfterFunc(c.stopped, cancel)
+	unloss := c.stopOnLoss(cancel)
+	return ctx, func() {
+		unstop()
+		unloss()
+		cancel()
+	}
 }
 
 // execTimeout turns a wait's timeout into the one to use: <= 0 means the

@@ -38,6 +38,15 @@
 // HCCL_EXEC_TIMEOUT's error naming the rank) and Destroy still returns
 // promptly. init.go, env.go, ranktable.go and transport.go say more.
 //
+// Every call that blocks for other ranks has a form that takes a context
+// first, as net.Dialer.DialContext: InitRootInfoContext,
+// InitClusterInfoContext, InitFromEnvContext, ChannelAcquireContext and
+// SplitContext (the plain forms call them with context.Background()). The
+// configured HCCL_CONNECT_TIMEOUT still bounds them; a context that ends
+// first fails the call with an *Error matching context.Canceled or
+// context.DeadlineExceeded, and Error.Timeout reports a timeout. Abort ends
+// a ChannelAcquire or Split that waits for its peers.
+//
 // Immediate mode (immediate.go): WriteNbi, WriteWithNotifyNbi,
 // ChannelNotifyRecord and ChannelNotifyWait are HCCL's thread-less calls
 // (HcommWriteNbi, HcommChannelNotifyWait, …): they do their work in the

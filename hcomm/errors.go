@@ -21,7 +21,7 @@ const (
 	ErrInternal     Result = 4  // HCCL_E_INTERNAL
 	ErrNotSupport   Result = 5  // HCCL_E_NOT_SUPPORT
 	ErrNotFound     Result = 6  // HCCL_E_NOT_FOUND
-	ErrUnavail      Result = 7  // HCCL_E_UNAVAIL: the communicator cannot be used (aborted, destroyed)
+	ErrUnavail      Result = 7  // HCCL_E_UNAVAIL: the communicator cannot be used (aborted, destroyed), or the caller's context cancelled the call
 	ErrSyscall      Result = 8  // HCCL_E_SYSCALL
 	ErrTimeout      Result = 9  // HCCL_E_TIMEOUT
 	ErrOpenFile     Result = 10 // HCCL_E_OPEN_FILE_FAILURE
@@ -91,6 +91,25 @@ func (e *Error) Error() string {
 // Unwrap returns the cause.
 func (e *Error) Unwrap() error { return e.Err }
 
+// ended returns the code and cause of a failed setup step bounded by ctx
+// (the caller's context, bounded by HCCL_CONNECT_TIMEOUT): when ctx has
+// ended, ErrTimeout for a deadline and ErrUnavail for a cancellation, the
+// cause then wrapping the context's error so that errors.Is matches it;
+// otherwise code and err unchanged.
+func ended(ctx context.Context, code Result, err error) (Result, error) {
+	ce := ctx.Err()
+	if ce == nil {
+		return code, err
+	}
+	if !errors.Is(err, ce) {
+		err = fmt.Errorf("%w (%w)", err, ce)
+	}
+	if ce == context.DeadlineExceeded {
+		return ErrTimeout, err
+	}
+	return ErrUnavail, err
+}
+
 // noRankErr is the error of a call that knows no rank of a communicator: a
 // nil handle, or a communicator not made yet (Rank and Peer are -1). msg is
 // format with args, as in fmt.Sprintf, or "" for none.
@@ -104,6 +123,14 @@ func noRankErr(op, comm string, code Result, cause error, format string, args ..
 
 // nilCommErr is the error of a method called on a nil *Comm.
 func nilCommErr(op string) *Error { return noRankErr(op, "", ErrPtr, nil, "nil communicator") }
+
+// Timeout reports whether the error is a timeout: its code is ErrTimeout (a
+// wait past HCCL_EXEC_TIMEOUT, a setup past HCCL_CONNECT_TIMEOUT) or a
+// deadline of the caller's context ended the call. Such an error also
+// matches context.DeadlineExceeded.
+func (e *Error) Timeout() bool {
+	return e.Code == ErrTimeout || errors.Is(e.Err, context.DeadlineExceeded)
+}
 
 // Is matches the Result code, and context.DeadlineExceeded for timeouts.
 func (e *Error) Is(target error) bool {
