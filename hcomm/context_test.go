@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -236,5 +237,19 @@ func TestErrorTimeout(t *testing.T) {
 		if got := c.err.Timeout(); got != c.want {
 			t.Errorf("%v: Timeout() = %v, want %v", c.err, got, c.want)
 		}
+	}
+}
+
+// An error that knows no rank (a nil handle, a communicator not made yet)
+// says so by leaving rank and peer out, not by printing -1.
+func TestErrorWithoutRank(t *testing.T) {
+	var c *hcomm.Comm
+	err := c.Abort()
+	if got, want := err.Error(), "hcomm: Abort: pointer error (HcclResult 2): nil communicator"; got != want {
+		t.Errorf("nil communicator: %q, want %q", got, want)
+	}
+	_, err = hcomm.InitAll(0, &hcomm.Config{Name: "x"})
+	if got, want := err.Error(), "hcomm x: InitAll: parameter error (HcclResult 1): rank count 0"; !strings.HasPrefix(got, want) {
+		t.Errorf("InitAll(0): %q, want it to start with %q", got, want)
 	}
 }

@@ -7,10 +7,14 @@ import (
 	"github.com/hcomm-dev/hcomm/notify"
 )
 
-// The data plane (HCCL's Hcomm*OnThread). Every call checks its arguments,
+// The data plane: the queued calls (HCCL's Hcomm*OnThread, queued.go) and
+// the immediate ones (immediate.go). A queued call checks its arguments,
 // enqueues one task on the thread's stream and returns: the work happens when
 // the stream reaches it, and its failure surfaces at the stream's next
-// Synchronize (and through the device's exception callback).
+// Synchronize (and through the device's exception callback). This file holds
+// what both kinds share: the checks every call makes against the channel
+// (the peer's registered memory, the notify indexes of both ends) before a
+// transport is asked to act, and the body of a write.
 //
 // Guarantees, on every transport:
 //

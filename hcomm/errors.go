@@ -74,9 +74,15 @@ type Error struct {
 }
 
 func (e *Error) Error() string {
-	s := fmt.Sprintf("hcomm %s rank %d", e.Comm, e.Rank)
+	s := "hcomm"
+	if e.Comm != "" {
+		s += " " + e.Comm
+	}
+	if e.Rank >= 0 {
+		s += " rank " + strconv.Itoa(e.Rank)
+	}
 	if e.Peer >= 0 {
-		s += fmt.Sprintf(" peer %d", e.Peer)
+		s += " peer " + strconv.Itoa(e.Peer)
 	}
 	s += ": " + e.Op + ": " + e.Code.Error()
 	if e.Msg != "" {
