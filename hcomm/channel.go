@@ -19,6 +19,9 @@ type ChannelDesc struct {
 	RemoteRank int      // the peer; -1 (HCCL's ~0U) until set
 	Protocol   Protocol // ProtocolAuto lets hcomm pick
 	NotifyNum  int      // local notifies on this channel (the index space of waits)
+	// MemHandles is memory of this rank the peer may use (HCCL's memory
+	// handles); each must belong to this communicator. Every range
+	// registered with CommMemReg is traded anyway (see CommMemReg).
 	MemHandles []*MemHandle
 	// Tag separates channels to the same peer with the same protocol: HCCL keys
 	// channels by (engine, remote rank, protocol); hcomm adds this tag so that

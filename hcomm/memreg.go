@@ -15,9 +15,12 @@ type MemHandle struct {
 func (h *MemHandle) Mem() channel.Mem { return h.mem }
 
 // CommMemReg registers device memory so that peers may read and write it
-// through channels (HcclCommMemReg). Channels acquired afterwards with the
-// handle in ChannelDesc.MemHandles report it in ChannelGetRemoteMems; on
-// transports that map memory (inproc) a registered range is reachable at once.
+// through channels (HcclCommMemReg). A channel acquired afterwards reaches
+// it: the peer finds it in ChannelGetRemoteMems, and the data plane accepts
+// ranges inside it. hcomm trades all of a rank's registered memory when a
+// channel is acquired, so ChannelDesc.MemHandles need not name it. A channel
+// acquired before does not reach it: remote ranges are checked against what
+// the peer had registered when the channel was acquired.
 func (c *Comm) CommMemReg(tag string, p device.Ptr, size int64) (*MemHandle, error) {
 	const op = "CommMemReg"
 	if err := c.usable(op); err != nil {
