@@ -139,6 +139,25 @@ func TestAbortEndsChannelAcquire(t *testing.T) {
 	}
 }
 
+// Destroy, too, ends a ChannelAcquire that waits for its peer.
+func TestDestroyEndsChannelAcquire(t *testing.T) {
+	comms, err := hcomm.InitAll(2, longSetupCfg())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer comms[1].Destroy()
+	d := hcomm.ChannelDescInit(1)
+	d[0].RemoteRank = 1
+	time.AfterFunc(100*time.Millisecond, func() { comms[0].Destroy() })
+	err = endedBy(t, "acquire then Destroy", func() error {
+		_, err := comms[0].ChannelAcquire(hcomm.EngineCPUTS, d)
+		return err
+	})
+	if !errors.Is(err, hcomm.ErrUnavail) || !strings.Contains(err.Error(), "destroyed") {
+		t.Errorf("%v: want ErrUnavail, destroyed", err)
+	}
+}
+
 // SplitContext where the other rank never calls Split ends with its context.
 func TestSplitContext(t *testing.T) {
 	comms, err := hcomm.InitAll(2, longSetupCfg())
