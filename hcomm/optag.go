@@ -48,17 +48,15 @@ type opSlot struct {
 // across ranks shows which ranks have not reached a collective another rank
 // waits in. Safe for concurrent use.
 func (c *Comm) LastOp() (op string, seq uint64) {
-	st := c.opState()
+	st := &c.ops
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	return st.last.op, st.last.seq
 }
 
-func (c *Comm) opState() *opState { return &c.ops }
-
 // opOf returns the collective t is issuing ("" op when none).
 func (c *Comm) opOf(t *Thread) opTag {
-	st := c.opState()
+	st := &c.ops
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	if sl := st.cur[t]; sl != nil {
@@ -76,7 +74,7 @@ func (c *Comm) opOf(t *Thread) opTag {
 // closing task; call it once the collective's schedule is issued. For the
 // libraries built on hcomm (package collectives); safe for concurrent use.
 func (c *Comm) BeginOp(t *Thread, op, algo string) (seq uint64, end func() error) {
-	st := c.opState()
+	st := &c.ops
 	if t == nil {
 		return 0, func() error { return nil }
 	}
