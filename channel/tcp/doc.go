@@ -16,7 +16,9 @@
 // whose Notifies are this end's notifies, set by the peer's NotifyRecord.
 //
 // The wire format is written down in spec.md beside this file; frame.go holds
-// the header, hello.go the setup messages, conn.go the transport.
+// the header, hello.go the setup messages, conn.go the channel's state and
+// life (start, failure, Close); send.go, recv.go, order.go and liveness.go
+// hold its sending, receiving, ordering across sockets and heartbeats.
 //
 // # How ordering works
 //
