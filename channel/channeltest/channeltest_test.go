@@ -240,7 +240,7 @@ func TestCasesCanFail(t *testing.T) {
 }
 
 // lateWrites makes Write return before its bytes land: they are copied a
-// few milliseconds later, while NotifyRecord takes effect at once.
+// 20 ms later, while NotifyRecord takes effect at once.
 func lateWrites(t *brokenTransport) {
 	var wg sync.WaitGroup
 	t.write = func(dst device.Ptr, src []byte) error {
@@ -250,7 +250,7 @@ func lateWrites(t *brokenTransport) {
 		}
 		p := append([]byte(nil), src...)
 		wg.Add(1)
-		time.AfterFunc(5*time.Millisecond, func() {
+		time.AfterFunc(20*time.Millisecond, func() {
 			defer wg.Done()
 			copy(b, p)
 		})
