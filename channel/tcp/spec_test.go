@@ -9,6 +9,8 @@ import (
 	"testing"
 )
 
+// The tests of this file tie spec.md to the code.
+
 // TestHandshakeLayout ties the handshake's sizes to spec.md §1.2 and checks
 // that a proof puts each field at the offset the spec's field order gives it.
 func TestHandshakeLayout(t *testing.T) {
@@ -76,5 +78,32 @@ func TestHandshakeLayout(t *testing.T) {
 	q, err := parseProof(b)
 	if err != nil || *q != *p {
 		t.Errorf("parseProof(marshal(p)) = %+v, %v; want p back", q, err)
+	}
+}
+
+// TestChunkSize checks the chunk size of a split operation against spec.md
+// §3: c = min(C, max(⌈n / streams⌉ rounded up to 4 KiB, 256 KiB)).
+func TestChunkSize(t *testing.T) {
+	const K, M = 1 << 10, 1 << 20
+	for _, c := range []struct {
+		n, streams, chunk, want int
+	}{
+		{300 * K, 2, M, 256 * K},          // past 256 KiB: split, chunks of at least 256 KiB
+		{600 * K, 2, M, 300 * K},          // one chunk per socket
+		{601 * K, 2, M, 304 * K},          // ⌈300.5 KiB⌉ rounded up to 4 KiB
+		{4 * M, 2, M, M},                  // no chunk over C
+		{600 * K, 1, M, 600 * K},          // one socket, under C: one frame
+		{3 * M, 1, M, M},                  // one socket, over C: chunks of C
+		{100 * K, 4, 64 * K, 64 * K},      // C under 256 KiB
+		{10 * M, 4, 16 * M, 10 * M / 4},   // C over the share
+		{1, 4, M, 256 * K},                // tiny: one frame
+		{256*K + 1, 4, M, 256 * K},        // just past 256 KiB: two frames
+		{64*M + 3, 64, M, M},              // many sockets
+		{8*M + 8, 3, 16 * M, 683 * 4 * K}, // ⌈(8 MiB + 8) / 3⌉ = 2796206, rounded up to 4 KiB
+	} {
+		cn := &conn{chunk: c.chunk, socks: make([]*sock, c.streams)}
+		if got := cn.chunkSize(c.n); got != c.want || got%8 != 0 {
+			t.Errorf("n %d, %d sockets, C %d: chunk %d, want %d (a multiple of 8)", c.n, c.streams, c.chunk, got, c.want)
+		}
 	}
 }
