@@ -40,7 +40,9 @@
 // when the matching wait returns, a Read sees the writes issued before it,
 // and Fence (answered only when its vector is reached) returns once every
 // earlier operation is applied at the peer. Operations issued concurrently
-// on different threads are not ordered with each other.
+// on different threads are not ordered with each other, and neither are two
+// writes of one thread to the same bytes with no record, read or fence
+// between them: their chunks may land in either order.
 //
 // WriteWithNotify (channel.WriteNotifier, what hcomm's WriteWithNotify calls
 // use) sends a write that fits one frame and its NOTIFY in one system call
