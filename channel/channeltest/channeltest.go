@@ -53,20 +53,18 @@ type Config struct {
 	// fine). The suite closes them when the case ends; the channels they
 	// made are closed before.
 	Dialers func(t TB) (d0, d1 channel.Dialer)
-	// Closes says that Close ends this end of the channel: later calls fail
-	// and waits on the end's notifies fail, wrapping ErrClosed when it is
-	// set. False for a transport whose Close has nothing to end (inproc).
+	// Closes says that Close ends this end of the channel: later calls and
+	// waits on the end's notifies fail with channel.ErrClosed. False for a
+	// transport whose Close has nothing to end (inproc).
 	Closes bool
-	// Goodbye says that a peer's Close reaches this end: its waits fail,
-	// wrapping ErrPeerClosed when it is set, and so do its later calls.
+	// Goodbye says that a peer's Close reaches this end: its waits and later
+	// calls fail with channel.ErrPeerClosed.
 	Goodbye bool
 	// Lose, when set, cuts tr's end of its channel as its process's death
-	// would: nothing more goes in or out and no goodbye reaches the peer.
-	// nil skips the PeerLoss case.
+	// would: nothing more goes in or out and no goodbye reaches the peer,
+	// whose waits and later calls must fail with channel.ErrPeerLost. nil
+	// skips the PeerLoss case.
 	Lose func(t TB, tr channel.Transport)
-	// The sentinels the transport's errors wrap; nil ones are not checked
-	// (the case still wants an error).
-	ErrClosed, ErrPeerClosed, ErrPeerLost error
 	// LossWithin bounds how long a wait may take to fail once the peer is
 	// gone or closed (default 5 s).
 	LossWithin time.Duration

@@ -161,12 +161,12 @@ func testClose(t TB, cfg Config) {
 		t.Errorf("second Close: %v", err)
 	}
 	if cfg.Closes {
-		wantErr(t, "Write after Close", a.tr().Write(nil, b.buf.Addr, []byte{1}), cfg.ErrClosed)
-		wantErr(t, "NotifyRecord after Close", a.tr().NotifyRecord(nil, 0), cfg.ErrClosed)
-		wantErr(t, "Read after Close", a.tr().Read(nil, make([]byte, 1), b.buf.Addr), cfg.ErrClosed)
-		wantErr(t, "Fence after Close", a.tr().Fence(nil), cfg.ErrClosed)
+		wantErr(t, "Write after Close", a.tr().Write(nil, b.buf.Addr, []byte{1}), channel.ErrClosed)
+		wantErr(t, "NotifyRecord after Close", a.tr().NotifyRecord(nil, 0), channel.ErrClosed)
+		wantErr(t, "Read after Close", a.tr().Read(nil, make([]byte, 1), b.buf.Addr), channel.ErrClosed)
+		wantErr(t, "Fence after Close", a.tr().Fence(nil), channel.ErrClosed)
 		ctx, cancel := context.WithTimeout(context.Background(), cfg.lossWithin())
-		wantErr(t, "a wait on the closed end's notify", a.conn.Notifies[1].WaitNow(ctx), cfg.ErrClosed)
+		wantErr(t, "a wait on the closed end's notify", a.conn.Notifies[1].WaitNow(ctx), channel.ErrClosed)
 		cancel()
 	}
 	if !cfg.Goodbye {
@@ -178,7 +178,7 @@ func testClose(t TB, cfg Config) {
 	}
 	select {
 	case err := <-errc:
-		wantErr(t, "rank 1's wait when rank 0 closed", err, cfg.ErrPeerClosed)
+		wantErr(t, "rank 1's wait when rank 0 closed", err, channel.ErrPeerClosed)
 		if d := time.Since(start); d > cfg.lossWithin() {
 			t.Errorf("rank 1's wait took %v to see the close", d)
 		}
@@ -187,14 +187,14 @@ func testClose(t TB, cfg Config) {
 		<-errc
 		t.Fatalf("rank 1's wait did not end within %v of rank 0's Close", cfg.lossWithin())
 	}
-	wantErr(t, "rank 1's Write after rank 0 closed", b.tr().Write(nil, a.buf.Addr, []byte{1}), cfg.ErrPeerClosed)
+	wantErr(t, "rank 1's Write after rank 0 closed", b.tr().Write(nil, a.buf.Addr, []byte{1}), channel.ErrPeerClosed)
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.lossWithin())
 	defer cancel()
-	wantErr(t, "rank 1's later wait", b.conn.Notifies[1].WaitNow(ctx), cfg.ErrPeerClosed)
+	wantErr(t, "rank 1's later wait", b.conn.Notifies[1].WaitNow(ctx), channel.ErrPeerClosed)
 }
 
 // testPeerLoss: rank 0's end dies without a goodbye while rank 1 waits on a
-// notify; the wait fails within cfg.LossWithin, wrapping ErrPeerLost and
+// notify; the wait fails within cfg.LossWithin, wrapping channel.ErrPeerLost and
 // naming rank 0, and so do rank 1's later calls and waits.
 func testPeerLoss(t TB, cfg Config) {
 	if cfg.Lose == nil {
@@ -212,7 +212,7 @@ func testPeerLoss(t TB, cfg Config) {
 	cfg.Lose(t, a.tr())
 	select {
 	case err := <-errc:
-		wantErr(t, "rank 1's wait when rank 0 was lost", err, cfg.ErrPeerLost)
+		wantErr(t, "rank 1's wait when rank 0 was lost", err, channel.ErrPeerLost)
 		if err != nil && !strings.Contains(err.Error(), "rank 0") {
 			t.Errorf("rank 1's wait: %q does not name rank 0", err)
 		}
@@ -222,9 +222,9 @@ func testPeerLoss(t TB, cfg Config) {
 		<-errc
 		t.Fatalf("rank 1's wait did not end within %v of rank 0's loss", cfg.lossWithin())
 	}
-	wantErr(t, "rank 1's Write after the loss", b.tr().Write(nil, a.buf.Addr, make([]byte, 8)), cfg.ErrPeerLost)
-	wantErr(t, "rank 1's NotifyRecord after the loss", b.tr().NotifyRecord(nil, 0), cfg.ErrPeerLost)
+	wantErr(t, "rank 1's Write after the loss", b.tr().Write(nil, a.buf.Addr, make([]byte, 8)), channel.ErrPeerLost)
+	wantErr(t, "rank 1's NotifyRecord after the loss", b.tr().NotifyRecord(nil, 0), channel.ErrPeerLost)
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.lossWithin())
 	defer cancel()
-	wantErr(t, "rank 1's later wait", b.conn.Notifies[1].WaitNow(ctx), cfg.ErrPeerLost)
+	wantErr(t, "rank 1's later wait", b.conn.Notifies[1].WaitNow(ctx), channel.ErrPeerLost)
 }

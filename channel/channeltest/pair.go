@@ -230,14 +230,13 @@ func at(b []byte, i int) int {
 	return -1
 }
 
-// wantErr fails t unless err is an error wrapping sentinel (any error when
-// sentinel is nil).
+// wantErr fails t unless err wraps sentinel.
 func wantErr(t TB, what string, err, sentinel error) {
 	t.Helper()
 	switch {
 	case err == nil:
 		t.Errorf("%s: no error", what)
-	case sentinel != nil && !errors.Is(err, sentinel):
+	case !errors.Is(err, sentinel):
 		t.Errorf("%s: %v, want an error wrapping %q", what, err, sentinel)
 	}
 }

@@ -23,9 +23,6 @@ func TestConformance(t *testing.T) {
 		Lose: func(_ channeltest.TB, tr channel.Transport) {
 			tr.(*Transport).conn.Close()
 		},
-		ErrClosed:     ErrClosed,
-		ErrPeerClosed: ErrPeerClosed,
-		ErrPeerLost:   ErrPeerLost,
 	})
 }
 

@@ -25,9 +25,6 @@ func TestConformance(t *testing.T) {
 						s.nc.Close()
 					}
 				},
-				ErrClosed:     ErrClosed,
-				ErrPeerClosed: ErrPeerClosed,
-				ErrPeerLost:   ErrPeerLost,
 			})
 		})
 	}

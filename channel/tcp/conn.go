@@ -210,9 +210,9 @@ func (c *conn) lost(op string, s *sock, err error) error {
 	if e := c.failure(); e != nil {
 		return e
 	}
-	var cause error = ErrPeerLost
+	var cause error = channel.ErrPeerLost
 	if c.closing.Load() {
-		cause = ErrClosed
+		cause = channel.ErrClosed
 	}
 	e := c.errorf(op, 0, 0, cause, "socket %d (%v -> %v): %v", s.idx, s.nc.LocalAddr(), s.nc.RemoteAddr(), err)
 	c.fail(e, false)
@@ -231,7 +231,7 @@ func (c *conn) wrap(op string, addr uint64, size int64, err error) error {
 // Close tells the peer the channel ends (a CLOSE frame on every socket, after
 // everything sent before), waits briefly for the peer to close its side,
 // then closes the sockets and waits for the channel's goroutines. Waits on
-// the channel's notifies fail with ErrClosed. Idempotent.
+// the channel's notifies fail with channel.ErrClosed. Idempotent.
 func (c *conn) Close() error {
 	c.closeOnce.Do(func() {
 		c.closing.Store(true)
@@ -260,7 +260,7 @@ func (c *conn) Close() error {
 			}
 			t.Stop()
 		}
-		c.fail(c.errorf("Close", 0, 0, ErrClosed, "channel closed by rank %d", c.rank), false)
+		c.fail(c.errorf("Close", 0, 0, channel.ErrClosed, "channel closed by rank %d", c.rank), false)
 		c.wg.Wait()
 	})
 	return nil

@@ -3,6 +3,7 @@ package tcp
 import (
 	"time"
 
+	"github.com/hcomm-dev/hcomm/channel"
 	"github.com/hcomm-dev/hcomm/internal/reduce"
 )
 
@@ -103,12 +104,12 @@ func (c *conn) monitor() {
 		now := time.Now()
 		for _, s := range c.socks {
 			if rx := time.Unix(0, s.lastRx.Load()); now.Sub(rx) > c.timeout && !s.closedBy.Load() {
-				c.fail(c.errorf("heartbeat", 0, 0, ErrPeerLost, "socket %d heard nothing from rank %d for %v (peer timeout %v)",
+				c.fail(c.errorf("heartbeat", 0, 0, channel.ErrPeerLost, "socket %d heard nothing from rank %d for %v (peer timeout %v)",
 					s.idx, c.peer, now.Sub(rx).Round(time.Millisecond), c.timeout), true)
 				return
 			}
 			if since := s.sendSince.Load(); since != 0 && now.Sub(time.Unix(0, since)) > c.timeout {
-				c.fail(c.errorf("heartbeat", 0, 0, ErrPeerLost, "a send on socket %d has been stuck for more than %v: rank %d stopped reading",
+				c.fail(c.errorf("heartbeat", 0, 0, channel.ErrPeerLost, "a send on socket %d has been stuck for more than %v: rank %d stopped reading",
 					s.idx, c.timeout, c.peer), false)
 				return
 			}

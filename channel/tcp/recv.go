@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/hcomm-dev/hcomm/channel"
 	"github.com/hcomm-dev/hcomm/device"
 	"github.com/hcomm-dev/hcomm/internal/reduce"
 )
@@ -249,7 +250,7 @@ func (c *conn) handle(s *sock, br *bufio.Reader, h header, scratch *[]byte) (boo
 		if _, err := io.ReadFull(br, p); err != nil {
 			return false, err
 		}
-		e := c.errorf("receive ERROR", 0, 0, ErrPeerLost, "rank %d failed the channel: %q", c.peer, p)
+		e := c.errorf("receive ERROR", 0, 0, channel.ErrPeerLost, "rank %d failed the channel: %q", c.peer, p)
 		c.fail(e, false)
 		return true, e
 	case frameClose:
@@ -259,7 +260,7 @@ func (c *conn) handle(s *sock, br *bufio.Reader, h header, scratch *[]byte) (boo
 			all = all && o.closedBy.Load()
 		}
 		if all {
-			c.fail(c.errorf("receive CLOSE", 0, 0, ErrPeerClosed, "rank %d closed the channel", c.peer), false)
+			c.fail(c.errorf("receive CLOSE", 0, 0, channel.ErrPeerClosed, "rank %d closed the channel", c.peer), false)
 		}
 		return true, nil
 	}
