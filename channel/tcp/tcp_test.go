@@ -732,6 +732,11 @@ func (px *proxy) pipe(from, to net.Conn) {
 }
 
 func TestStopAbortsBlockedCalls(t *testing.T) {
+	// Made before the calls start: under the race detector and a loaded
+	// machine, zeroing 48 MiB inside the call could outlast the 100 ms the
+	// test waits before it closes stop, and the call would then be stopped
+	// before it started, leaving the channel alive.
+	big := make([]byte, 48<<20)
 	calls := []struct {
 		name  string
 		call  func(tr channel.Transport, mine []byte, stop <-chan struct{}) error
@@ -745,10 +750,10 @@ func TestStopAbortsBlockedCalls(t *testing.T) {
 			return tr.ReadReduce(stop, mine[:100], 4096, 25, reduce.Float32, reduce.Sum)
 		}, false},
 		{"Write of one 1 MiB frame", func(tr channel.Transport, mine []byte, stop <-chan struct{}) error {
-			return tr.Write(stop, 4096, make([]byte, 1<<20))
+			return tr.Write(stop, 4096, big[:1<<20])
 		}, true},
 		{"Write of 48 MiB in chunks", func(tr channel.Transport, mine []byte, stop <-chan struct{}) error {
-			return tr.Write(stop, 4096, make([]byte, 48<<20))
+			return tr.Write(stop, 4096, big)
 		}, true},
 	}
 	for _, c := range calls {
