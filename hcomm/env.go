@@ -58,27 +58,35 @@ import (
 // size is left out of it on purpose: a rank launched with another WORLD_SIZE
 // then reaches the store, which fails the job at once naming it, instead of
 // being refused as a stranger while the others wait out the timeout.)
+//
+// InitFromEnv is InitFromEnvContext with context.Background().
 func InitFromEnv(cfg *Config) (*Comm, error) {
+	return InitFromEnvContext(context.Background(), cfg)
+}
+
+// InitFromEnvContext is InitFromEnv bounded by ctx as well, as
+// InitRootInfoContext is.
+func InitFromEnvContext(ctx context.Context, cfg *Config) (*Comm, error) {
 	const op = "InitFromEnv"
 	c, err := resolveAll(cfg)
 	if err != nil {
-		return nil, &Error{Op: op, Comm: c.Name, Rank: -1, Peer: -1, Code: ErrPara, Err: err}
+		return nil, noRankErr(op, c.Name, ErrPara, err, "")
 	}
 	le, err := parseLaunchEnv(os.Getenv)
 	if err != nil {
-		return nil, &Error{Op: op, Comm: c.Name, Rank: -1, Peer: -1, Code: ErrPara, Err: err}
+		return nil, noRankErr(op, c.Name, ErrPara, err, "")
 	}
 	shareProcessors(os.Getenv, le.localSize, procs.Shared())
-	return joinEnv(op, c, le)
+	return joinEnv(ctx, op, c, le)
 }
 
 // joinEnv joins the communicator le describes.
-func joinEnv(op string, c Config, le launchEnv) (*Comm, error) {
+func joinEnv(ctx context.Context, op string, c Config, le launchEnv) (*Comm, error) {
 	listen, err := listenAddr(c, le.addr)
 	if err != nil {
 		return nil, &Error{Op: op, Comm: c.Name, Rank: le.rank, Peer: -1, Code: ErrNetwork, Err: err}
 	}
-	return join(op, c, joinSpec{nRanks: le.size, rank: le.rank, localRank: le.localRank, addr: le.addr,
+	return join(ctx, op, c, joinSpec{nRanks: le.size, rank: le.rank, localRank: le.localRank, addr: le.addr,
 		listen: listen, secret: le.secret})
 }
 

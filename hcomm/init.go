@@ -93,8 +93,7 @@ func ParseRootInfo(s string) (RootInfo, error) {
 		if len(q) > 80 {
 			q = q[:80] + "…"
 		}
-		return RootInfo{}, &Error{Op: "ParseRootInfo", Rank: -1, Peer: -1, Code: ErrPara,
-			Msg: fmt.Sprintf("root info %q: %s (want %s<32 hex digits>@host:port)", q, why, rootInfoScheme)}
+		return RootInfo{}, noRankErr("ParseRootInfo", "", ErrPara, nil, "root info %q: %s (want %s<32 hex digits>@host:port)", q, why, rootInfoScheme)
 	}
 	rest, ok := strings.CutPrefix(s, rootInfoScheme)
 	if !ok {
@@ -207,7 +206,18 @@ func GetRootInfo(cfg *Config) (RootInfo, error) {
 // rank 0 it takes over the store GetRootInfo started in this process; a rank
 // 0 in a process that did not call GetRootInfo starts a store on root.Addr
 // itself. cfg may be nil.
+//
+// InitRootInfo is InitRootInfoContext with context.Background().
 func InitRootInfo(nRanks int, root RootInfo, rank int, cfg *Config) (*Comm, error) {
+	return InitRootInfoContext(context.Background(), nRanks, root, rank, cfg)
+}
+
+// InitRootInfoContext is InitRootInfo bounded by ctx as well as by
+// Config.ConnectTimeout: when ctx ends before every rank has joined, the
+// call returns an *Error matching ctx's error (context.Canceled: code
+// ErrUnavail; context.DeadlineExceeded: code ErrTimeout, Timeout() true) and
+// leaves nothing open. ctx bounds the setup only, not the communicator.
+func InitRootInfoContext(ctx context.Context, nRanks int, root RootInfo, rank int, cfg *Config) (*Comm, error) {
 	const op = "InitRootInfo"
 	c, err := resolveAll(cfg)
 	if err != nil {
@@ -216,7 +226,7 @@ func InitRootInfo(nRanks int, root RootInfo, rank int, cfg *Config) (*Comm, erro
 	if _, err := ParseRootInfo(root.String()); err != nil {
 		return nil, &Error{Op: op, Comm: c.Name, Rank: rank, Peer: -1, Code: ErrPara, Err: err}
 	}
-	return join(op, c, joinSpec{nRanks: nRanks, rank: rank, localRank: -1, addr: root.Addr,
+	return join(ctx, op, c, joinSpec{nRanks: nRanks, rank: rank, localRank: -1, addr: root.Addr,
 		listen: root.Addr, secret: bootstrap.Secret(root.Secret)})
 }
 
@@ -251,8 +261,9 @@ func (c Config) bootLogger() *slog.Logger {
 	return slog.New(slog.DiscardHandler)
 }
 
-// join runs the rendezvous and makes the communicator.
-func join(op string, c Config, js joinSpec) (*Comm, error) {
+// join runs the rendezvous, bounded by ctx and c.ConnectTimeout, and makes
+// the communicator.
+func join(ctx context.Context, op string, c Config, js joinSpec) (*Comm, error) {
 	fail := func(code Result, err error, format string, args ...any) (*Comm, error) {
 		return nil, &Error{Op: op, Comm: c.Name, Rank: js.rank, Peer: -1, Code: code, Err: err, Msg: fmt.Sprintf(format, args...)}
 	}
@@ -266,7 +277,7 @@ func join(op string, c Config, js joinSpec) (*Comm, error) {
 	if err != nil {
 		return fail(ErrNetwork, err, "")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), c.ConnectTimeout)
+	ctx, cancel := context.WithTimeout(ctx, c.ConnectTimeout)
 	defer cancel()
 
 	var srv *bootstrap.Server
@@ -290,10 +301,9 @@ func join(op string, c Config, js joinSpec) (*Comm, error) {
 			return fail(ErrPara, err, "")
 		case errors.Is(err, bootstrap.ErrAuth):
 			return fail(ErrTCPConnect, err, "")
-		case ctx.Err() != nil:
-			return fail(ErrTimeout, err, "joining the bootstrap within HCCL_CONNECT_TIMEOUT %v", c.ConnectTimeout)
 		}
-		return fail(ErrTCPConnect, err, "joining the bootstrap within HCCL_CONNECT_TIMEOUT %v", c.ConnectTimeout)
+		code, err := ended(ctx, ErrTCPConnect, err)
+		return fail(code, err, "joining the bootstrap within HCCL_CONNECT_TIMEOUT %v", c.ConnectTimeout)
 	}
 	cli.KeepAlive(keepAliveInterval)
 	release := func() error {
@@ -307,11 +317,10 @@ func join(op string, c Config, js joinSpec) (*Comm, error) {
 	if err != nil {
 		cli.Close()
 		closeStore(srv, c.ConnectTimeout)
-		switch {
-		case errors.Is(err, bootstrap.ErrJobFailed):
+		if errors.Is(err, bootstrap.ErrJobFailed) {
 			code = ErrPara // another rank's claim did not fit: the store says which
-		case ctx.Err() != nil:
-			code = ErrTimeout
+		} else {
+			code, err = ended(ctx, code, err)
 		}
 		return fail(code, err, "")
 	}

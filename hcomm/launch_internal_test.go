@@ -1,6 +1,7 @@
 package hcomm
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"maps"
@@ -49,7 +50,7 @@ func launchRanks(t *testing.T, cfg Config, envs ...map[string]string) ([]*Comm, 
 				errs[i] = err
 				return
 			}
-			comms[i], errs[i] = joinEnv("InitFromEnv", c, le)
+			comms[i], errs[i] = joinEnv(context.Background(), "InitFromEnv", c, le)
 		}()
 	}
 	wg.Wait()
