@@ -182,6 +182,17 @@ func TestJobDuplicateRank(t *testing.T) {
 		"two processes claim rank 1 (pid 11 on hostA, pid 22 on hostB)")
 }
 
+// Host names of the longest kind make reasons that still fit the verdict
+// and pass its MAC.
+func TestJobLongHostNames(t *testing.T) {
+	srv, sec := jobServer(t, true)
+	long := func(c byte) string { return strings.Repeat(string(c), 300) } // cut to 255 on the wire
+	errs, stop := waiters(t, srv, sec, Claim{Rank: 0, NRanks: 2, PID: 1, Host: long('a')})
+	defer stop()
+	expectJobFailure(t, srv, sec, errs, 1, Claim{Rank: 0, NRanks: 2, PID: 2, Host: long('b')},
+		"two processes claim rank 0 (pid 1 on "+long('a')[:255]+", pid 2 on "+long('b')[:255]+")")
+}
+
 // A rank whose connection ended (a retried dial) may join again; once
 // every rank has joined, a newcomer — another job on the same port — is
 // refused alone and the job goes on.

@@ -130,11 +130,18 @@ func serverMAC(s Secret, sNonce, cNonce []byte, claim []byte, verdict byte, reas
 	return m.Sum(nil)
 }
 
-// verdictBytes is the server's answer to a hello (spec.md).
-func verdictBytes(verdict byte, mac []byte, reason string) []byte {
-	if len(reason) > maxReason {
-		reason = reason[:maxReason]
+// clipReason cuts a verdict's reason to what the wire carries (before the
+// MAC covers it).
+func clipReason(r string) string {
+	if len(r) > maxReason {
+		return r[:maxReason]
 	}
+	return r
+}
+
+// verdictBytes is the server's answer to a hello (spec.md); reason is
+// clipped.
+func verdictBytes(verdict byte, mac []byte, reason string) []byte {
 	b := append([]byte{verdict}, mac...)
 	if len(mac) == 0 {
 		b = append(b, make([]byte, macLen)...)
@@ -543,7 +550,7 @@ func (s *Server) handshake(c net.Conn, sc *srvConn) (Claim, bool) {
 		return Claim{}, false
 	}
 	if cl.Rank < 0 || cl.NRanks <= 0 || cl.Rank >= cl.NRanks {
-		reason := fmt.Sprintf("%s of %d ranks is no rank", cl, cl.NRanks)
+		reason := clipReason(fmt.Sprintf("%s of %d ranks is no rank", cl, cl.NRanks))
 		s.refuse(c, reason)
 		c.Write(verdictBytes(verdictJob, serverMAC(s.secret, sNonce, cNonce, claim, verdictJob, reason), reason))
 		return Claim{}, false
@@ -578,6 +585,7 @@ func (s *Server) handshake(c net.Conn, sc *srvConn) (Claim, bool) {
 	}
 	s.mu.Unlock()
 	s.refuse(c, reason)
+	reason = clipReason(reason)
 	c.Write(verdictBytes(verdictJob, serverMAC(s.secret, sNonce, cNonce, claim, verdictJob, reason), reason))
 	return Claim{}, false
 }
