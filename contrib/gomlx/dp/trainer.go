@@ -233,7 +233,7 @@ func (t *Trainer) TrainStep(ctx context.Context, spec any, inputs, labels []*ten
 	t.step++
 	res := &Result{Step: t.step}
 	fail := func(err error) (*Result, error) {
-		return nil, fmt.Errorf("dp: step %d (rank %d): %w", t.step, t.Rank(), err)
+		return nil, fmt.Errorf("dp: step %d (rank %d): %w", res.Step, t.Rank(), err)
 	}
 
 	// Build (or find) the graph for these shapes; a rank that cannot still
@@ -676,4 +676,42 @@ func varsHash(vs []*mlctx.Variable) uint64 {
 		fmt.Fprintln(h, v.ScopeAndName(), v.Shape())
 	}
 	return h.Sum64()
+}
+
+// CheckIdentical returns nil when every rank's variables hash the same as
+// rank 0's (names, shapes and values, bit for bit), else an error naming the
+// ranks that differ. Every rank must call it; all reach the same verdict.
+func (t *Trainer) CheckIdentical(ctx context.Context) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return fmt.Errorf("dp: CheckIdentical (rank %d): trainer closed", t.Rank())
+	}
+	h := fnv.New64a()
+	n := uint64(0)
+	for v := range t.ctx.IterVariables() {
+		x, err := v.Value()
+		if err != nil {
+			return fmt.Errorf("dp: CheckIdentical (rank %d): variable %q: %w", t.Rank(), v.ScopeAndName(), err)
+		}
+		fmt.Fprintln(h, v.ScopeAndName(), v.Shape())
+		if err := x.ConstBytes(func(b []byte) { h.Write(b) }); err != nil {
+			return fmt.Errorf("dp: CheckIdentical (rank %d): variable %q: %w", t.Rank(), v.ScopeAndName(), err)
+		}
+		n++
+	}
+	all := make([]uint64, 2*t.size)
+	if err := collectives.AllGatherSlice(ctx, t.comm, []uint64{h.Sum64(), n}, all, nil); err != nil {
+		return fmt.Errorf("dp: CheckIdentical (rank %d): %w", t.Rank(), err)
+	}
+	var differ []int
+	for r := 1; r < t.size; r++ {
+		if all[2*r] != all[0] || all[2*r+1] != all[1] {
+			differ = append(differ, r)
+		}
+	}
+	if len(differ) > 0 {
+		return fmt.Errorf("dp: the variables of %s differ from rank 0's", rankList(differ))
+	}
+	return nil
 }

@@ -198,10 +198,39 @@ func TestVariablesBitIdenticalAfterEveryStep(t *testing.T) {
 				}
 				sameBits(t, rs, step)
 			}
+			checkAll(t, rs, "")
+			// One rank's variable nudged by one ulp: every rank names it.
+			v := rs[n-1].ctx.GetVariableByScopeAndName("/hidden/dense", "weights")
+			if v == nil {
+				t.Fatal("no variable /hidden/dense/weights")
+			}
+			x, err := v.Value()
+			if err != nil {
+				t.Fatal(err)
+			}
+			tensors.MustMutableFlatData(x, func(f []float32) { f[0] = math.Nextafter32(f[0], 2) })
+			checkAll(t, rs, fmt.Sprintf("the variables of rank %d differ from rank 0's", n-1))
 			if b, _ := rs[0].tr.Buckets(); b < 3 {
 				t.Errorf("%d buckets with BucketBytes 256, want several", b)
 			}
 		})
+	}
+}
+
+// checkAll runs CheckIdentical on every rank and wants want in every error
+// ("": no error).
+func checkAll(t *testing.T, rs []rank, want string) {
+	t.Helper()
+	errs := make([]error, len(rs))
+	var wg sync.WaitGroup
+	for r := range rs {
+		wg.Go(func() { errs[r] = rs[r].tr.CheckIdentical(context.Background()) })
+	}
+	wg.Wait()
+	for r, err := range errs {
+		if (want == "" && err != nil) || (want != "" && (err == nil || !strings.Contains(err.Error(), want))) {
+			t.Fatalf("rank %d: CheckIdentical: %v, want %q", r, err, want)
+		}
 	}
 }
 
@@ -327,7 +356,7 @@ func TestRankThatCannotBuildStopsAll(t *testing.T) {
 		return mlp(8)
 	}, func() optimizers.Interface { return optimizers.StochasticGradientDescent() }, nil)
 	_, errs := stepAll(t, rs, func(int) ([]*tensors.Tensor, []*tensors.Tensor) { return batch(x, y, 0, 4) })
-	if errs[1] == nil || !strings.Contains(errs[1].Error(), "no model on this rank") {
+	if errs[1] == nil || !strings.Contains(errs[1].Error(), "dp: step 1 (rank 1)") || !strings.Contains(errs[1].Error(), "no model on this rank") {
 		t.Fatalf("rank 1: %v", errs[1])
 	}
 	for _, r := range []int{0, 2} {
