@@ -27,3 +27,5 @@ require (
 	google.golang.org/protobuf v1.36.12 // indirect
 	k8s.io/klog/v2 v2.130.1 // indirect
 )
+
+tool github.com/hcomm-dev/hcomm/cmd/hcomm
