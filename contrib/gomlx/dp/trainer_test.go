@@ -18,6 +18,7 @@ import (
 	mlctx "github.com/gomlx/gomlx/pkg/ml/context"
 	"github.com/gomlx/gomlx/pkg/ml/layers"
 	"github.com/gomlx/gomlx/pkg/ml/layers/activations"
+	"github.com/gomlx/gomlx/pkg/ml/layers/batchnorm"
 	"github.com/gomlx/gomlx/pkg/ml/train/losses"
 	"github.com/gomlx/gomlx/pkg/ml/train/metrics"
 	"github.com/gomlx/gomlx/pkg/ml/train/optimizers"
@@ -46,6 +47,18 @@ var backend = sync.OnceValue(func() backends.Backend {
 func mlp(hidden int) func(ctx *mlctx.Context, _ any, in []*graph.Node) []*graph.Node {
 	return func(ctx *mlctx.Context, _ any, in []*graph.Node) []*graph.Node {
 		x := layers.DenseWithBias(ctx.In("hidden"), in[0], hidden)
+		x = activations.Apply(activations.TypeTanh, x)
+		return []*graph.Node{layers.DenseWithBias(ctx.In("out"), x, classes)}
+	}
+}
+
+// mlpBatchNorm is mlp with batch normalization after the hidden layer: its
+// running mean and variance are state the gradient graph changes from the
+// rank's own shard, which the trainer averages across ranks.
+func mlpBatchNorm(hidden int) func(ctx *mlctx.Context, _ any, in []*graph.Node) []*graph.Node {
+	return func(ctx *mlctx.Context, _ any, in []*graph.Node) []*graph.Node {
+		x := layers.DenseWithBias(ctx.In("hidden"), in[0], hidden)
+		x = batchnorm.New(ctx.In("bn"), x, -1).UseBackendInference(false).Done() // SimpleGo lacks the fused op
 		x = activations.Apply(activations.TypeTanh, x)
 		return []*graph.Node{layers.DenseWithBias(ctx.In("out"), x, classes)}
 	}
@@ -173,11 +186,16 @@ func sameBits(t *testing.T, rs []rank, step int) {
 func TestVariablesBitIdenticalAfterEveryStep(t *testing.T) {
 	const global = 32
 	x, y := blobs(8*global, 1)
-	for _, n := range []int{2, 4} {
-		t.Run(fmt.Sprint(n, "ranks"), func(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		model func(int) func(*mlctx.Context, any, []*graph.Node) []*graph.Node
+		n     int
+	}{{"mlp", mlp, 2}, {"mlp", mlp, 4}, {"batchnorm", mlpBatchNorm, 2}, {"batchnorm", mlpBatchNorm, 4}} {
+		n := tc.n
+		t.Run(fmt.Sprintf("%s/%dranks", tc.name, n), func(t *testing.T) {
 			// Adam: its variables appear after the first step and must be
 			// taken from rank 0 too; small buckets: several AllReduces.
-			rs := setup(t, n, 10, func(int) func(*mlctx.Context, any, []*graph.Node) []*graph.Node { return mlp(16) },
+			rs := setup(t, n, 10, func(int) func(*mlctx.Context, any, []*graph.Node) []*graph.Node { return tc.model(16) },
 				func() optimizers.Interface { return optimizers.Adam().Done() },
 				&dp.Config{BucketBytes: 256, Metrics: []dp.Metric{{Name: "accuracy", Fn: metrics.SparseCategoricalAccuracyGraph}}})
 			per := global / n
