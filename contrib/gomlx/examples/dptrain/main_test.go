@@ -2,8 +2,12 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -16,6 +20,72 @@ import (
 	"github.com/hcomm-dev/hcomm/contrib/gomlx/dp"
 	"github.com/hcomm-dev/hcomm/hcomm"
 )
+
+// TestMain makes the test binary a rank of dptrain when hcomm run starts it
+// with DPTRAIN_AS_RANK set: "ok" trains briefly; "mismatch" gives rank 1
+// another bucket size, which every rank must refuse.
+func TestMain(m *testing.M) {
+	mode := os.Getenv("DPTRAIN_AS_RANK")
+	if mode == "" {
+		os.Exit(m.Run())
+	}
+	o := defaults()
+	o.Epochs, o.Samples, o.Baseline = 2, 512, false
+	if mode == "mismatch" && os.Getenv("RANK") == "1" {
+		o.Bucket = 1 << 10
+	}
+	if _, err := Run(o, os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "dptrain:", err)
+		os.Exit(1)
+	}
+	os.Exit(0)
+}
+
+// hcommRun runs this test binary as n ranks under hcomm run (built from the
+// parent module) in mode, and returns the exit code and everything printed.
+func hcommRun(t *testing.T, n int, mode string) (int, string) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("builds hcomm and starts processes")
+	}
+	bin := filepath.Join(t.TempDir(), "hcomm")
+	build := exec.Command("go", "build", "-o", bin, "github.com/hcomm-dev/hcomm/cmd/hcomm")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("building hcomm: %v\n%s", err, out)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	c := exec.CommandContext(ctx, bin, "run", "-n", fmt.Sprint(n), "--", os.Args[0])
+	c.Env = append(os.Environ(), "DPTRAIN_AS_RANK="+mode)
+	out, err := c.CombinedOutput()
+	if ctx.Err() != nil {
+		t.Fatalf("hcomm run did not end:\n%s", out)
+	}
+	var ee *exec.ExitError
+	if err != nil && !errors.As(err, &ee) {
+		t.Fatal(err)
+	}
+	return c.ProcessState.ExitCode(), string(out)
+}
+
+func TestProcessesUnderHcommRun(t *testing.T) {
+	code, out := hcommRun(t, 2, "ok")
+	if code != 0 || !strings.Contains(out, "[0] epoch  2") || !strings.Contains(out, "[0] variables identical on all 2 ranks") {
+		t.Fatalf("exit %d\n%s", code, out)
+	}
+	t.Log("\n" + out)
+}
+
+func TestProcessesRefuseMismatchedModels(t *testing.T) {
+	// hcomm run stops the other rank when the first fails: at least one
+	// reports, naming both ranks, and the run ends instead of hanging.
+	code, out := hcommRun(t, 2, "mismatch")
+	if code == 0 || !strings.Contains(out, "the ranks have different models") ||
+		!strings.Contains(out, "rank 0: model") || !strings.Contains(out, "rank 1: model") {
+		t.Fatalf("exit %d\n%s", code, out)
+	}
+	t.Log("\n" + out)
+}
 
 func TestMLPLearnsOnTwoRanks(t *testing.T) {
 	o := defaults()
