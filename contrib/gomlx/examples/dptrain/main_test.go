@@ -122,7 +122,7 @@ func TestRefusesBadOptions(t *testing.T) {
 	for _, o := range []Options{
 		func() Options { o := defaults(); o.Model = "cnn"; return o }(),
 		func() Options { o := defaults(); o.Ranks, o.Batch = 3, 64; return o }(),
-		func() Options { o := defaults(); o.LR = 0; return o }(),
+		func() Options { o := defaults(); o.LR = -1; return o }(),
 	} {
 		if _, err := Run(o, io.Discard); err == nil {
 			t.Errorf("%+v: no error", o)
@@ -169,7 +169,7 @@ func benchStep(b *testing.B, model string, n int) {
 	labs := make([][]*tensors.Tensor, n)
 	for r, c := range comms {
 		ctx := mlctx.New()
-		ctx.SetParam(optimizers.ParamLearningRate, o.LR)
+		ctx.SetParam(optimizers.ParamLearningRate, 0.003)
 		trs[r], err = dp.NewTrainer(c, backend, ctx, modelFn(o, d.classes), losses.SparseCategoricalCrossEntropyLogits,
 			optimizers.Adam().Done(), &dp.Config{BucketBytes: o.Bucket})
 		if err != nil {
