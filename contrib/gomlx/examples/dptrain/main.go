@@ -48,11 +48,11 @@ type Options struct {
 	Model     string // "mlp" or "attn"
 	Ranks     int    // ranks in this process (ignored under a launcher)
 	Epochs    int
-	Samples   int // training samples in all
-	Batch     int // global batch: split evenly across the ranks
+	Samples   int     // training samples in all
+	Batch     int     // global batch: split evenly across the ranks
 	LR        float64 // 0: 0.01 for the MLP, 0.003 for attention
-	Optimizer string // "adam" or "sgd"
-	Bucket    int    // dp.Config.BucketBytes
+	Optimizer string  // "adam" or "sgd"
+	Bucket    int     // dp.Config.BucketBytes
 	Seed      uint64
 	Baseline  bool // also train on one rank and report the speed-up
 }
