@@ -32,6 +32,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"math"
+	"reflect"
 	"strings"
 	"sync"
 	"time"
@@ -242,12 +243,15 @@ func (t *Trainer) TrainStep(ctx context.Context, spec any, inputs, labels []*ten
 	d[wStep] = uint64(t.step)
 	lay, buildErr := t.prepare(spec, inputs, labels)
 	var newVars []*mlctx.Variable
+	var packed []byte // the new variables' values: rank 0's to send, the others' to receive
 	if buildErr == nil {
 		d[wModel], d[wParams] = lay.hash, uint64(lay.params)
 		d[wBatch], d[wBatchSize] = batchHash(spec, inputs, labels)
 		newVars = t.unsynced()
 		d[wNewVars], d[wNewCount] = varsHash(newVars), uint64(len(newVars))
-	} else {
+		packed, buildErr = t.pack(newVars)
+	}
+	if buildErr != nil {
 		d[wStatus] = statusFailed
 	}
 	tc := time.Now()
@@ -258,7 +262,7 @@ func (t *Trainer) TrainStep(ctx context.Context, spec any, inputs, labels []*ten
 		}
 		return nil, err
 	}
-	if err := t.broadcast(ctx, newVars); err != nil {
+	if err := t.broadcast(ctx, newVars, packed); err != nil {
 		return fail(err)
 	}
 	res.Timing.Comm += time.Since(tc)
@@ -324,6 +328,9 @@ func (t *Trainer) TrainStep(ctx context.Context, spec any, inputs, labels []*ten
 func (t *Trainer) prepare(spec any, inputs, labels []*tensors.Tensor) (lay *layout, err error) {
 	if len(inputs) == 0 {
 		return nil, errors.New("no inputs: at least one is required")
+	}
+	if spec != nil && !reflect.TypeOf(spec).Comparable() {
+		return nil, fmt.Errorf("spec of type %T cannot be a map key", spec)
 	}
 	for i, x := range append(append([]*tensors.Tensor(nil), inputs...), labels...) {
 		if x == nil {
@@ -520,6 +527,15 @@ func (t *Trainer) allReduce(ctx context.Context, lay *layout, outs []*tensors.Te
 		}
 		t.events = append(t.events, ev)
 	}
+	summed := make([]*tensors.Tensor, 0, nb)
+	fail := func(err error) ([]*tensors.Tensor, []float64, error) {
+		// Nothing may be left running against the staging memory.
+		_ = t.stream.Synchronize(ctx)
+		for _, x := range summed {
+			x.FinalizeAll()
+		}
+		return nil, nil, err
+	}
 	// enqueue copies x into the staging memory at off and enqueues its AllReduce.
 	enqueue := func(i int, x *tensors.Tensor, off int64, count int, dt hcomm.DataType) error {
 		var cerr error
@@ -536,25 +552,16 @@ func (t *Trainer) allReduce(ctx context.Context, lay *layout, outs []*tensors.Te
 		return t.events[i].Record(t.stream)
 	}
 	if err := enqueue(nb, outs[0], offs[nb], nStats, hcomm.Float64); err != nil {
-		return nil, nil, err
+		return fail(err)
 	}
 	for i, b := range lay.buckets {
 		dt, err := wireType(b.dtype)
 		if err != nil {
-			return nil, nil, err
+			return fail(err)
 		}
 		if err := enqueue(i, outs[1+i], offs[i], b.n, dt); err != nil {
-			return nil, nil, err
+			return fail(err)
 		}
-	}
-	summed := make([]*tensors.Tensor, 0, nb)
-	fail := func(err error) ([]*tensors.Tensor, []float64, error) {
-		// Nothing may be left running against the staging memory.
-		_ = t.stream.Synchronize(ctx)
-		for _, x := range summed {
-			x.FinalizeAll()
-		}
-		return nil, nil, err
 	}
 	if err := t.events[nb].Synchronize(ctx); err != nil {
 		return fail(err)
@@ -596,29 +603,41 @@ func (t *Trainer) unsynced() []*mlctx.Variable {
 	return vs
 }
 
-// broadcast replaces vs's values by rank 0's, packed in one Broadcast.
-func (t *Trainer) broadcast(ctx context.Context, vs []*mlctx.Variable) error {
-	if len(vs) == 0 {
-		return nil
-	}
+// pack returns room for vs's values, filled with this rank's on rank 0 (the
+// values it will broadcast): it fails before the ranks agree, never during
+// the broadcast.
+func (t *Trainer) pack(vs []*mlctx.Variable) ([]byte, error) {
 	total := 0
 	for _, v := range vs {
 		total += int(v.Shape().Memory())
 	}
 	buf := make([]byte, total)
-	if t.Rank() == 0 {
-		off := 0
-		for _, v := range vs {
-			x, err := v.Value()
-			if err != nil {
-				return fmt.Errorf("variable %q: %w", v.ScopeAndName(), err)
-			}
-			if err := x.ConstBytes(func(data []byte) { off += copy(buf[off:], data) }); err != nil {
-				return fmt.Errorf("variable %q: %w", v.ScopeAndName(), err)
-			}
+	if t.Rank() != 0 {
+		return buf, nil
+	}
+	off := 0
+	for _, v := range vs {
+		x, err := v.Value()
+		if err != nil {
+			return nil, fmt.Errorf("variable %q: %w", v.ScopeAndName(), err)
+		}
+		if err := x.ConstBytes(func(data []byte) { off += copy(buf[off:], data) }); err != nil {
+			return nil, fmt.Errorf("variable %q: %w", v.ScopeAndName(), err)
 		}
 	}
-	if t.size > 1 {
+	if off != total {
+		return nil, fmt.Errorf("the values of %d variables hold %d bytes, their shapes %d", len(vs), off, total)
+	}
+	return buf, nil
+}
+
+// broadcast replaces vs's values by rank 0's, packed in buf, in one
+// Broadcast.
+func (t *Trainer) broadcast(ctx context.Context, vs []*mlctx.Variable, buf []byte) error {
+	if len(vs) == 0 {
+		return nil
+	}
+	if t.size > 1 && len(buf) > 0 {
 		if err := collectives.BroadcastSlice(ctx, t.comm, buf, 0, nil); err != nil {
 			return fmt.Errorf("broadcasting %d variables from rank 0: %w", len(vs), err)
 		}
@@ -628,8 +647,10 @@ func (t *Trainer) broadcast(ctx context.Context, vs []*mlctx.Variable) error {
 		n := int(v.Shape().Memory())
 		if t.Rank() != 0 {
 			x := tensors.FromShape(v.Shape())
-			if err := x.MutableBytes(func(data []byte) { copy(data, buf[off:off+n]) }); err != nil {
-				return err
+			if n > 0 {
+				if err := x.MutableBytes(func(data []byte) { copy(data, buf[off:off+n]) }); err != nil {
+					return err
+				}
 			}
 			if err := v.SetValue(x); err != nil {
 				return fmt.Errorf("variable %q: %w", v.ScopeAndName(), err)

@@ -383,3 +383,23 @@ func TestRankThatCannotBuildStopsAll(t *testing.T) {
 		}
 	}
 }
+
+func TestRefusesSpecThatIsNoMapKey(t *testing.T) {
+	x, y := blobs(16, 6)
+	rs := setup(t, 2, 60, func(int) func(*mlctx.Context, any, []*graph.Node) []*graph.Node { return mlp(8) },
+		func() optimizers.Interface { return optimizers.StochasticGradientDescent() }, nil)
+	errs := make([]error, len(rs))
+	var wg sync.WaitGroup
+	for r := range rs {
+		wg.Go(func() {
+			in, lab := batch(x, y, 0, 4)
+			_, errs[r] = rs[r].tr.TrainStep(context.Background(), []int{1}, in, lab)
+		})
+	}
+	wg.Wait()
+	for r, err := range errs {
+		if err == nil || !strings.Contains(err.Error(), "spec of type []int cannot be a map key") {
+			t.Fatalf("rank %d: %v", r, err)
+		}
+	}
+}
