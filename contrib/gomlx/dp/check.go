@@ -54,7 +54,7 @@ func (t *Trainer) agree(ctx context.Context, d [nWords]uint64) error {
 	}
 	fields := []field{
 		{wStep, "are at different steps", func(r int) string { return fmt.Sprintf("step %d", word(r, wStep)) }},
-		{wModel, "have different models (trainable variables, their shapes and dtypes, the optimizer or the bucket size)", func(r int) string {
+		{wModel, "have different models (trainable variables, their shapes and dtypes, the optimizer, the metrics or the bucket size)", func(r int) string {
 			return fmt.Sprintf("model %016x with %d parameters", word(r, wModel), word(r, wParams))
 		}},
 		{wBatchSize, "have different batch sizes", func(r int) string { return fmt.Sprintf("batch size %d", int64(word(r, wBatchSize))) }},

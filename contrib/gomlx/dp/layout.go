@@ -61,10 +61,10 @@ func wireType(dt dtypes.DType) (hcomm.DataType, error) {
 // (a larger variable gets a bucket of its own); a bucket holds one dtype.
 // Gradients come in the Context's order, so that the first bucket holds the
 // first layers: the order the optimizer applies them in.
-func newLayout(vars, state []*mlctx.Variable, bucketBytes int, lossDType dtypes.DType, optimizer string) (*layout, error) {
+func newLayout(vars, state []*mlctx.Variable, bucketBytes int, lossDType dtypes.DType, graphs string) (*layout, error) {
 	l := &layout{vars: vars, state: state, lossDType: lossDType}
 	h := fnv.New64a()
-	fmt.Fprintf(h, "optimizer %s; loss %s; bucket %d\n", optimizer, lossDType, bucketBytes)
+	fmt.Fprintf(h, "%s; loss %s; bucket %d\n", graphs, lossDType, bucketBytes)
 	open := map[dtypes.DType]int{} // dtype -> index of its bucket still filling
 	add := func(v *mlctx.Variable, index int, state bool) error {
 		dt := v.DType()

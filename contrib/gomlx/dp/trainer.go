@@ -53,6 +53,10 @@ import (
 // DefaultBucketBytes is Config.BucketBytes when it is 0.
 const DefaultBucketBytes = 256 << 10
 
+// testHookDescriptor, when set by a test, may change a rank's step
+// descriptor before the ranks compare them.
+var testHookDescriptor func(rank int, d []uint64)
+
 // Config tunes a Trainer; the zero value is usable.
 type Config struct {
 	// BucketBytes is the most bytes of gradients averaged by one AllReduce;
@@ -100,7 +104,7 @@ type Trainer struct {
 	modelFn   train.ModelFn
 	lossFn    train.LossFn
 	opt       train.OptimizeWithGradients
-	optName   string
+	graphs    string // the optimizer and the metrics, as the layout hash sees them
 	cfg       Config
 	mu        sync.Mutex
 	specs     map[any]*specGraphs
@@ -143,10 +147,17 @@ func NewTrainer(comm *hcomm.Comm, backend backends.Backend, ctx *mlctx.Context, 
 		return nil, fmt.Errorf("dp: NewTrainer (rank %d): optimizer %T does not implement UpdateGraphWithGradients", comm.Rank(), optimizer)
 	}
 	t := &Trainer{comm: comm, size: comm.Size(), backend: backend, ctx: ctx, modelFn: modelFn, lossFn: lossFn,
-		opt: opt, optName: fmt.Sprintf("%T", optimizer), specs: map[any]*specGraphs{}, synced: map[*mlctx.Variable]bool{}}
+		opt: opt, specs: map[any]*specGraphs{}, synced: map[*mlctx.Variable]bool{}}
 	if cfg != nil {
 		t.cfg = *cfg
 	}
+	names := make([]string, len(t.cfg.Metrics))
+	for i, m := range t.cfg.Metrics {
+		names[i] = m.Name
+	}
+	// What the ranks must share besides the variables: it enters the
+	// layout's hash.
+	t.graphs = fmt.Sprintf("optimizer %T; metrics %q", optimizer, names)
 	if t.cfg.BucketBytes == 0 {
 		t.cfg.BucketBytes = DefaultBucketBytes
 	}
@@ -253,6 +264,9 @@ func (t *Trainer) TrainStep(ctx context.Context, spec any, inputs, labels []*ten
 	}
 	if buildErr != nil {
 		d[wStatus] = statusFailed
+	}
+	if testHookDescriptor != nil {
+		testHookDescriptor(t.Rank(), d[:])
 	}
 	tc := time.Now()
 	if err := t.agree(ctx, d); err != nil {
@@ -427,7 +441,7 @@ func (t *Trainer) gradGraph(sg *specGraphs, spec any) func(*mlctx.Context, []*gr
 				state = append(state, v)
 			}
 		}
-		lay, err := newLayout(vars, state, t.cfg.BucketBytes, loss.DType(), t.optName)
+		lay, err := newLayout(vars, state, t.cfg.BucketBytes, loss.DType(), t.graphs)
 		if err != nil {
 			sg.err = err
 			panic(err)
@@ -587,6 +601,12 @@ func (t *Trainer) allReduce(ctx context.Context, lay *layout, outs []*tensors.Te
 		if cerr != nil {
 			return fail(cerr)
 		}
+	}
+	// An event completes when its task has run, failed or not: a failed
+	// AllReduce (a peer lost, a call its peers did not make alike) shows
+	// only in the stream's error, and its bucket holds no sum.
+	if err := t.stream.Synchronize(ctx); err != nil {
+		return fail(err)
 	}
 	return summed, stats, nil
 }

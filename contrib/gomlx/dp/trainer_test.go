@@ -329,6 +329,59 @@ func TestRefusesMismatchedModels(t *testing.T) {
 	t.Log(me)
 }
 
+// metricsMismatch makes two ranks, rank 1 with one more metric than rank 0.
+func metricsMismatch(t *testing.T) []rank {
+	t.Helper()
+	comms, err := hcomm.InitAll(2, &hcomm.Config{Name: "dp-test", BufferSize: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs := make([]rank, 2)
+	for r, c := range comms {
+		t.Cleanup(func() { c.Destroy() })
+		cfg := &dp.Config{}
+		if r == 1 {
+			cfg.Metrics = []dp.Metric{{Name: "accuracy", Fn: metrics.SparseCategoricalAccuracyGraph}}
+		}
+		ctx := mlctx.New()
+		tr, err := dp.NewTrainer(c, backend(), ctx, mlp(8), losses.SparseCategoricalCrossEntropyLogits,
+			optimizers.StochasticGradientDescent(), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { tr.Close() })
+		rs[r] = rank{tr: tr, ctx: ctx}
+	}
+	return rs
+}
+
+func TestRefusesMismatchedMetrics(t *testing.T) {
+	// Rank 1 would all-reduce one more metric than rank 0.
+	x, y := blobs(16, 7)
+	rs := metricsMismatch(t)
+	me := refusal(t, rs, x, y, func(int) int { return 4 })
+	if fmt.Sprint(me.Groups) != "[[0] [1]]" || !strings.Contains(me.What, "different models") {
+		t.Fatalf("%v (groups %v)", me, me.Groups)
+	}
+}
+
+func TestFailedAllReduceFailsTheStep(t *testing.T) {
+	// The ranks are made to agree on models that differ in their metrics:
+	// the metrics' AllReduce then has another count on each rank, which
+	// hcomm refuses on the stream. Every rank must return that error, not
+	// apply what the buckets hold.
+	x, y := blobs(16, 8)
+	rs := metricsMismatch(t)
+	dp.SetTestHookDescriptor(func(_ int, d []uint64) { d[dp.WordModel] = 1 })
+	defer dp.SetTestHookDescriptor(nil)
+	_, errs := stepAll(t, rs, func(int) ([]*tensors.Tensor, []*tensors.Tensor) { return batch(x, y, 0, 4) })
+	for r, err := range errs {
+		if err == nil || !strings.Contains(err.Error(), "collective mismatch") {
+			t.Fatalf("rank %d: %v, want hcomm's collective mismatch", r, err)
+		}
+	}
+}
+
 func TestRefusesMismatchedBatchSizes(t *testing.T) {
 	x, y := blobs(64, 4)
 	rs := setup(t, 2, 40, func(int) func(*mlctx.Context, any, []*graph.Node) []*graph.Node { return mlp(8) },
