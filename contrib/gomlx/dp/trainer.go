@@ -124,9 +124,10 @@ type specGraphs struct {
 	grad     *mlctx.Exec
 	nInputs  int
 	nLabels  int
-	layouts  map[string]*layout
-	building string // the shape key the graph function is building for
-	err      error  // a refusal raised while building, returned by PreCompile
+	layouts  map[string]*layout // by shape key, each with its update graph
+	building bool               // PreCompile is building the graph: record its layout in pending
+	pending  *layout
+	err      error // a refusal raised while building, returned by PreCompile
 }
 
 // NewTrainer returns rank comm.Rank()'s trainer of the model modelFn, with
@@ -182,7 +183,7 @@ func NewTrainer(comm *hcomm.Comm, backend backends.Backend, ctx *mlctx.Context, 
 	return t, nil
 }
 
-// Rank is the trainer's rank; Size the number of ranks.
+// Rank is the trainer's rank.
 func (t *Trainer) Rank() int { return t.comm.Rank() }
 
 // Size is the number of ranks.
@@ -211,7 +212,7 @@ func (t *Trainer) Close() error {
 	for _, sg := range t.specs {
 		sg.grad.Finalize()
 		for _, l := range sg.layouts {
-			l.update.Finalize()
+			l.update.Finalize() // a layout is kept only with its update graph
 		}
 	}
 	t.specs = nil
@@ -374,16 +375,15 @@ func (t *Trainer) prepare(spec any, inputs, labels []*tensors.Tensor) (lay *layo
 	for _, x := range labels {
 		args = append(args, x)
 	}
-	sg.building, sg.err = key, nil
+	sg.building, sg.pending, sg.err = true, nil, nil
 	err = sg.grad.PreCompile(args...)
-	sg.building = ""
+	lay, sg.building, sg.pending = sg.pending, false, nil
 	if sg.err != nil {
 		return nil, sg.err
 	}
 	if err != nil {
 		return nil, fmt.Errorf("building the gradient graph: %w", err)
 	}
-	lay = sg.layouts[key]
 	if lay == nil {
 		return nil, errors.New("the gradient graph was compiled without recording its layout")
 	}
@@ -394,6 +394,7 @@ func (t *Trainer) prepare(spec any, inputs, labels []*tensors.Tensor) (lay *layo
 	if err != nil {
 		return nil, err
 	}
+	sg.layouts[key] = lay
 	return lay, nil
 }
 
@@ -462,10 +463,8 @@ func (t *Trainer) gradGraph(sg *specGraphs, spec any) func(*mlctx.Context, []*gr
 				outs = append(outs, graph.Concatenate(parts, 0))
 			}
 		}
-		if sg.building != "" {
-			if old := sg.layouts[sg.building]; old == nil || old.hash != lay.hash {
-				sg.layouts[sg.building] = lay
-			}
+		if sg.building {
+			sg.pending = lay
 		}
 		return outs
 	}
