@@ -13,6 +13,7 @@ import (
 
 	"github.com/gomlx/gomlx/backends"
 	"github.com/gomlx/gomlx/backends/simplego"
+	"github.com/gomlx/gomlx/pkg/core/dtypes"
 	"github.com/gomlx/gomlx/pkg/core/graph"
 	"github.com/gomlx/gomlx/pkg/core/tensors"
 	mlctx "github.com/gomlx/gomlx/pkg/ml/context"
@@ -453,6 +454,48 @@ func TestRefusesSpecThatIsNoMapKey(t *testing.T) {
 	for r, err := range errs {
 		if err == nil || !strings.Contains(err.Error(), "spec of type []int cannot be a map key") {
 			t.Fatalf("rank %d: %v", r, err)
+		}
+	}
+}
+
+func TestFloat64Model(t *testing.T) {
+	// float64 variables travel in float64 buckets: two ranks match one
+	// rank on the global batch to float64 summation order.
+	const global, steps = 16, 4
+	x32, y := blobs(steps*global, 9)
+	x := make([]float64, len(x32))
+	for i, v := range x32 {
+		x[i] = float64(v)
+	}
+	shard := func(from, n int) ([]*tensors.Tensor, []*tensors.Tensor) {
+		return []*tensors.Tensor{tensors.FromFlatDataAndDimensions(append([]float64(nil), x[from*features:(from+n)*features]...), n, features)},
+			[]*tensors.Tensor{tensors.FromFlatDataAndDimensions(append([]int32(nil), y[from:from+n]...), n, 1)}
+	}
+	sgd := func() optimizers.Interface { return optimizers.StochasticGradientDescent().WithDecay(false) }
+	model := func(int) func(*mlctx.Context, any, []*graph.Node) []*graph.Node { return mlp(8) }
+	trajectory := func(n int) []float64 {
+		rs := setup(t, n, 70, model, sgd, nil)
+		per := global / n
+		var ls []float64
+		for step := range steps {
+			res, errs := stepAll(t, rs, func(r int) ([]*tensors.Tensor, []*tensors.Tensor) { return shard(step*global+r*per, per) })
+			if err := errors.Join(errs...); err != nil {
+				t.Fatal(err)
+			}
+			sameBits(t, rs, step)
+			ls = append(ls, res[0].Loss)
+		}
+		for v := range rs[0].ctx.IterVariables() {
+			if v.Trainable && v.DType() != dtypes.Float64 {
+				t.Fatalf("variable %q is %s, want Float64", v.ScopeAndName(), v.DType())
+			}
+		}
+		return ls
+	}
+	one, two := trajectory(1), trajectory(2)
+	for i := range one {
+		if d := math.Abs(two[i] - one[i]); d > 1e-12*math.Max(1, math.Abs(one[i])) {
+			t.Errorf("step %d: two ranks' loss %.17g, one rank's %.17g", i, two[i], one[i])
 		}
 	}
 }
