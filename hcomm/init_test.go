@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/hcomm-dev/hcomm/hcomm"
+	"github.com/hcomm-dev/hcomm/hcommtest"
 	"github.com/hcomm-dev/hcomm/internal/bootstrap"
 )
 
@@ -71,24 +72,14 @@ func initRanks(t *testing.T, n int, init func(rank int) (*hcomm.Comm, error)) []
 	return comms
 }
 
-// work runs rankWork on every rank concurrently.
+// work runs rankWork on every rank concurrently (hcommtest.Each).
 func work(t *testing.T, comms []*hcomm.Comm, transport string, collSizes []int) {
 	t.Helper()
-	errs := make([]error, len(comms))
-	var wg sync.WaitGroup
-	for r, c := range comms {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[r] = rankWork(c, transport, collSizes)
-		}()
-	}
-	wg.Wait()
-	for _, err := range errs {
-		if err != nil {
+	hcommtest.Each(t, comms, func(t testing.TB, c *hcomm.Comm) {
+		if err := rankWork(c, transport, collSizes); err != nil {
 			t.Fatal(err)
 		}
-	}
+	})
 }
 
 func testCfg() *hcomm.Config {
@@ -116,20 +107,13 @@ func TestInitRootInfoInProcess(t *testing.T) {
 // Every transport of this build, forced inside one process, carries the same
 // workload; and a ROCE channel is a tcp channel.
 func TestInitAllForcedTransports(t *testing.T) {
-	for _, tr := range hcomm.Transports() {
-		t.Run(tr, func(t *testing.T) {
-			cfg := testCfg()
-			cfg.Transport = tr
-			comms, err := hcomm.InitAll(3, cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer func() {
-				for _, c := range comms {
-					c.Destroy()
-				}
-			}()
-			work(t, comms, tr, []int{0, 1, 7, 1023, 70000})
+	for _, tr := range hcommtest.Transports() {
+		if tr.Processes {
+			continue
+		}
+		t.Run(tr.String(), func(t *testing.T) {
+			comms := hcommtest.Options{Config: testCfg()}.New(t, 3, tr)
+			work(t, comms, tr.Name, []int{0, 1, 7, 1023, 70000})
 		})
 	}
 	if !slices.Contains(hcomm.Transports(), hcomm.TransportTCP) {

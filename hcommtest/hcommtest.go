@@ -30,12 +30,13 @@ type Transport struct {
 
 // The transports by name.
 var (
-	Auto         = Transport{}
-	Inproc       = Transport{Name: hcomm.TransportInproc}
-	Shm          = Transport{Name: hcomm.TransportShm}
-	TCP          = Transport{Name: hcomm.TransportTCP}
-	ShmProcesses = Transport{Name: hcomm.TransportShm, Processes: true}
-	TCPProcesses = Transport{Name: hcomm.TransportTCP, Processes: true}
+	Auto          = Transport{}
+	Inproc        = Transport{Name: hcomm.TransportInproc}
+	Shm           = Transport{Name: hcomm.TransportShm}
+	TCP           = Transport{Name: hcomm.TransportTCP}
+	AutoProcesses = Transport{Processes: true}
+	ShmProcesses  = Transport{Name: hcomm.TransportShm, Processes: true}
+	TCPProcesses  = Transport{Name: hcomm.TransportTCP, Processes: true}
 )
 
 // String names the transport as a subtest name: "inproc", "shm", "tcp",

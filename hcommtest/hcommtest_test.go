@@ -75,7 +75,8 @@ func TestRunEveryTransport(t *testing.T) {
 }
 
 func TestTransportString(t *testing.T) {
-	for tr, want := range map[Transport]string{Auto: "auto", Inproc: "inproc", Shm: "shm", TCP: "tcp", ShmProcesses: "shm-procs", TCPProcesses: "tcp-procs"} {
+	for tr, want := range map[Transport]string{Auto: "auto", Inproc: "inproc", Shm: "shm", TCP: "tcp",
+		AutoProcesses: "auto-procs", ShmProcesses: "shm-procs", TCPProcesses: "tcp-procs"} {
 		if got := tr.String(); got != want {
 			t.Errorf("%#v.String() = %q, want %q", tr, got, want)
 		}
