@@ -167,7 +167,15 @@ func (res *result) err() error {
 	var errs []error
 	for _, r := range res.order {
 		for _, rt := range res.ranks {
-			if rt.rank == r {
+			if rt.rank != r {
+				continue
+			}
+			rt.mu.Lock()
+			err := rt.err
+			rt.mu.Unlock()
+			if err != nil {
+				errs = append(errs, fmt.Errorf("rank %d: %w", r, err))
+			} else {
 				errs = append(errs, fmt.Errorf("rank %d: %s", r, strings.Join(rt.messages(), "; ")))
 			}
 		}
@@ -219,7 +227,8 @@ type rankT struct {
 	skipped  bool
 	skipMsg  string
 	msgs     []string
-	detached bool // the rank outlived its each: drop what it logs
+	err      error // Go's: what the rank returned
+	detached bool  // the rank outlived its each: drop what it logs
 }
 
 // Helper marks rankT's own methods as helpers. A function of the test that

@@ -194,7 +194,11 @@ func (o Options) Each(t testing.TB, comms []*hcomm.Comm, fn RankFunc) {
 func (o Options) Go(comms []*hcomm.Comm, fn func(c *hcomm.Comm) error) error {
 	res := o.each(nil, comms, labelOf(comms), func(t testing.TB, c *hcomm.Comm) {
 		if err := fn(c); err != nil {
-			t.Error(err)
+			rt := t.(*rankT)
+			rt.mu.Lock()
+			rt.err = err
+			rt.mu.Unlock()
+			rt.Fail()
 		}
 	})
 	return res.err()

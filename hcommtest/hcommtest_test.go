@@ -260,8 +260,8 @@ func TestGoReturnsErrors(t *testing.T) {
 		}
 		return nil
 	})
-	if err == nil || !strings.Contains(err.Error(), "rank 2: rank-local check: bad input") {
-		t.Fatalf("Go: %v", err)
+	if err == nil || !strings.Contains(err.Error(), "rank 2: rank-local check: bad input") || !errors.Is(err, errBad) {
+		t.Fatalf("Go: %v (errors.Is(err, errBad) = %v)", err, errors.Is(err, errBad))
 	}
 	// The communicators were aborted: a later collective fails at once.
 	if err := Go(comms, func(c *hcomm.Comm) error {
