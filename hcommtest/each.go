@@ -131,9 +131,9 @@ func (o Options) each(t testing.TB, comms []*hcomm.Comm, label string, fn RankFu
 	return res
 }
 
-// report fails t with what went wrong; the ranks' own messages are already
-// in t's log.
-func (res *result) report(t testing.TB) {
+// report fails t with what went wrong, and says whether anything did; the
+// ranks' own messages are already in t's log.
+func (res *result) report(t testing.TB) bool {
 	t.Helper()
 	if len(res.hung) > 0 {
 		t.Errorf("hcommtest: %s", res.hangText())
@@ -144,6 +144,7 @@ func (res *result) report(t testing.TB) {
 	if res.partial != "" {
 		t.Errorf("hcommtest: %s", res.partial)
 	}
+	return len(res.hung) > 0 || len(res.order) > 0 || res.partial != ""
 }
 
 func (res *result) hangText() string {

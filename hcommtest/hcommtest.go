@@ -177,8 +177,7 @@ func (o Options) New(t testing.TB, n int, tr Transport) []*hcomm.Comm {
 func (o Options) Each(t testing.TB, comms []*hcomm.Comm, fn RankFunc) {
 	t.Helper()
 	res := o.each(t, comms, labelOf(comms), fn)
-	res.report(t)
-	if t.Failed() {
+	if res.report(t) {
 		t.FailNow()
 	}
 	if res.skipped != "" {

@@ -298,6 +298,16 @@ func TestEachAndSkips(t *testing.T) {
 		t.Errorf("rank 1 skipped: skipped %v failed %v\n%s", f.skipped, f.failed, f.text())
 	}
 	Each(t, comms, allReduce) // still usable: nothing failed
+
+	// An earlier failure of the test is not this Each's: it returns.
+	f = capture(t, func(tb testing.TB) {
+		tb.Error("an earlier check")
+		Each(tb, comms, allReduce)
+		tb.Log("after Each")
+	})
+	if !strings.Contains(f.text(), "after Each") {
+		t.Errorf("Each stopped a test that had failed before it:\n%s", f.text())
+	}
 }
 
 // What a rank leaves behind fails the Run: a goroutine, a descriptor.
