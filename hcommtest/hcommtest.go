@@ -85,6 +85,13 @@ type Options struct {
 	// (until the test ends for New), or the GOMAXPROCS of each rank process.
 	// Setting it in this process affects every test running in parallel.
 	GOMAXPROCS int
+	// Env, for ranks as processes, gives variables to add to rank's process
+	// after hcommtest's own (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+	// MASTER_ADDR, MASTER_PORT, HCOMM_SECRET, HCOMM_TRANSPORT), so that it
+	// may replace or clear them: a test of mpirun's variables clears RANK and
+	// sets OMPI_COMM_WORLD_RANK. port is the free port hcommtest picked for
+	// rank 0's bootstrap store. Unused for ranks as goroutines.
+	Env func(rank, port int) []string
 }
 
 // RankFunc is the body of one rank. t fails only this rank (the test as a
