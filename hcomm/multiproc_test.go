@@ -327,16 +327,17 @@ func TestMultiProcessLaunchers(t *testing.T) {
 		},
 	} {
 		t.Run(name, func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-			defer cancel()
-			port := freePort(t)
-			procs := launchRanks(t, ctx, 3, "work", nil, func(r int) []string {
-				// No torchrun variables: the launcher's own must be enough.
-				base := []string{"RANK=", "WORLD_SIZE=", "LOCAL_RANK=", "MASTER_ADDR=", "MASTER_PORT=", "HCOMM_SECRET=",
-					"HCOMM_TEST_WANT_TRANSPORT=", "HCOMM_TEST_SIZES=7", "HCCL_EXEC_TIMEOUT=60"}
+			o := procCfg
+			o.Env = func(r, port int) []string {
+				// No torchrun variables, no secret: the launcher's own must be enough.
+				base := []string{"RANK=", "WORLD_SIZE=", "LOCAL_RANK=", "LOCAL_WORLD_SIZE=", "MASTER_ADDR=", "MASTER_PORT=", "HCOMM_SECRET="}
 				return append(base, env(r, port)...)
+			}
+			o.Run(t, 3, hcommtest.AutoProcesses, func(t testing.TB, c *hcomm.Comm) {
+				if err := rankWork(c, "", []int{7}); err != nil {
+					t.Fatal(err)
+				}
 			})
-			waitAll(t, procs)
 		})
 	}
 }
