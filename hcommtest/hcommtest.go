@@ -196,7 +196,8 @@ func (o Options) Each(t testing.TB, comms []*hcomm.Comm, fn RankFunc) {
 // communicator of comms concurrently, aborts every communicator when one
 // returns an error or panics, and returns an error naming each rank that
 // failed (the first to fail first) or was still running at the timeout, nil
-// when all returned nil. The goroutine stacks of a hang are in the error.
+// when all returned nil. The ranks' errors are wrapped (errors.Is and
+// errors.As see them); the goroutine stacks of a hang are in the error.
 func (o Options) Go(comms []*hcomm.Comm, fn func(c *hcomm.Comm) error) error {
 	res := o.each(nil, comms, labelOf(comms), func(t testing.TB, c *hcomm.Comm) {
 		if err := fn(c); err != nil {
