@@ -106,9 +106,16 @@ func (e *Event) live(op string) error {
 
 // Record captures the work enqueued on s so far (aclrtRecordEvent /
 // cuEventRecord): the event completes when that work has. s must belong to the
-// event's device.
+// event's device; a nil s is that device's default stream (DefaultStream), as
+// ACL and CUDA take a NULL stream.
 func (e *Event) Record(s *Stream) error {
 	const op = "Event.Record"
+	if s == nil && e != nil {
+		var err error
+		if s, err = s.orDefault(op, e.dev); err != nil {
+			return err
+		}
+	}
 	if err := s.usable(op); err != nil {
 		return err
 	}
@@ -241,9 +248,16 @@ func (start *Event) ElapsedTime(end *Event) (float32, error) {
 }
 
 // Reset enqueues on s the return of the event to the never-recorded state
-// (aclrtResetEvent). Waits enqueued before it are not affected.
+// (aclrtResetEvent). Waits enqueued before it are not affected. A nil s is the
+// event's device's default stream.
 func (e *Event) Reset(s *Stream) error {
 	const op = "Event.Reset"
+	if s == nil && e != nil {
+		var err error
+		if s, err = s.orDefault(op, e.dev); err != nil {
+			return err
+		}
+	}
 	if err := s.usable(op); err != nil {
 		return err
 	}
@@ -285,6 +299,7 @@ func (e *Event) Destroy() error {
 // WaitEvent makes the tasks enqueued on s after this call wait until the work
 // e holds now is complete (aclrtStreamWaitEvent / cuStreamWaitEvent). A never
 // recorded event adds no wait. A later Record of e does not change this wait.
+// A nil s is the default stream of e's device.
 func (s *Stream) WaitEvent(e *Event) error { return s.WaitEventWithTimeout(e, -1) }
 
 // WaitEventWithTimeout is WaitEvent with a bound (aclrtStreamWaitEventWithTimeout):
@@ -292,6 +307,12 @@ func (s *Stream) WaitEvent(e *Event) error { return s.WaitEventWithTimeout(e, -1
 // with ErrWaitTimeout. A negative timeout waits forever.
 func (s *Stream) WaitEventWithTimeout(e *Event, timeout time.Duration) error {
 	const op = "Stream.WaitEvent"
+	if s == nil && e != nil {
+		var err error
+		if s, err = s.orDefault(op, e.dev); err != nil {
+			return err
+		}
+	}
 	if err := s.usable(op); err != nil {
 		return err
 	}
