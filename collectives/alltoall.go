@@ -120,21 +120,16 @@ func alltoall(c *hcomm.Comm, name string, h header, send device.Ptr, sc_, sd []i
 	})
 }
 
-// countTable writes counts (one int64 per rank, little-endian) into this
-// rank's scratch slot by a stream task, for a hello to carry.
+// countTable copies counts (one int64 per rank, little-endian) into this
+// rank's scratch slot by a stream copy, for a hello to carry.
 func (s *sched) countTable(counts []int64) device.Ptr {
 	p := s.mySlot(s.st.lay.scratchOff())
-	dev := s.st.comm.Device()
-	vals := append([]int64(nil), counts...)
-	s.launch("collective counts", func() error {
-		b, err := dev.Bytes(p, int64(8*len(vals)))
-		if err != nil {
-			return err
-		}
-		for i, v := range vals {
-			binary.LittleEndian.PutUint64(b[8*i:], uint64(v))
-		}
-		return nil
-	})
+	b := make([]byte, 8*len(counts))
+	for i, v := range counts {
+		binary.LittleEndian.PutUint64(b[8*i:], uint64(v))
+	}
+	if s.ok() {
+		s.do(s.t.Stream().MemcpyHtoDAsync(p, b))
+	}
 	return p
 }
