@@ -54,7 +54,7 @@ func RegisterWindow(c *hcomm.Comm, p device.Ptr, size int64) (*Window, error) {
 		return nil, collErr(c, name, hcomm.ErrPara, nil, "window size %d: want a positive size", size)
 	}
 	if err := c.Device().CheckRange(p, size); err != nil {
-		return nil, collErr(c, name, hcomm.ErrPara, err, "window [%#x, +%d)", uintptr(p), size)
+		return nil, collErr(c, name, hcomm.ErrPara, err, "window [%#x, +%d) is not live device memory of this rank", uintptr(p), size)
 	}
 	st, err := getState(c)
 	if err != nil {

@@ -307,7 +307,7 @@ func (d *Device) Bytes(p Ptr, n int64) ([]byte, error) {
 	if err := d.check("Bytes"); err != nil {
 		return nil, err
 	}
-	r, err := resolveOwn("Bytes", d, -1, "address", p, n)
+	r, err := resolveOwn("Bytes", d, -1, "memory", p, n)
 	if err != nil {
 		return nil, err
 	}
