@@ -1,21 +1,46 @@
-// Package channel defines a channel: one rank's connection to one remote rank
-// (HCCL's ChannelHandle). A channel knows the memory the peer registered (its
-// HCCL buffer first), holds the local notifies the peer records into, and moves
-// bytes through a Transport. Transports live in subpackages (inproc today).
+// Package channel is the contract between hcomm's channels and the
+// transports that carry them (HCCL's ChannelHandle is hcomm.Channel, built on
+// it). A transport moves bytes and signals to one peer (Transport, and
+// WriteNotifier where it can send a write and its record together); a Dialer
+// makes one end of a connection from what the rank brings (Local) and returns
+// what the peer brought (Conn): its registered memory, HCCL buffer first, and
+// the notify counts of both ends. Registered memory is Mem, a rank's set of it
+// a Registry. The transports live in subpackages: inproc (ranks of one
+// process), shm (processes of one host) and tcp (any hosts); hcomm picks one
+// per channel from the protocol and where the peer runs.
 //
-// The checks a channel makes are the contract of the data plane: every remote
-// range is checked against the peer's registered memory before the transport
-// is asked to touch it, and the transport's far end checks again against what it
-// registered itself, so a bad address never reaches a peer's memory.
+// The duties are split: hcomm checks every remote range against the memory
+// the peer registered, and every notify index, before it asks a transport to
+// act; the transport's far end checks again against what it registered
+// itself (it trusts no frame), so a bad address never reaches a peer's
+// memory. The errors every transport shares are the sentinels below, tested
+// with errors.Is as net.ErrClosed is; each transport wraps them in an error
+// that names the ranks, the channel and the operation.
 package channel
 
 import (
-	"fmt"
+	"errors"
 	"sync"
 
 	"github.com/hcomm-dev/hcomm/device"
 	"github.com/hcomm-dev/hcomm/internal/reduce"
-	"github.com/hcomm-dev/hcomm/notify"
+)
+
+// Errors of every transport, wrapped by the errors its Transport methods and
+// its Dialer's Connect return.
+var (
+	// ErrClosed: this end of the channel, or the Dialer, is closed.
+	ErrClosed = errors.New("channel: closed")
+	// ErrPeerClosed: the peer closed its end of the channel in order.
+	ErrPeerClosed = errors.New("channel: peer closed the channel")
+	// ErrPeerLost: the peer went away without closing its end — its process
+	// died, its connection broke, or it fell silent past the transport's
+	// timeout. The channel's local notifies are broken with it.
+	ErrPeerLost = errors.New("channel: peer lost")
+	// ErrRefused: the setup failed because one end refused the other: a
+	// wrong secret, a malformed or misdirected hello, a peer that is not an
+	// hcomm transport of this version.
+	ErrRefused = errors.New("channel: connection refused")
 )
 
 // Mem is a registered range of device memory (HCCL's CommMem): the HCCL
@@ -84,7 +109,7 @@ func (r *Registry) List() []Mem {
 // is seen by the peer only after the written bytes are visible there.
 // stop closes when the task must give up (abort).
 type Transport interface {
-	// Name is the transport's name ("inproc").
+	// Name is the transport's name ("inproc", "shm", "tcp").
 	Name() string
 	// Write copies src into the peer's memory at dst.
 	Write(stop <-chan struct{}, dst device.Ptr, src []byte) error
@@ -110,62 +135,3 @@ type Transport interface {
 type WriteNotifier interface {
 	WriteWithNotify(stop <-chan struct{}, dst device.Ptr, src []byte, idx int) error
 }
-
-// Channel is one end of a connection between two ranks. Safe for concurrent use.
-type Channel struct {
-	Local, Remote int
-	Protocol      int32
-	Name          string // "comm X rank 0 -> 1 (HCCS)" for errors
-
-	notifies   []*notify.Notify // local: the peer records, we wait
-	peerNotify int              // how many notifies the peer's end has
-	remoteMems []Mem            // the peer's registered memory at acquire time
-	tr         Transport
-}
-
-// New assembles a channel. remoteMems[0] must be the peer's HCCL buffer.
-func New(name string, local, remote int, protocol int32, notifies []*notify.Notify, peerNotifyNum int, remoteMems []Mem, tr Transport) *Channel {
-	return &Channel{Local: local, Remote: remote, Protocol: protocol, Name: name, notifies: notifies,
-		peerNotify: peerNotifyNum, remoteMems: remoteMems, tr: tr}
-}
-
-// Transport returns the channel's transport.
-func (c *Channel) Transport() Transport { return c.tr }
-
-// NotifyNum returns the number of local notifies (the wait index space).
-func (c *Channel) NotifyNum() int { return len(c.notifies) }
-
-// PeerNotifyNum returns the number of the peer's notifies (the record index space).
-func (c *Channel) PeerNotifyNum() int { return c.peerNotify }
-
-// Notify returns local notify idx.
-func (c *Channel) Notify(idx int) (*notify.Notify, error) {
-	if idx < 0 || idx >= len(c.notifies) {
-		return nil, fmt.Errorf("local notify index %d is outside [0, %d)", idx, len(c.notifies))
-	}
-	return c.notifies[idx], nil
-}
-
-// RemoteMems returns the peer's registered memory known to this channel; the
-// first is the peer's HCCL buffer.
-func (c *Channel) RemoteMems() []Mem { return append([]Mem(nil), c.remoteMems...) }
-
-// CheckRemote checks [p, p+n) against the peer's registered memory known at
-// acquire time and, for transports that can ask, its current registrations.
-func (c *Channel) CheckRemote(p device.Ptr, n int64, live *Registry) error {
-	for _, m := range c.remoteMems {
-		if m.Contains(p, n) {
-			return nil
-		}
-	}
-	if live != nil {
-		if _, ok := live.Find(p, n); ok {
-			return nil
-		}
-	}
-	return fmt.Errorf("remote range [%#x, +%d) is outside the memory rank %d registered (HCCL buffer [%#x, +%d) and %d other ranges)",
-		uintptr(p), n, c.Remote, uintptr(c.remoteMems[0].Addr), c.remoteMems[0].Size, len(c.remoteMems)-1)
-}
-
-// Close closes the transport.
-func (c *Channel) Close() error { return c.tr.Close() }

@@ -2,7 +2,6 @@ package hcomm
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -14,7 +13,6 @@ import (
 	"github.com/hcomm-dev/hcomm/channel/inproc"
 	"github.com/hcomm-dev/hcomm/device"
 	"github.com/hcomm-dev/hcomm/internal/bootstrap"
-	"github.com/hcomm-dev/hcomm/thread"
 )
 
 // Comm is one rank's communicator (HcclComm). It owns a device context, the
@@ -35,7 +33,12 @@ type Comm struct {
 	// sharedDev: the device context is the parent communicator's (a
 	// sub-communicator); Destroy frees the HCCL buffer instead of closing it.
 	sharedDev bool
-	health    *health // loss watcher of a multi-process communicator; nil for InitAll
+	health    *health   // loss watcher of a multi-process communicator; nil for InitAll
+	async     *asyncErr // GetCommAsyncError's record; a sub-communicator's is its parent's
+	// stopped ends when Abort or Destroy is called (stop): the blocking
+	// setups of the communicator (ChannelAcquire, Split) watch it.
+	stopped context.Context
+	stop    context.CancelFunc
 
 	mu      sync.Mutex
 	closed  bool
@@ -50,20 +53,10 @@ type Comm struct {
 	dialers  map[string]channel.Dialer
 	threads  []*Thread
 	values   map[any]any
-	ops      opState // BeginOp's counter and what each thread issues (metrics.go)
+	ops      opState // BeginOp's counter and what each thread issues (optag.go)
 	// valueSnap is a copy of values that Value reads without the lock.
 	valueSnap atomic.Pointer[map[any]any]
 }
-
-type chanKey struct {
-	engine   Engine
-	remote   int
-	protocol Protocol
-	tag      string
-}
-
-// Thread is a communication thread (ThreadHandle): a stream and its notifies.
-type Thread = thread.Thread
 
 // InitAll creates n communicators, one per rank, over devices 0..n-1 of this
 // process (HcclCommInitAll). cfg may be nil. On error nothing is left open.
@@ -74,26 +67,25 @@ func InitAll(n int, cfg *Config) ([]*Comm, error) {
 	}
 	c, err := c.resolve()
 	if err != nil {
-		return nil, &Error{Op: "InitAll", Comm: c.Name, Rank: -1, Peer: -1, Code: ErrPara, Err: err}
+		return nil, noRankErr("InitAll", c.Name, ErrPara, err, "")
 	}
 	if n <= 0 || n > device.MaxDevices {
-		return nil, &Error{Op: "InitAll", Comm: c.Name, Rank: -1, Peer: -1, Code: ErrPara,
-			Msg: fmt.Sprintf("rank count %d is outside [1, %d]", n, device.MaxDevices)}
+		return nil, noRankErr("InitAll", c.Name, ErrPara, nil, "rank count %d is outside [1, %d]", n, device.MaxDevices)
 	}
 	if c, err = c.resolveNet(); err != nil {
-		return nil, &Error{Op: "InitAll", Comm: c.Name, Rank: -1, Peer: -1, Code: ErrPara, Err: err}
+		return nil, noRankErr("InitAll", c.Name, ErrPara, err, "")
 	}
 	store := bootstrap.NewMemStore()
 	me := peerInfo{NRanks: n, Host: hostID(), ShmHost: shmHostID(), Proc: procToken, PID: os.Getpid()}
 	me.Hostname, _ = os.Hostname()
 	secret, err := bootstrap.NewSecret()
 	if err != nil {
-		return nil, &Error{Op: "InitAll", Comm: c.Name, Rank: -1, Peer: -1, Code: ErrSyscall, Err: err}
+		return nil, noRankErr("InitAll", c.Name, ErrSyscall, err, "")
 	}
 	boot := &bootState{store: store, fabric: inproc.NewFabric(), secret: secret, release: store.Close}
 	if c.SocketIfname != "" { // tcp channels (HCOMM_TRANSPORT=tcp) bind to its address
 		if boot.iface, err = bootstrap.PickIface(c.SocketIfname); err != nil {
-			return nil, &Error{Op: "InitAll", Comm: c.Name, Rank: -1, Peer: -1, Code: ErrNetwork, Err: err}
+			return nil, noRankErr("InitAll", c.Name, ErrNetwork, err, "")
 		}
 	}
 	for r := 0; r < n; r++ {
@@ -149,11 +141,13 @@ func newCommOn(op string, c Config, rank, size, devID int, parent *Comm, boot *b
 	cm := &Comm{name: c.Name, rank: rank, size: size, cfg: c, dev: dev, buf: buf, bufSize: bufSize, sharedDev: parent != nil,
 		registry: &channel.Registry{}, boot: boot, channels: make(map[chanKey]*Channel), attempts: make(map[chanKey]int), inflight: make(map[chanKey]*acquireCall),
 		dialers: make(map[string]channel.Dialer), values: make(map[any]any)}
+	cm.stopped, cm.stop = context.WithCancel(context.Background())
 	cm.registry.Add(channel.Mem{Tag: "hccl buffer", Addr: buf, Size: bufSize})
 	if parent != nil {
-		cm.shareAsync(parent) // asyncerr.go
+		cm.async = parent.async
 	} else {
-		cm.watchAsync()
+		cm.async = &asyncErr{}
+		cm.watchAsync() // asyncerr.go
 	}
 	cm.log(slog.LevelInfo, "communicator ready", "op", op, "size", size, "device", dev.ID(), "hccl_buffer_bytes", bufSize)
 	return cm, nil
@@ -185,7 +179,7 @@ func (c *Comm) errorf(op string, peer int, code Result, cause error, format stri
 // usable returns an error when the communicator is destroyed or aborted.
 func (c *Comm) usable(op string) error {
 	if c == nil {
-		return &Error{Op: op, Rank: -1, Peer: -1, Code: ErrPtr, Msg: "nil communicator"}
+		return nilCommErr(op)
 	}
 	if !c.unusable.Load() {
 		return nil // the data plane's fast path: no lock
@@ -210,354 +204,6 @@ func (c *Comm) GetHcclBuffer() (device.Ptr, int64, error) {
 		return 0, 0, err
 	}
 	return c.buf, c.bufSize, nil
-}
-
-// MemHandle is memory registered with CommMemReg.
-type MemHandle struct {
-	comm *Comm
-	mem  channel.Mem
-}
-
-// Mem returns the registered range.
-func (h *MemHandle) Mem() channel.Mem { return h.mem }
-
-// CommMemReg registers device memory so that peers may read and write it
-// through channels (HcclCommMemReg). Channels acquired afterwards with the
-// handle in ChannelDesc.MemHandles report it in ChannelGetRemoteMems; on
-// transports that map memory (inproc) a registered range is reachable at once.
-func (c *Comm) CommMemReg(tag string, p device.Ptr, size int64) (*MemHandle, error) {
-	const op = "CommMemReg"
-	if err := c.usable(op); err != nil {
-		return nil, err
-	}
-	if len(tag) > 255 {
-		return nil, c.errorf(op, -1, ErrPara, nil, "tag is %d bytes; at most 255", len(tag))
-	}
-	if _, err := c.dev.Bytes(p, size); err != nil || size <= 0 {
-		return nil, c.errorf(op, -1, ErrPara, err, "range [%#x, +%d) is not live device memory of this rank", uintptr(p), size)
-	}
-	m := channel.Mem{Tag: tag, Addr: p, Size: size}
-	c.registry.Add(m)
-	return &MemHandle{comm: c, mem: m}, nil
-}
-
-// CommMemDereg undoes CommMemReg. Peers must have stopped using the memory.
-func (c *Comm) CommMemDereg(h *MemHandle) error {
-	if h == nil || h.comm != c {
-		return c.errorf("CommMemDereg", -1, ErrPtr, nil, "handle does not belong to this communicator")
-	}
-	if !c.registry.Remove(h.mem.Addr, h.mem.Tag) {
-		return c.errorf("CommMemDereg", -1, ErrNotFound, nil, "range [%#x, +%d) is not registered", uintptr(h.mem.Addr), h.mem.Size)
-	}
-	return nil
-}
-
-// ChannelDesc describes a channel to acquire (HcclChannelDesc). Start from
-// ChannelDescInit.
-type ChannelDesc struct {
-	RemoteRank int      // the peer; -1 (HCCL's ~0U) until set
-	Protocol   Protocol // ProtocolAuto lets hcomm pick
-	NotifyNum  int      // local notifies on this channel (the index space of waits)
-	MemHandles []*MemHandle
-	// Tag separates channels to the same peer with the same protocol: HCCL keys
-	// channels by (engine, remote rank, protocol); hcomm adds this tag so that
-	// a library (the collectives) can keep channels of its own.
-	Tag string
-}
-
-// ChannelDescInit returns n descriptors with HcclChannelDescInit's defaults:
-// no remote rank, protocol unset (ProtocolAuto), no notifies, no memory.
-func ChannelDescInit(n int) []ChannelDesc {
-	d := make([]ChannelDesc, n)
-	for i := range d {
-		d[i] = ChannelDesc{RemoteRank: -1, Protocol: ProtocolAuto}
-	}
-	return d
-}
-
-// Channel is a channel handle: this rank's end of a connection to one peer.
-type Channel struct {
-	comm   *Comm
-	engine Engine
-	proto  Protocol
-	ch     *channel.Channel
-	remote []channel.Mem
-}
-
-// RemoteRank returns the peer's rank.
-func (ch *Channel) RemoteRank() int { return ch.ch.Remote }
-
-// Protocol returns the protocol the channel was acquired with.
-func (ch *Channel) Protocol() Protocol { return ch.proto }
-
-// Transport names the transport that carries the channel: "inproc", "shm"
-// or "tcp" (see transport.go for how it is chosen).
-func (ch *Channel) Transport() string { return ch.ch.Transport().Name() }
-
-// NotifyNum returns the number of local notifies.
-func (ch *Channel) NotifyNum() int { return ch.ch.NotifyNum() }
-
-// ChannelAcquire gets or creates channels to the peers the descriptors name
-// (HcclChannelAcquire). It is collective between the two ends of each channel:
-// both must call it (in any order, within ConnectTimeout), and the call returns
-// when every channel is connected; the channels of one call are set up
-// concurrently, so the two ends may list them in any order. It is idempotent
-// per (engine, remote rank, protocol, tag): a second call returns the same
-// channel. Each channel's transport follows its protocol and where the peer
-// runs (transport.go); a protocol that cannot reach the peer is ErrNotSupport.
-func (c *Comm) ChannelAcquire(engine Engine, descs []ChannelDesc) ([]*Channel, error) {
-	const op = "ChannelAcquire"
-	if err := c.usable(op); err != nil {
-		return nil, err
-	}
-	if !engine.supported() {
-		return nil, c.errorf(op, -1, ErrNotSupport, nil, "engine %v is not supported: hcomm runs on the host (CPU, CPU_TS)", engine)
-	}
-	if len(descs) == 0 || len(descs) > 1<<20 {
-		return nil, c.errorf(op, -1, ErrPara, nil, "channel count %d is outside (0, %d]", len(descs), 1<<20)
-	}
-	for i, d := range descs {
-		switch {
-		case d.RemoteRank < 0 || d.RemoteRank >= c.size:
-			return nil, c.errorf(op, d.RemoteRank, ErrPara, nil, "descriptor %d: remote rank %d is outside [0, %d)", i, d.RemoteRank, c.size)
-		case d.RemoteRank == c.rank:
-			return nil, c.errorf(op, d.RemoteRank, ErrPara, nil, "descriptor %d: a channel to oneself", i)
-		case d.NotifyNum < 0 || d.NotifyNum > thread.MaxNotifies:
-			return nil, c.errorf(op, d.RemoteRank, ErrPara, nil, "descriptor %d: notify count %d is outside [0, %d]", i, d.NotifyNum, thread.MaxNotifies)
-		}
-		switch d.Protocol {
-		case ProtocolAuto, ProtocolHCCS, ProtocolSIO, ProtocolHCCSOnly, ProtocolPCIE,
-			ProtocolROCE, ProtocolUBCCTP, ProtocolUBCTP, ProtocolUBMem, ProtocolUBOE:
-			if _, err := c.pickTransport(d.RemoteRank, d.Protocol); err != nil {
-				return nil, c.errorf(op, d.RemoteRank, ErrNotSupport, err, "descriptor %d", i)
-			}
-		default:
-			return nil, c.errorf(op, d.RemoteRank, ErrPara, nil, "descriptor %d: unknown protocol %d", i, int32(d.Protocol))
-		}
-		for _, h := range d.MemHandles {
-			if h == nil || h.comm != c {
-				return nil, c.errorf(op, d.RemoteRank, ErrPtr, nil, "descriptor %d: a memory handle of another communicator", i)
-			}
-		}
-	}
-	out := make([]*Channel, len(descs))
-	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.ConnectTimeout)
-	defer cancel()
-	defer c.stopOnLoss(cancel)() // a lost rank ends the setup at once
-	// The channels are set up concurrently (at most acquireParallel at once),
-	// so that no order of descriptors on the two ends can deadlock.
-	errs := make([]error, len(descs))
-	sem := make(chan struct{}, acquireParallel)
-	var wg sync.WaitGroup
-	for i, d := range descs {
-		sem <- struct{}{}
-		wg.Add(1)
-		go func() {
-			defer func() { <-sem; wg.Done() }()
-			out[i], errs[i] = c.acquireOne(ctx, engine, d)
-			if errs[i] != nil {
-				cancel() // one failure fails the call: stop waiting for the rest
-			}
-		}()
-	}
-	wg.Wait()
-	if err := c.lostCheck(op); err != nil {
-		for _, e := range errs {
-			if e != nil {
-				return nil, err
-			}
-		}
-	}
-	for _, err := range errs { // the first failure, not one it caused
-		if err != nil && !errors.Is(err, context.Canceled) {
-			return nil, err
-		}
-	}
-	for _, err := range errs {
-		if err != nil {
-			return nil, err
-		}
-	}
-	return out, nil
-}
-
-// acquireParallel bounds the channel setups one ChannelAcquire runs at once.
-const acquireParallel = 1024
-
-// acquireCall is a channel setup in flight; a concurrent acquire of the same
-// key waits for it instead of starting a second one the peer would not match.
-type acquireCall struct {
-	done chan struct{}
-	ch   *Channel
-	err  error
-}
-
-func (c *Comm) acquireOne(ctx context.Context, engine Engine, d ChannelDesc) (*Channel, error) {
-	k := chanKey{engine: engine, remote: d.RemoteRank, protocol: d.Protocol, tag: d.Tag}
-	c.mu.Lock()
-	if ch, ok := c.channels[k]; ok {
-		c.mu.Unlock()
-		return ch, nil
-	}
-	if call, ok := c.inflight[k]; ok {
-		c.mu.Unlock()
-		select {
-		case <-call.done:
-			return call.ch, call.err
-		case <-ctx.Done():
-			return nil, c.connectErr(ctx, d.RemoteRank, "", ctx.Err())
-		}
-	}
-	call := &acquireCall{done: make(chan struct{})}
-	c.inflight[k] = call
-	attempt := c.attempts[k]
-	c.attempts[k]++
-	c.mu.Unlock()
-	call.ch, call.err = c.setupChannel(ctx, k, attempt, d)
-	c.mu.Lock()
-	delete(c.inflight, k)
-	c.mu.Unlock()
-	close(call.done)
-	return call.ch, call.err
-}
-
-// setupChannel runs one setup of the channel k (attempt: how many came before).
-func (c *Comm) setupChannel(ctx context.Context, k chanKey, attempt int, d ChannelDesc) (*Channel, error) {
-	const op = "ChannelAcquire"
-	engine := k.engine
-	name := fmt.Sprintf("comm %s rank %d channel to rank %d (%v", c.name, c.rank, d.RemoteRank, d.Protocol)
-	if d.Tag != "" {
-		name += ", " + d.Tag
-	}
-	name += ")"
-	tname, err := c.pickTransport(d.RemoteRank, d.Protocol)
-	if err != nil {
-		return nil, c.errorf(op, d.RemoteRank, ErrNotSupport, err, "")
-	}
-	dl, err := c.dialer(tname)
-	if err != nil {
-		return nil, c.errorf(op, d.RemoteRank, ErrInternal, err, "%s transport", tname)
-	}
-	lo, hi := min(c.rank, d.RemoteRank), max(c.rank, d.RemoteRank)
-	base := fmt.Sprintf("ch/%d-%d/%d/%d/%q/%d", lo, hi, engine, d.Protocol, d.Tag, attempt)
-	ex := c.exchanger(base, d.RemoteRank)
-	if err := handshake(ctx, ex, c.rank, d.RemoteRank, tname); err != nil {
-		return nil, c.connectErr(ctx, d.RemoteRank, tname, err)
-	}
-	local := &channel.Local{Comm: c.name, Rank: c.rank, Peer: d.RemoteRank, Device: c.dev, Registry: c.registry,
-		HCCLBuf: channel.Mem{Tag: "hccl buffer", Addr: c.buf, Size: c.bufSize}, NotifyNum: d.NotifyNum, Name: name}
-	conn, err := dl.Connect(ctx, local, ex)
-	if err != nil {
-		return nil, c.connectErr(ctx, d.RemoteRank, tname, err)
-	}
-	if conn == nil || conn.Transport == nil || len(conn.Notifies) != d.NotifyNum || len(conn.RemoteMems) == 0 {
-		if conn != nil && conn.Transport != nil {
-			conn.Transport.Close()
-		}
-		return nil, c.errorf(op, d.RemoteRank, ErrInternal, nil, "%s transport returned an incomplete connection", tname)
-	}
-	ch := &Channel{comm: c, engine: engine, proto: d.Protocol,
-		ch: channel.New(name, c.rank, d.RemoteRank, int32(d.Protocol), conn.Notifies, conn.PeerNotifyNum, conn.RemoteMems, conn.Transport)}
-	ch.remote = conn.RemoteMems
-	c.mu.Lock()
-	if c.closed {
-		c.mu.Unlock()
-		conn.Transport.Close()
-		return nil, c.errorf(op, d.RemoteRank, ErrUnavail, nil, "communicator destroyed during channel setup")
-	}
-	c.channels[k] = ch
-	c.mu.Unlock()
-	c.log(slog.LevelInfo, "channel up", "peer", d.RemoteRank, "transport", tname, "protocol", d.Protocol.String(), "notifies", d.NotifyNum, "tag", d.Tag)
-	return ch, nil
-}
-
-// connectErr wraps a failed channel setup: a timeout when ctx ran out
-// (HCCL_CONNECT_TIMEOUT), a connect error otherwise.
-func (c *Comm) connectErr(ctx context.Context, peer int, tname string, err error) *Error {
-	code := ErrTCPConnect
-	switch {
-	case ctx.Err() == context.DeadlineExceeded:
-		code = ErrTimeout
-	case tname != TransportTCP:
-		code = ErrInternal
-	}
-	if tname == "" {
-		tname = "a"
-	}
-	return c.errorf("ChannelAcquire", peer, code, err, "setting up %s channel to rank %d within HCCL_CONNECT_TIMEOUT %v", tname, peer, c.cfg.ConnectTimeout)
-}
-
-// ChannelGetHcclBuffer returns the peer's HCCL buffer as this channel knows
-// it (HcclChannelGetHcclBuffer).
-func (c *Comm) ChannelGetHcclBuffer(ch *Channel) (device.Ptr, int64, error) {
-	if err := c.checkChannel("ChannelGetHcclBuffer", ch); err != nil {
-		return 0, 0, err
-	}
-	m := ch.remote[0]
-	return m.Addr, m.Size, nil
-}
-
-// ChannelGetRemoteMems returns the memory the peer had registered when the
-// channel was acquired, HCCL buffer first (HcclChannelGetRemoteMems).
-func (c *Comm) ChannelGetRemoteMems(ch *Channel) ([]channel.Mem, error) {
-	if err := c.checkChannel("ChannelGetRemoteMems", ch); err != nil {
-		return nil, err
-	}
-	return append([]channel.Mem(nil), ch.remote...), nil
-}
-
-func (c *Comm) checkChannel(op string, ch *Channel) error {
-	if err := c.usable(op); err != nil {
-		return err
-	}
-	if ch == nil || ch.comm != c {
-		return c.errorf(op, -1, ErrPtr, nil, "channel is nil or belongs to another communicator")
-	}
-	return nil
-}
-
-// ThreadAcquire creates n threads, each a new stream with notifyNumPerThread
-// notifies (HcclThreadAcquire). The communicator owns them: Destroy frees them.
-func (c *Comm) ThreadAcquire(engine Engine, n, notifyNumPerThread int) ([]*Thread, error) {
-	const op = "ThreadAcquire"
-	if err := c.usable(op); err != nil {
-		return nil, err
-	}
-	if !engine.supported() {
-		return nil, c.errorf(op, -1, ErrNotSupport, nil, "engine %v is not supported: hcomm runs on the host (CPU, CPU_TS)", engine)
-	}
-	ts, err := thread.Acquire(c.dev, fmt.Sprintf("comm %s rank %d", c.name, c.rank), n, notifyNumPerThread)
-	if err != nil {
-		return nil, c.errorf(op, -1, ErrPara, err, "")
-	}
-	c.mu.Lock()
-	c.threads = append(c.threads, ts...)
-	c.mu.Unlock()
-	return ts, nil
-}
-
-// ThreadAcquireWithStream wraps a stream the caller owns, which must belong to
-// the communicator's device (HcclThreadAcquireWithStream). The caller
-// synchronizes and destroys the stream.
-func (c *Comm) ThreadAcquireWithStream(engine Engine, s *device.Stream, notifyNum int) (*Thread, error) {
-	const op = "ThreadAcquireWithStream"
-	if err := c.usable(op); err != nil {
-		return nil, err
-	}
-	if !engine.supported() {
-		return nil, c.errorf(op, -1, ErrNotSupport, nil, "engine %v is not supported: hcomm runs on the host (CPU, CPU_TS)", engine)
-	}
-	if s == nil || s.Device() != c.dev {
-		return nil, c.errorf(op, -1, ErrPtr, nil, "stream is nil or belongs to another device context")
-	}
-	t, err := thread.WithStream(s, fmt.Sprintf("comm %s rank %d", c.name, c.rank), notifyNum)
-	if err != nil {
-		return nil, c.errorf(op, -1, ErrPara, err, "")
-	}
-	c.mu.Lock()
-	c.threads = append(c.threads, t)
-	c.mu.Unlock()
-	return t, nil
 }
 
 // Value returns the value stored under key, calling init to create it on
@@ -592,11 +238,12 @@ func (c *Comm) Value(key any, init func() any) any {
 
 // Abort makes every pending operation of the communicator fail promptly: the
 // streams of its threads are aborted (pending waits end with an error wrapping
-// ErrAborted and device.ErrStreamAbort), and later calls fail with ErrUnavail.
+// ErrAborted and device.ErrStreamAbort), a ChannelAcquire or Split waiting
+// for its peers returns such an error, and later calls fail with ErrUnavail.
 // It does not wait for peers. Destroy is still needed afterwards. Idempotent.
 func (c *Comm) Abort() error {
 	if c == nil {
-		return &Error{Op: "Abort", Rank: -1, Peer: -1, Code: ErrPtr, Msg: "nil communicator"}
+		return nilCommErr("Abort")
 	}
 	c.mu.Lock()
 	if c.aborted || c.closed {
@@ -607,6 +254,7 @@ func (c *Comm) Abort() error {
 	c.unusable.Store(true)
 	ts := append([]*Thread(nil), c.threads...)
 	c.mu.Unlock()
+	c.stop()
 	for _, t := range ts {
 		t.Stream().Abort()
 	}
@@ -618,7 +266,7 @@ func (c *Comm) Abort() error {
 // (HcclCommDestroy). To stop at once, Abort first. Idempotent.
 func (c *Comm) Destroy() error {
 	if c == nil {
-		return &Error{Op: "Destroy", Rank: -1, Peer: -1, Code: ErrPtr, Msg: "nil communicator"}
+		return nilCommErr("Destroy")
 	}
 	c.mu.Lock()
 	if c.closed {
@@ -627,6 +275,7 @@ func (c *Comm) Destroy() error {
 	}
 	c.closed = true
 	c.unusable.Store(true)
+	c.stop() // a setup still waiting for its peers ends
 	c.log(slog.LevelInfo, "destroying communicator", "channels", len(c.channels), "threads", len(c.threads))
 	ts := c.threads
 	chs := c.channels
@@ -645,17 +294,31 @@ func (c *Comm) Destroy() error {
 	}
 	c.unwatch(chs)
 	for _, ch := range chs {
-		ch.ch.Close()
+		ch.tr.Close()
 	}
 	for _, d := range dls {
 		d.Close()
 	}
 	c.boot.unref()
-	c.forgetAsync()  // asyncerr.go
 	if c.sharedDev { // a sub-communicator: the device context is its parent's
 		return c.dev.Free(c.buf)
 	}
 	return c.dev.Close()
+}
+
+// setupCtx bounds a blocking setup call of c (ChannelAcquire, Split): it
+// ends with ctx, after Config.ConnectTimeout (HCCL_CONNECT_TIMEOUT), at Abort
+// or Destroy, and when c learns of a lost rank. Call done when the setup is
+// over.
+func (c *Comm) setupCtx(ctx context.Context) (_ context.Context, done func()) {
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.ConnectTimeout)
+	unstop := context.AfterFunc(c.stopped, cancel)
+	unloss := c.stopOnLoss(cancel)
+	return ctx, func() {
+		unstop()
+		unloss()
+		cancel()
+	}
 }
 
 // execTimeout turns a wait's timeout into the one to use: <= 0 means the

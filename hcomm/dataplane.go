@@ -1,18 +1,20 @@
 package hcomm
 
 import (
-	"fmt"
-	"time"
-
+	"github.com/hcomm-dev/hcomm/channel"
 	"github.com/hcomm-dev/hcomm/device"
-	"github.com/hcomm-dev/hcomm/internal/memcopy"
 	"github.com/hcomm-dev/hcomm/internal/metrics"
+	"github.com/hcomm-dev/hcomm/notify"
 )
 
-// The data plane (HCCL's Hcomm*OnThread). Every call checks its arguments,
+// The data plane: the queued calls (HCCL's Hcomm*OnThread, queued.go) and
+// the immediate ones (immediate.go). A queued call checks its arguments,
 // enqueues one task on the thread's stream and returns: the work happens when
 // the stream reaches it, and its failure surfaces at the stream's next
-// Synchronize (and through the device's exception callback).
+// Synchronize (and through the device's exception callback). This file holds
+// what both kinds share: the checks every call makes against the channel
+// (the peer's registered memory, the notify indexes of both ends) before a
+// transport is asked to act, and the body of a write.
 //
 // Guarantees, on every transport:
 //
@@ -34,7 +36,7 @@ import (
 // dp checks a thread and channel pair and returns the communicator.
 func dp(op string, t *Thread, ch *Channel) (*Comm, error) {
 	if ch == nil || ch.comm == nil {
-		return nil, &Error{Op: op, Rank: -1, Peer: -1, Code: ErrPtr, Msg: "nil channel"}
+		return nil, noRankErr(op, "", ErrPtr, nil, "nil channel")
 	}
 	c := ch.comm
 	if err := c.usable(op); err != nil {
@@ -72,10 +74,32 @@ func (c *Comm) remoteCheck(op string, ch *Channel, what string, p device.Ptr, n 
 	if n < 0 {
 		return c.errorf(op, ch.RemoteRank(), ErrPara, nil, "length %d is negative", n)
 	}
-	if err := ch.ch.CheckRemote(p, n, nil); err != nil {
-		return c.errorf(op, ch.RemoteRank(), ErrPara, err, "remote %s", what)
+	for _, m := range ch.remoteMems {
+		if m.Contains(p, n) {
+			return nil
+		}
+	}
+	hb := ch.remoteMems[0]
+	return c.errorf(op, ch.remote, ErrPara, nil, "remote %s: range [%#x, +%d) is outside the memory rank %d registered (HCCL buffer [%#x, +%d) and %d other ranges)",
+		what, uintptr(p), n, ch.remote, uintptr(hb.Addr), hb.Size, len(ch.remoteMems)-1)
+}
+
+// remoteIdxCheck checks a notify index of the peer's end of ch: what a
+// record names.
+func (c *Comm) remoteIdxCheck(op string, ch *Channel, idx int) error {
+	if idx < 0 || idx >= ch.peerNotify {
+		return c.errorf(op, ch.remote, ErrPara, nil, "remote notify index %d is outside [0, %d) of rank %d's end of the channel",
+			idx, ch.peerNotify, ch.remote)
 	}
 	return nil
+}
+
+// localNotify returns local notify idx of ch: what a wait names.
+func (c *Comm) localNotify(op string, ch *Channel, idx int) (*notify.Notify, error) {
+	if idx < 0 || idx >= len(ch.notifies) {
+		return nil, c.errorf(op, ch.remote, ErrPara, nil, "local notify index %d is outside [0, %d)", idx, len(ch.notifies))
+	}
+	return ch.notifies[idx], nil
 }
 
 // launch enqueues fn on t, wrapping its error with the communicator's context.
@@ -105,191 +129,20 @@ func checkReduce(c *Comm, op string, peer int, count int64, dt DataType, rop Red
 	return count * int64(dt.Size()), nil
 }
 
-// WriteOnThread enqueues a one-sided write of n bytes from local src to the
-// peer's dst (HcommWriteOnThread).
-func WriteOnThread(t *Thread, ch *Channel, dst, src device.Ptr, n int64) error {
-	return writeOnThread("WriteOnThread", t, ch, dst, src, n, -1)
-}
-
-// ReadOnThread enqueues a one-sided read of n bytes from the peer's src into
-// local dst (HcommReadOnThread).
-func ReadOnThread(t *Thread, ch *Channel, dst, src device.Ptr, n int64) error {
-	const op = "ReadOnThread"
-	c, err := dp(op, t, ch)
-	if err != nil {
-		return err
+// write is the body of a checked write of src to the peer's dst, queued or
+// immediate, followed by a record of the peer's notify remoteIdx when that
+// is not negative.
+func (c *Comm) write(stop <-chan struct{}, ch *Channel, dst device.Ptr, src []byte, remoteIdx int) error {
+	if wn, ok := ch.tr.(channel.WriteNotifier); ok && len(src) > 0 && remoteIdx >= 0 {
+		return c.moved(ch, metrics.Write, int64(len(src)), wn.WriteWithNotify(stop, dst, src, remoteIdx))
 	}
-	if err := c.rangesCheck(op, ch, "src", src, "dst", dst, n); err != nil {
-		return err
-	}
-	return c.launch(op, ch.RemoteRank(), t, func(stop <-chan struct{}) error {
-		b, err := c.dev.Bytes(dst, n)
-		if err != nil {
+	if len(src) > 0 || remoteIdx < 0 {
+		if err := c.moved(ch, metrics.Write, int64(len(src)), ch.tr.Write(stop, dst, src)); err != nil {
 			return err
 		}
-		return c.moved(ch, metrics.Read, n, ch.ch.Transport().Read(stop, b, src))
-	})
-}
-
-// WriteReduceOnThread enqueues peer[dst] = peer[dst] op local[src] over count
-// elements of dt (HcommWriteReduceOnThread).
-func WriteReduceOnThread(t *Thread, ch *Channel, dst, src device.Ptr, count int64, dt DataType, rop ReduceOp) error {
-	const op = "WriteReduceOnThread"
-	c, err := dp(op, t, ch)
-	if err != nil {
-		return err
 	}
-	n, err := checkReduce(c, op, ch.RemoteRank(), count, dt, rop)
-	if err != nil {
-		return err
-	}
-	if err := c.rangesCheck(op, ch, "dst", dst, "src", src, n); err != nil {
-		return err
-	}
-	return c.launch(op, ch.RemoteRank(), t, func(stop <-chan struct{}) error {
-		b, err := c.dev.Bytes(src, n)
-		if err != nil {
-			return err
-		}
-		return c.moved(ch, metrics.Write, n, ch.ch.Transport().WriteReduce(stop, dst, b, int(count), dt, rop))
-	})
-}
-
-// ReadReduceOnThread enqueues local[dst] = local[dst] op peer[src] over count
-// elements of dt (HcommReadReduceOnThread).
-func ReadReduceOnThread(t *Thread, ch *Channel, dst, src device.Ptr, count int64, dt DataType, rop ReduceOp) error {
-	const op = "ReadReduceOnThread"
-	c, err := dp(op, t, ch)
-	if err != nil {
-		return err
-	}
-	n, err := checkReduce(c, op, ch.RemoteRank(), count, dt, rop)
-	if err != nil {
-		return err
-	}
-	if err := c.rangesCheck(op, ch, "src", src, "dst", dst, n); err != nil {
-		return err
-	}
-	return c.launch(op, ch.RemoteRank(), t, func(stop <-chan struct{}) error {
-		b, err := c.dev.Bytes(dst, n)
-		if err != nil {
-			return err
-		}
-		return c.moved(ch, metrics.Read, n, ch.ch.Transport().ReadReduce(stop, b, src, int(count), dt, rop))
-	})
-}
-
-// ChannelNotifyRecordOnThread enqueues a record of the peer's notify
-// remoteIdx on its end of ch (HcommChannelNotifyRecordOnThread).
-func ChannelNotifyRecordOnThread(t *Thread, ch *Channel, remoteIdx int) error {
-	const op = "ChannelNotifyRecordOnThread"
-	c, err := dp(op, t, ch)
-	if err != nil {
-		return err
-	}
-	if remoteIdx < 0 || remoteIdx >= ch.ch.PeerNotifyNum() {
-		return c.errorf(op, ch.RemoteRank(), ErrPara, nil, "remote notify index %d is outside [0, %d) of rank %d's end of the channel",
-			remoteIdx, ch.ch.PeerNotifyNum(), ch.RemoteRank())
-	}
-	return c.launch(op, ch.RemoteRank(), t, func(stop <-chan struct{}) error {
-		return ch.ch.Transport().NotifyRecord(stop, remoteIdx)
-	})
-}
-
-// ChannelNotifyWaitOnThread enqueues a wait for local notify localIdx of ch,
-// which then resets (HcommChannelNotifyWaitOnThread). timeout <= 0 takes the
-// communicator's ExecTimeout (HCCL_EXEC_TIMEOUT), a departure from HCCL's
-// "0 waits forever" so that no wait is unbounded by accident; set ExecTimeout
-// negative to wait forever.
-func ChannelNotifyWaitOnThread(t *Thread, ch *Channel, localIdx int, timeout time.Duration) error {
-	const op = "ChannelNotifyWaitOnThread"
-	c, err := dp(op, t, ch)
-	if err != nil {
-		return err
-	}
-	n, err := ch.ch.Notify(localIdx)
-	if err != nil {
-		return c.errorf(op, ch.RemoteRank(), ErrPara, err, "")
-	}
-	// metrics.go: times the wait, and names the collective in its error.
-	return c.launchWait(op, t, ch, localIdx, n, c.execTimeout(timeout))
-}
-
-// ChannelFenceOnThread enqueues a fence: the channel operations before it are
-// complete at the peer before those after it start (HcommChannelFenceOnThread).
-func ChannelFenceOnThread(t *Thread, ch *Channel) error {
-	const op = "ChannelFenceOnThread"
-	c, err := dp(op, t, ch)
-	if err != nil {
-		return err
-	}
-	return c.launch(op, ch.RemoteRank(), t, func(stop <-chan struct{}) error {
-		return ch.ch.Transport().Fence(stop)
-	})
-}
-
-// ThreadNotifyRecordOnThread enqueues on t a record of dst's notify idx
-// (HcommThreadNotifyRecordOnThread).
-func ThreadNotifyRecordOnThread(t, dst *Thread, idx int) error {
-	if t == nil || dst == nil {
-		return &Error{Op: "ThreadNotifyRecordOnThread", Rank: -1, Peer: -1, Code: ErrPtr, Msg: "nil thread"}
-	}
-	if err := t.NotifyRecord(dst, idx); err != nil {
-		return &Error{Op: "ThreadNotifyRecordOnThread", Rank: -1, Peer: -1, Code: ErrPara, Err: err}
-	}
-	return nil
-}
-
-// ThreadNotifyWaitOnThread enqueues on t a wait for its notify idx, which then
-// resets (HcommThreadNotifyWaitOnThread). timeout <= 0 waits forever, as in HCCL.
-func ThreadNotifyWaitOnThread(t *Thread, idx int, timeout time.Duration) error {
-	if t == nil {
-		return &Error{Op: "ThreadNotifyWaitOnThread", Rank: -1, Peer: -1, Code: ErrPtr, Msg: "nil thread"}
-	}
-	if err := t.NotifyWait(idx, timeout); err != nil {
-		return &Error{Op: "ThreadNotifyWaitOnThread", Rank: -1, Peer: -1, Code: ErrPara, Err: err}
-	}
-	return nil
-}
-
-// LocalCopyOnThread enqueues a copy of n bytes of device memory from src to dst
-// (HcommLocalCopyOnThread).
-func LocalCopyOnThread(t *Thread, dst, src device.Ptr, n int64) error {
-	if t == nil {
-		return &Error{Op: "LocalCopyOnThread", Rank: -1, Peer: -1, Code: ErrPtr, Msg: "nil thread"}
-	}
-	// The same checks as a device-to-device MemcpyAsync, then a streaming
-	// copy: a local copy in a schedule is usually the move of a result into
-	// the caller's output, which is not read again soon (internal/memcopy).
-	dev := t.Stream().Device()
-	for _, r := range []struct {
-		what string
-		p    device.Ptr
-	}{{"dst", dst}, {"src", src}} {
-		if _, err := dev.Bytes(r.p, n); err != nil || n < 0 {
-			return &Error{Op: "LocalCopyOnThread", Rank: -1, Peer: -1, Code: ErrPara, Msg: fmt.Sprintf("%s range [%#x, +%d)", r.what, uintptr(r.p), n), Err: err}
-		}
-	}
-	return t.Stream().Launch("LocalCopyOnThread", func(<-chan struct{}) error {
-		d, err := dev.Bytes(dst, n)
-		if err != nil {
-			return err
-		}
-		s, err := dev.Bytes(src, n)
-		if err != nil {
-			return err
-		}
-		if dst < src.Add(n) && src < dst.Add(n) {
-			copy(d, s) // overlapping: memmove semantics
-		} else {
-			memcopy.Stream(d, s)
-		}
+	if remoteIdx < 0 {
 		return nil
-	})
-}
-
-// LocalReduceOnThread enqueues dst = dst op src over count elements of dt
-// (HcommLocalReduceOnThread).
-func LocalReduceOnThread(t *Thread, dst, src device.Ptr, count int64, dt DataType, rop ReduceOp) error {
-	return localReduce("LocalReduceOnThread", t, dst, dst, src, count, dt, rop)
+	}
+	return ch.tr.NotifyRecord(stop, remoteIdx)
 }

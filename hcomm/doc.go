@@ -38,7 +38,16 @@
 // HCCL_EXEC_TIMEOUT's error naming the rank) and Destroy still returns
 // promptly. init.go, env.go, ranktable.go and transport.go say more.
 //
-// Immediate mode (dataplane_now.go): WriteNbi, WriteWithNotifyNbi,
+// Every call that blocks for other ranks has a form that takes a context
+// first, as net.Dialer.DialContext: InitRootInfoContext,
+// InitClusterInfoContext, InitFromEnvContext, ChannelAcquireContext and
+// SplitContext (the plain forms call them with context.Background()). The
+// configured HCCL_CONNECT_TIMEOUT still bounds them; a context that ends
+// first fails the call with an *Error matching context.Canceled or
+// context.DeadlineExceeded, and Error.Timeout reports a timeout. Abort ends
+// a ChannelAcquire or Split that waits for its peers.
+//
+// Immediate mode (immediate.go): WriteNbi, WriteWithNotifyNbi,
 // ChannelNotifyRecord and ChannelNotifyWait are HCCL's thread-less calls
 // (HcommWriteNbi, HcommChannelNotifyWait, …): they do their work in the
 // calling goroutine, with the same checks and guarantees as the *OnThread
@@ -46,6 +55,16 @@
 // makes them, so that a step of many transfers and waits costs one task:
 // the collectives' handshake is one task per rank, which is what makes a
 // small all-reduce cheap.
+//
+// The files, by concern: comm.go (Comm, InitAll, Abort, Destroy, Value),
+// channel.go (ChannelDesc, Channel, ChannelAcquire), thread.go
+// (ThreadAcquire), memreg.go (CommMemReg), dataplane.go (the data plane's
+// guarantees and the checks every call makes), queued.go (the *OnThread
+// calls), immediate.go (the Nbi calls), wait.go (notify waits and the hang
+// diagnosis), optag.go (BeginOp), errors.go (Error, Result), transport.go
+// (which transport carries a channel), init.go, env.go and ranktable.go
+// (joining across processes), subcomm.go (CreateSubComm, Split), health.go
+// (a lost rank), metrics.go and log.go (observability).
 //
 // Names and values follow HCCL: HcclResult codes are Result, CommEngine is
 // Engine, CommProtocol is Protocol, HcclDataType is DataType, HcclReduceOp is

@@ -1,6 +1,7 @@
 package hcomm
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"os"
@@ -39,21 +40,29 @@ import (
 // which keeps apart jobs that reuse a port and refuses malformed or stray
 // connections, but is no secret from someone who can read those: set
 // HCOMM_SECRET where the network is shared.
+//
+// InitFromEnv is InitFromEnvContext with context.Background().
 func InitFromEnv(cfg *Config) (*Comm, error) {
+	return InitFromEnvContext(context.Background(), cfg)
+}
+
+// InitFromEnvContext is InitFromEnv bounded by ctx as well, as
+// InitRootInfoContext is.
+func InitFromEnvContext(ctx context.Context, cfg *Config) (*Comm, error) {
 	const op = "InitFromEnv"
 	c, err := resolveAll(cfg)
 	if err != nil {
-		return nil, &Error{Op: op, Comm: c.Name, Rank: -1, Peer: -1, Code: ErrPara, Err: err}
+		return nil, noRankErr(op, c.Name, ErrPara, err, "")
 	}
 	le, err := parseLaunchEnv(os.Getenv)
 	if err != nil {
-		return nil, &Error{Op: op, Comm: c.Name, Rank: -1, Peer: -1, Code: ErrPara, Err: err}
+		return nil, noRankErr(op, c.Name, ErrPara, err, "")
 	}
 	listen, err := listenAddr(c, le.addr)
 	if err != nil {
 		return nil, &Error{Op: op, Comm: c.Name, Rank: le.rank, Peer: -1, Code: ErrNetwork, Err: err}
 	}
-	return join(op, c, joinSpec{nRanks: le.size, rank: le.rank, localRank: le.localRank, addr: le.addr,
+	return join(ctx, op, c, joinSpec{nRanks: le.size, rank: le.rank, localRank: le.localRank, addr: le.addr,
 		listen: listen, secret: le.secret})
 }
 

@@ -139,46 +139,47 @@ func TestPickTransport(t *testing.T) {
 	sameProc := peerInfo{Rank: 1, Host: "h1", ShmHost: "s1", Proc: "p1"}
 	sameHost := peerInfo{Rank: 1, Host: "h1", ShmHost: "s1", Proc: "p2"}
 	other := peerInfo{Rank: 1, Host: "h2", Proc: "p3"}
-	_, hasShm := dialerMakers[TransportShm]
-	_, hasTCP := dialerMakers[TransportTCP]
+	noShm := peerInfo{Rank: 0, Host: "h1", Proc: "p1"} // a system without what shm needs
 	type tc struct {
 		cfg   Config
+		me    peerInfo
 		peer  peerInfo
 		proto Protocol
 		want  string // "" = error
 	}
 	cases := []tc{
-		{Config{}, sameProc, ProtocolAuto, TransportInproc},
-		{Config{}, sameProc, ProtocolHCCS, TransportInproc},
-		{Config{}, other, ProtocolHCCS, ""},
-		{Config{Transport: TransportInproc}, sameHost, ProtocolAuto, ""},
-	}
-	if hasTCP {
-		cases = append(cases,
-			tc{Config{}, other, ProtocolAuto, TransportTCP},
-			tc{Config{}, sameProc, ProtocolROCE, TransportTCP},
-			tc{Config{Transport: TransportTCP}, sameProc, ProtocolHCCS, TransportTCP},
-			tc{Config{ShmDisable: true}, sameHost, ProtocolAuto, TransportTCP},
-			tc{Config{ShmDisable: true}, sameHost, ProtocolHCCS, ""})
-	} else {
-		cases = append(cases, tc{Config{}, other, ProtocolAuto, ""}, tc{Config{}, sameProc, ProtocolROCE, ""})
-	}
-	if hasShm {
-		cases = append(cases,
-			tc{Config{}, sameHost, ProtocolAuto, TransportShm},
-			tc{Config{}, sameHost, ProtocolPCIE, TransportShm},
-			tc{Config{}, sameProc, ProtocolPCIE, TransportShm},
-			tc{Config{Transport: TransportShm}, sameProc, ProtocolAuto, TransportShm},
-			tc{Config{Transport: TransportShm}, other, ProtocolAuto, ""})
-	} else {
-		cases = append(cases, tc{Config{}, sameProc, ProtocolPCIE, TransportInproc}, tc{Config{}, sameHost, ProtocolHCCS, ""})
+		{Config{}, me, sameProc, ProtocolAuto, TransportInproc},
+		{Config{}, me, sameProc, ProtocolHCCS, TransportInproc},
+		{Config{}, me, other, ProtocolHCCS, ""},
+		{Config{Transport: TransportInproc}, me, sameHost, ProtocolAuto, ""},
+		{Config{}, me, other, ProtocolAuto, TransportTCP},
+		{Config{}, me, sameProc, ProtocolROCE, TransportTCP},
+		{Config{}, me, sameProc, ProtocolUBOE, TransportTCP},
+		{Config{Transport: TransportTCP}, me, sameProc, ProtocolHCCS, TransportTCP},
+		{Config{ShmDisable: true}, me, sameHost, ProtocolAuto, TransportTCP},
+		{Config{ShmDisable: true}, me, sameHost, ProtocolHCCS, ""},
+		{Config{}, me, sameHost, ProtocolAuto, TransportShm},
+		{Config{}, me, sameHost, ProtocolHCCS, TransportShm},
+		{Config{}, me, sameHost, ProtocolPCIE, TransportShm},
+		{Config{}, me, sameProc, ProtocolPCIE, TransportShm},
+		{Config{}, me, other, ProtocolPCIE, ""},
+		{Config{ShmDisable: true}, me, sameProc, ProtocolPCIE, TransportInproc}, // PCIE where shm is off
+		{Config{}, noShm, sameProc, ProtocolPCIE, TransportInproc},
+		{Config{}, noShm, sameHost, ProtocolAuto, TransportTCP},
+		{Config{Transport: TransportShm}, me, sameProc, ProtocolAuto, TransportShm},
+		{Config{Transport: TransportShm}, me, other, ProtocolAuto, ""},
+		{Config{}, me, sameProc, Protocol(42), ""},
 	}
 	for _, c := range cases {
-		got, err := mk(c.cfg, me, c.peer).pickTransport(1, c.proto)
+		tr, err := mk(c.cfg, c.me, c.peer).pickTransport(1, c.proto)
+		got := ""
+		if tr != nil {
+			got = tr.name
+		}
 		if got != c.want || (c.want == "") != (err != nil) {
 			t.Errorf("cfg %+v peer %+v %v: got %q, %v; want %q", c.cfg, c.peer, c.proto, got, err, c.want)
 		}
-		if err != nil && !strings.Contains(err.Error(), "rank 1") && !strings.Contains(err.Error(), "HCOMM_TRANSPORT") {
+		if err != nil && !strings.Contains(err.Error(), "rank 1") && !strings.Contains(err.Error(), "HCOMM_TRANSPORT") && !strings.Contains(err.Error(), "protocol 42") {
 			t.Errorf("error does not name the peer: %v", err)
 		}
 	}

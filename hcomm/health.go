@@ -142,10 +142,8 @@ func (c *Comm) rankLost(rank int, reason string) {
 	}
 	c.mu.Unlock()
 	for _, ch := range chs {
-		for i := 0; i < ch.ch.NotifyNum(); i++ {
-			if n, err := ch.ch.Notify(i); err == nil {
-				n.Break(e)
-			}
+		for _, n := range ch.notifies {
+			n.Break(e)
 		}
 	}
 }
@@ -171,9 +169,10 @@ func (c *Comm) unwatch(chs map[chanKey]*Channel) {
 	}
 	failing := c.lostErr() != nil
 	for _, ch := range chs {
-		for i := 0; i < ch.ch.NotifyNum() && !failing; i++ {
-			if n, err := ch.ch.Notify(i); err == nil && n.Broken() != nil {
+		for _, n := range ch.notifies {
+			if n.Broken() != nil {
 				failing = true
+				break
 			}
 		}
 	}

@@ -88,8 +88,7 @@ func ParseRootInfo(s string) (RootInfo, error) {
 		if len(q) > 80 {
 			q = q[:80] + "…"
 		}
-		return RootInfo{}, &Error{Op: "ParseRootInfo", Rank: -1, Peer: -1, Code: ErrPara,
-			Msg: fmt.Sprintf("root info %q: %s (want %s<32 hex digits>@host:port)", q, why, rootInfoScheme)}
+		return RootInfo{}, noRankErr("ParseRootInfo", "", ErrPara, nil, "root info %q: %s (want %s<32 hex digits>@host:port)", q, why, rootInfoScheme)
 	}
 	rest, ok := strings.CutPrefix(s, rootInfoScheme)
 	if !ok {
@@ -202,7 +201,18 @@ func GetRootInfo(cfg *Config) (RootInfo, error) {
 // rank 0 it takes over the store GetRootInfo started in this process; a rank
 // 0 in a process that did not call GetRootInfo starts a store on root.Addr
 // itself. cfg may be nil.
+//
+// InitRootInfo is InitRootInfoContext with context.Background().
 func InitRootInfo(nRanks int, root RootInfo, rank int, cfg *Config) (*Comm, error) {
+	return InitRootInfoContext(context.Background(), nRanks, root, rank, cfg)
+}
+
+// InitRootInfoContext is InitRootInfo bounded by ctx as well as by
+// Config.ConnectTimeout: when ctx ends before every rank has joined, the
+// call returns an *Error matching ctx's error (context.Canceled: code
+// ErrUnavail; context.DeadlineExceeded: code ErrTimeout, Timeout() true) and
+// leaves nothing open. ctx bounds the setup only, not the communicator.
+func InitRootInfoContext(ctx context.Context, nRanks int, root RootInfo, rank int, cfg *Config) (*Comm, error) {
 	const op = "InitRootInfo"
 	c, err := resolveAll(cfg)
 	if err != nil {
@@ -211,7 +221,7 @@ func InitRootInfo(nRanks int, root RootInfo, rank int, cfg *Config) (*Comm, erro
 	if _, err := ParseRootInfo(root.String()); err != nil {
 		return nil, &Error{Op: op, Comm: c.Name, Rank: rank, Peer: -1, Code: ErrPara, Err: err}
 	}
-	return join(op, c, joinSpec{nRanks: nRanks, rank: rank, localRank: -1, addr: root.Addr,
+	return join(ctx, op, c, joinSpec{nRanks: nRanks, rank: rank, localRank: -1, addr: root.Addr,
 		listen: root.Addr, secret: bootstrap.Secret(root.Secret)})
 }
 
@@ -245,8 +255,9 @@ func (c Config) bootLogger() *slog.Logger {
 	return slog.Default()
 }
 
-// join runs the rendezvous and makes the communicator.
-func join(op string, c Config, js joinSpec) (*Comm, error) {
+// join runs the rendezvous, bounded by ctx and c.ConnectTimeout, and makes
+// the communicator.
+func join(ctx context.Context, op string, c Config, js joinSpec) (*Comm, error) {
 	fail := func(code Result, err error, format string, args ...any) (*Comm, error) {
 		return nil, &Error{Op: op, Comm: c.Name, Rank: js.rank, Peer: -1, Code: code, Err: err, Msg: fmt.Sprintf(format, args...)}
 	}
@@ -260,7 +271,7 @@ func join(op string, c Config, js joinSpec) (*Comm, error) {
 	if err != nil {
 		return fail(ErrNetwork, err, "")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), c.ConnectTimeout)
+	ctx, cancel := context.WithTimeout(ctx, c.ConnectTimeout)
 	defer cancel()
 
 	var srv *bootstrap.Server
@@ -277,10 +288,7 @@ func join(op string, c Config, js joinSpec) (*Comm, error) {
 		if srv != nil {
 			srv.Close()
 		}
-		code := ErrTCPConnect
-		if ctx.Err() != nil {
-			code = ErrTimeout
-		}
+		code, err := ended(ctx, ErrTCPConnect, err)
 		return fail(code, err, "joining the bootstrap within HCCL_CONNECT_TIMEOUT %v", c.ConnectTimeout)
 	}
 	cli.KeepAlive(keepAliveInterval)
@@ -294,9 +302,7 @@ func join(op string, c Config, js joinSpec) (*Comm, error) {
 	peers, code, err := rendezvous(ctx, cli, js, ifc)
 	if err != nil {
 		release()
-		if ctx.Err() != nil {
-			code = ErrTimeout
-		}
+		code, err = ended(ctx, code, err)
 		return fail(code, err, "")
 	}
 	boot := &bootState{store: bootstrap.Prefix(cli, "c"), client: cli, peers: peers, fabric: inproc.Default, iface: ifc,

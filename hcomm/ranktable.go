@@ -2,6 +2,7 @@ package hcomm
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -121,7 +122,15 @@ func (t *RankTable) ranks() ([]rankEntry, error) {
 // (29500). HCOMM_MASTER_ADDR=host:port overrides both. The secret is
 // HCOMM_SECRET when set, else derived from the table's bytes, which every
 // rank reads and strangers without the file do not know.
+//
+// InitClusterInfo is InitClusterInfoContext with context.Background().
 func InitClusterInfo(rankTablePath string, rank int, cfg *Config) (*Comm, error) {
+	return InitClusterInfoContext(context.Background(), rankTablePath, rank, cfg)
+}
+
+// InitClusterInfoContext is InitClusterInfo bounded by ctx as well, as
+// InitRootInfoContext is.
+func InitClusterInfoContext(ctx context.Context, rankTablePath string, rank int, cfg *Config) (*Comm, error) {
 	const op = "InitClusterInfo"
 	c, err := resolveAll(cfg)
 	if err != nil {
@@ -157,7 +166,7 @@ func InitClusterInfo(rankTablePath string, rank int, cfg *Config) (*Comm, error)
 	if s := os.Getenv("HCOMM_SECRET"); s != "" {
 		secret = bootstrap.DeriveSecret(s)
 	}
-	return join(op, c, joinSpec{nRanks: len(entries), rank: rank, localRank: entries[rank].deviceID,
+	return join(ctx, op, c, joinSpec{nRanks: len(entries), rank: rank, localRank: entries[rank].deviceID,
 		addr: addr, listen: listen, secret: secret})
 }
 

@@ -3,6 +3,7 @@ package hcomm
 import (
 	"context"
 	"encoding/binary"
+	"fmt"
 	"slices"
 	"strconv"
 	"sync/atomic"
@@ -25,6 +26,10 @@ const SplitNoColor = -1
 // therefore stays open until both are destroyed. Destroy it before this
 // communicator. cfg may be nil: the parent's configuration, named
 // "<parent>/<subCommID>".
+//
+// CreateSubComm does not block: it trades nothing with the other ranks (they
+// meet when they acquire channels, ChannelAcquireContext), so it has no
+// context-taking form.
 func (c *Comm) CreateSubComm(ranks []int, subCommID uint64, cfg *Config) (*Comm, error) {
 	const op = "CreateSubComm"
 	if err := c.usable(op); err != nil {
@@ -57,8 +62,20 @@ type splitCounter struct{}
 // and key; the ranks that passed the same color form a new communicator,
 // ranked by key and then by their rank here. A rank passing SplitNoColor (any
 // negative color) joins none and gets nil, nil. Each new communicator is
-// made as by CreateSubComm. Setup is bounded by the connect timeout.
+// made as by CreateSubComm. Setup is bounded by the connect timeout, and
+// ended by Abort or Destroy (an error wrapping ErrAborted).
+//
+// Split is SplitContext with context.Background().
 func (c *Comm) Split(color, key int, cfg *Config) (*Comm, error) {
+	return c.SplitContext(context.Background(), color, key, cfg)
+}
+
+// SplitContext is Split bounded by ctx as well: a ctx that ends before every
+// rank has published its color fails the call with an *Error matching ctx's
+// error (context.Canceled: code ErrUnavail; context.DeadlineExceeded: code
+// ErrTimeout, Timeout() true). A split that fails so is spent, as one that
+// times out: this rank's next Split meets the other ranks' next one.
+func (c *Comm) SplitContext(ctx context.Context, color, key int, cfg *Config) (*Comm, error) {
 	const op = "Split"
 	if err := c.usable(op); err != nil {
 		return nil, err
@@ -66,24 +83,20 @@ func (c *Comm) Split(color, key int, cfg *Config) (*Comm, error) {
 	ctr := c.Value(splitCounter{}, func() any { return new(atomic.Uint64) }).(*atomic.Uint64)
 	k := ctr.Add(1)
 	base := "split" + strconv.FormatUint(k, 10) + "/"
-	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.ConnectTimeout)
-	defer cancel()
+	ctx, done := c.setupCtx(ctx)
+	defer done()
 	var mine [16]byte
 	binary.LittleEndian.PutUint64(mine[:], uint64(int64(color)))
 	binary.LittleEndian.PutUint64(mine[8:], uint64(int64(key)))
 	if err := c.boot.store.Set(ctx, base+"r"+strconv.Itoa(c.rank), mine[:]); err != nil {
-		return nil, c.errorf(op, -1, ResultOf(err), err, "publishing this rank's color")
+		return nil, c.splitErr(ctx, op, -1, ResultOf(err), err, "publishing this rank's color")
 	}
 	type member struct{ rank, key int }
 	var group []member
 	for r := 0; r < c.size; r++ {
 		v, err := c.boot.store.Get(ctx, base+"r"+strconv.Itoa(r))
 		if err != nil {
-			code := ErrInternal
-			if ctx.Err() != nil {
-				code = ErrTimeout
-			}
-			return nil, c.errorf(op, r, code, err, "waiting for rank %d's color (every rank must call Split)", r)
+			return nil, c.splitErr(ctx, op, r, ErrInternal, err, fmt.Sprintf("waiting for rank %d's color (every rank must call Split)", r))
 		}
 		if len(v) != 16 {
 			return nil, c.errorf(op, r, ErrInternal, nil, "rank %d published %d bytes of color and key, want 16", r, len(v))
@@ -107,6 +120,17 @@ func (c *Comm) Split(color, key int, cfg *Config) (*Comm, error) {
 		ranks[i] = m.rank
 	}
 	return c.sub(op, ranks, "split"+strconv.FormatUint(k, 10)+"c"+strconv.Itoa(color), cfg)
+}
+
+// splitErr is the error of a Split whose store operation failed with err:
+// the communicator's own state (aborted, destroyed, a rank lost) first, then
+// ctx's end, then code.
+func (c *Comm) splitErr(ctx context.Context, op string, peer int, code Result, err error, msg string) error {
+	if e := c.usable(op); e != nil {
+		return e
+	}
+	code, err = ended(ctx, code, err)
+	return c.errorf(op, peer, code, err, "%s", msg)
 }
 
 // sub makes this rank's end of the sub-communicator of ranks (parent ranks,

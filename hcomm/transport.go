@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -18,13 +19,15 @@ import (
 
 // Transport selection: which channel.Dialer carries a channel.
 //
-// A peer is reachable by inproc when it lives in this process (same process
-// token in the bootstrap), by shm when it lives on this host (same host id:
-// hostname and kernel boot id), and by tcp always. Protocols map onto
-// transports as DESIGN.md says:
+// The transports are one static table, fastest first, as NCCL's
+// ncclTransports[] with canConnect: each entry says which protocols it
+// carries, whether it reaches a peer (canReach: inproc a peer in this process
+// — same process token in the bootstrap —, shm one on this host — same
+// shm.HostID —, tcp any), and how a communicator makes its Dialer. Protocols
+// map onto transports as DESIGN.md says:
 //
 //	HCCS, SIO, HCCS_ONLY   inproc (same process), else shm (same host)
-//	PCIE                   shm (same host); inproc when this build has no shm
+//	PCIE                   shm (same host); inproc where shm is off
 //	ROCE, UBC_CTP, UBC_TP,
 //	UB_MEM, UBOE           tcp
 //	AUTO                   the fastest that reaches the peer: inproc > shm > tcp
@@ -41,21 +44,63 @@ const (
 	TransportTCP    = "tcp"
 )
 
-// dialerMakers are the transports this build has, by name. inproc is always
-// here; shm and tcp register themselves from transport_*.go when their
-// packages are part of the build.
-var dialerMakers = map[string]func(c *Comm) (channel.Dialer, error){
-	TransportInproc: func(c *Comm) (channel.Dialer, error) { return inproc.NewDialer(c.boot.fabric), nil },
+// transport is one way to carry a channel.
+type transport struct {
+	name string
+	// protocols are the protocols it carries besides ProtocolAuto, which
+	// every transport carries.
+	protocols []Protocol
+	// canReach reports whether the transport reaches peer from me under cfg.
+	canReach func(cfg *Config, me, peer *peerInfo) bool
+	// newDialer makes a communicator's Dialer of this transport.
+	newDialer func(c *Comm) (channel.Dialer, error)
 }
 
-// Transports returns the names of the transports this build has, fastest
-// first: some of inproc, shm, tcp.
-func Transports() []string {
-	var out []string
-	for _, t := range []string{TransportInproc, TransportShm, TransportTCP} {
-		if _, ok := dialerMakers[t]; ok {
-			out = append(out, t)
+// transports are every transport hcomm has, fastest first.
+var transports = [...]transport{
+	{name: TransportInproc, protocols: []Protocol{ProtocolHCCS, ProtocolSIO, ProtocolHCCSOnly},
+		canReach:  func(_ *Config, me, peer *peerInfo) bool { return me.Proc == peer.Proc },
+		newDialer: func(c *Comm) (channel.Dialer, error) { return inproc.NewDialer(c.boot.fabric), nil }},
+	{name: TransportShm, protocols: []Protocol{ProtocolHCCS, ProtocolSIO, ProtocolHCCSOnly, ProtocolPCIE},
+		canReach: shmReaches, newDialer: newShmDialer}, // transport_shm.go
+	{name: TransportTCP, protocols: []Protocol{ProtocolROCE, ProtocolUBCCTP, ProtocolUBCTP, ProtocolUBMem, ProtocolUBOE},
+		canReach:  func(*Config, *peerInfo, *peerInfo) bool { return true },
+		newDialer: newTCPDialer}, // transport_tcp.go
+}
+
+// shmReaches reports whether shm reaches peer: it is on, and both ranks
+// published the same non-empty shm.HostID.
+func shmReaches(cfg *Config, me, peer *peerInfo) bool {
+	return !cfg.ShmDisable && me.ShmHost != "" && me.ShmHost == peer.ShmHost
+}
+
+// carries reports whether t carries protocol p. shmOff says shm is off
+// here (disabled, or the system lacks what it needs): PCIE then goes over
+// inproc to a peer in this process.
+func (t *transport) carries(p Protocol, shmOff bool) bool {
+	if p == ProtocolAuto || slices.Contains(t.protocols, p) {
+		return true
+	}
+	return p == ProtocolPCIE && shmOff && t.name == TransportInproc
+}
+
+// transportNamed returns the table's entry for name, or nil.
+func transportNamed(name string) *transport {
+	for i := range transports {
+		if transports[i].name == name {
+			return &transports[i]
 		}
+	}
+	return nil
+}
+
+// Transports returns the names of the transports hcomm has, fastest first:
+// inproc, shm, tcp. (shm reaches no peer on a system without what it needs:
+// see channel/shm.)
+func Transports() []string {
+	out := make([]string, len(transports))
+	for i := range transports {
+		out[i] = transports[i].name
 	}
 	return out
 }
@@ -87,10 +132,6 @@ func hostID() string {
 	})
 	return hostIDVal
 }
-
-// shmHostID, set when this build has shm, names what processes must share
-// to reach each other over it (shm.HostID); "" means never.
-var shmHostID = func() string { return "" }
 
 // peerInfo is what each rank publishes in the bootstrap.
 type peerInfo struct {
@@ -164,85 +205,59 @@ func (c Config) resolveNet() (Config, error) {
 	return c, nil
 }
 
-// pickTransport chooses the transport of a channel to peer with protocol p.
-func (c *Comm) pickTransport(peer int, p Protocol) (string, error) {
-	me, them := c.boot.peers[c.rank], c.boot.peers[peer]
-	sameProc := me.Proc == them.Proc
-	sameHost := me.Host == them.Host
-	shmReach := me.ShmHost != "" && me.ShmHost == them.ShmHost
-	has := func(name string) bool { _, ok := dialerMakers[name]; return ok }
-	reaches := func(name string) bool {
-		switch name {
-		case TransportInproc:
-			return sameProc
-		case TransportShm:
-			return shmReach && !c.cfg.ShmDisable && has(TransportShm)
-		case TransportTCP:
-			return has(TransportTCP)
-		}
-		return false
-	}
+// pickTransport chooses the transport of a channel to peer with protocol p:
+// the forced one, or the fastest that carries p and reaches the peer.
+func (c *Comm) pickTransport(peer int, p Protocol) (*transport, error) {
+	me, them := &c.boot.peers[c.rank], &c.boot.peers[peer]
 	where := fmt.Sprintf("rank %d is on %s, rank %d on %s", c.rank, me.where(), peer, them.where())
 	if f := c.cfg.Transport; f != "" {
-		if !has(f) {
-			return "", fmt.Errorf("transport %s is forced (HCOMM_TRANSPORT) but this build does not have it", f)
+		t := transportNamed(f)
+		if t == nil {
+			return nil, fmt.Errorf("transport %s is forced (HCOMM_TRANSPORT) but hcomm has no such transport", f)
 		}
-		if !reaches(f) {
-			return "", fmt.Errorf("transport %s is forced (HCOMM_TRANSPORT) but cannot reach the peer: %s", f, where)
+		if !t.canReach(&c.cfg, me, them) {
+			return nil, fmt.Errorf("transport %s is forced (HCOMM_TRANSPORT) but cannot reach the peer: %s", f, where)
 		}
-		return f, nil
+		return t, nil
 	}
-	var order []string
-	switch p {
-	case ProtocolAuto:
-		order = []string{TransportInproc, TransportShm, TransportTCP}
-	case ProtocolHCCS, ProtocolSIO, ProtocolHCCSOnly:
-		order = []string{TransportInproc, TransportShm}
-	case ProtocolPCIE:
-		order = []string{TransportShm}
-		if !has(TransportShm) || c.cfg.ShmDisable {
-			order = append(order, TransportInproc)
-		}
-	case ProtocolROCE, ProtocolUBCCTP, ProtocolUBCTP, ProtocolUBMem, ProtocolUBOE:
-		order = []string{TransportTCP}
-	default:
-		return "", fmt.Errorf("unknown protocol %d", int32(p))
+	if _, ok := protocolNames[p]; !ok {
+		return nil, fmt.Errorf("unknown protocol %d", int32(p))
 	}
-	for _, t := range order {
-		if reaches(t) {
+	shmOff := c.cfg.ShmDisable || me.ShmHost == ""
+	var tried []string
+	for i := range transports {
+		t := &transports[i]
+		if !t.carries(p, shmOff) {
+			continue
+		}
+		if t.canReach(&c.cfg, me, them) {
 			return t, nil
 		}
+		tried = append(tried, t.name)
 	}
 	why := ""
-	switch {
-	case len(order) == 1 && !has(order[0]):
-		why = fmt.Sprintf(": this build has no %s transport", order[0])
-	case c.cfg.ShmDisable && sameHost:
+	if c.cfg.ShmDisable && me.Host == them.Host {
 		why = " (shm is disabled by HCOMM_SHM_DISABLE)"
 	}
-	return "", fmt.Errorf("protocol %v cannot reach the peer over %s%s: %s", p, strings.Join(order, " or "), why, where)
+	return nil, fmt.Errorf("protocol %v cannot reach the peer over %s%s: %s", p, strings.Join(tried, " or "), why, where)
 }
 
-// dialer returns the communicator's Dialer of the named transport, making it
-// on first use. One Dialer of each kind per communicator; Destroy closes them.
-func (c *Comm) dialer(name string) (channel.Dialer, error) {
+// dialer returns the communicator's Dialer of transport t, making it on
+// first use. One Dialer of each kind per communicator; Destroy closes them.
+func (c *Comm) dialer(t *transport) (channel.Dialer, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
 		return nil, fmt.Errorf("communicator is destroyed")
 	}
-	if d, ok := c.dialers[name]; ok {
+	if d, ok := c.dialers[t.name]; ok {
 		return d, nil
 	}
-	mk, ok := dialerMakers[name]
-	if !ok {
-		return nil, fmt.Errorf("this build has no %s transport", name)
-	}
-	d, err := mk(c)
+	d, err := t.newDialer(c)
 	if err != nil {
 		return nil, err
 	}
-	c.dialers[name] = d
+	c.dialers[t.name] = d
 	return d, nil
 }
 

@@ -14,30 +14,28 @@ import (
 // address of HCOMM_SOCKET_IFNAME's interface when it is set (else to every
 // interface, advertising each address), proving the communicator's secret on
 // every connection.
-func init() {
-	dialerMakers[TransportTCP] = func(c *Comm) (channel.Dialer, error) {
-		o := tcp.Options{Secret: append([]byte(nil), c.boot.secret[:]...), Logger: c.cfg.logger}
-		// HCOMM_TCP_STREAMS: sockets per channel (the two ends use the
-		// smaller of their values), like NCCL_NSOCKS_PERTHREAD. Default 2,
-		// or 1 in a process that runs Go on one processor (GOMAXPROCS=1, as
-		// hcomm run gives each rank when ranks fill the host): a second
-		// socket's sender and reader then only take turns with the first,
-		// and cost a goroutine hand-off per piece (BENCHMARKS.md: 2
-		// processes on 2 cores, 64 MiB all-reduce, 1.83 GB/s with one socket
-		// against 1.50 with two, medians of ten).
-		o.Streams = defaultStreams(runtime.GOMAXPROCS(0))
-		if v := os.Getenv("HCOMM_TCP_STREAMS"); v != "" {
-			n, err := strconv.Atoi(v)
-			if err != nil || n < 1 || n > 64 {
-				return nil, fmt.Errorf("HCOMM_TCP_STREAMS=%q: want an integer in [1, 64]", v)
-			}
-			o.Streams = n
+func newTCPDialer(c *Comm) (channel.Dialer, error) {
+	o := tcp.Options{Secret: append([]byte(nil), c.boot.secret[:]...), Logger: c.cfg.logger}
+	// HCOMM_TCP_STREAMS: sockets per channel (the two ends use the
+	// smaller of their values), like NCCL_NSOCKS_PERTHREAD. Default 2,
+	// or 1 in a process that runs Go on one processor (GOMAXPROCS=1, as
+	// hcomm run gives each rank when ranks fill the host): a second
+	// socket's sender and reader then only take turns with the first,
+	// and cost a goroutine hand-off per piece (BENCHMARKS.md: 2
+	// processes on 2 cores, 64 MiB all-reduce, 1.83 GB/s with one socket
+	// against 1.50 with two, medians of ten).
+	o.Streams = defaultStreams(runtime.GOMAXPROCS(0))
+	if v := os.Getenv("HCOMM_TCP_STREAMS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 64 {
+			return nil, fmt.Errorf("HCOMM_TCP_STREAMS=%q: want an integer in [1, 64]", v)
 		}
-		if ip := c.boot.iface.IP; ip != nil && c.cfg.SocketIfname != "" {
-			o.Addr = ip.String()
-		}
-		return tcp.NewDialer(o)
+		o.Streams = n
 	}
+	if ip := c.boot.iface.IP; ip != nil && c.cfg.SocketIfname != "" {
+		o.Addr = ip.String()
+	}
+	return tcp.NewDialer(o)
 }
 
 // defaultStreams is the sockets per tcp channel when HCOMM_TCP_STREAMS is

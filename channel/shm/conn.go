@@ -205,14 +205,14 @@ func (t *Transport) watch() {
 		var cause error
 		switch {
 		case err == nil && m.Type == msgBye:
-			cause = fmt.Errorf("rank %d (pid %d) closed its end of %s: %w", t.peer, t.peerPID, t.name, ErrPeerClosed)
+			cause = fmt.Errorf("rank %d (pid %d) closed its end of %s: %w", t.peer, t.peerPID, t.name, channel.ErrPeerClosed)
 		case err == nil:
-			cause = fmt.Errorf("rank %d (pid %d) sent %v after connecting: %w", t.peer, t.peerPID, m.Type, ErrPeerLost)
+			cause = fmt.Errorf("rank %d (pid %d) sent %v after connecting: %w", t.peer, t.peerPID, m.Type, channel.ErrPeerLost)
 		case errors.Is(err, io.EOF):
 			cause = fmt.Errorf("rank %d (pid %d) of %s is lost: its socket closed without a goodbye (the process exited or was killed): %w",
-				t.peer, t.peerPID, t.name, ErrPeerLost)
+				t.peer, t.peerPID, t.name, channel.ErrPeerLost)
 		default:
-			cause = fmt.Errorf("rank %d (pid %d) of %s is lost: %v: %w", t.peer, t.peerPID, t.name, err, ErrPeerLost)
+			cause = fmt.Errorf("rank %d (pid %d) of %s is lost: %v: %w", t.peer, t.peerPID, t.name, err, channel.ErrPeerLost)
 		}
 		t.lose(cause)
 		return
@@ -229,7 +229,7 @@ func (t *Transport) lose(cause error) {
 	}
 }
 
-// Lost returns why the peer is gone (wrapping ErrPeerLost or ErrPeerClosed),
+// Lost returns why the peer is gone (wrapping channel.ErrPeerLost or channel.ErrPeerClosed),
 // or nil while it is connected.
 func (t *Transport) Lost() error {
 	if p := t.lost.Load(); p != nil {
@@ -245,7 +245,7 @@ func (t *Transport) Name() string { return "shm" }
 // for reading.
 func (t *Transport) usable(op string) error {
 	if t.closed {
-		return fmt.Errorf("shm %s on %s (rank %d -> rank %d): %w", op, t.name, t.rank, t.peer, ErrClosed)
+		return fmt.Errorf("shm %s on %s (rank %d -> rank %d): %w", op, t.name, t.rank, t.peer, channel.ErrClosed)
 	}
 	if err := t.Lost(); err != nil {
 		return fmt.Errorf("shm %s on %s (rank %d -> rank %d): %w", op, t.name, t.rank, t.peer, err)
@@ -385,9 +385,9 @@ func (t *Transport) Fence(<-chan struct{}) error {
 }
 
 // Close says goodbye to the peer, stops the watcher, breaks and detaches the
-// local notifies (their waits fail with ErrClosed), and unmaps the peer's
+// local notifies (their waits fail with channel.ErrClosed), and unmaps the peer's
 // memory, its notify page and this end's. Operations after Close fail with
-// ErrClosed. Idempotent; later calls return the first call's result.
+// channel.ErrClosed. Idempotent; later calls return the first call's result.
 func (t *Transport) Close() error {
 	t.closeOnce.Do(func() {
 		t.closing.Store(true)
@@ -397,7 +397,7 @@ func (t *Transport) Close() error {
 			t.closeErr = t.conn.Close()
 		}
 		<-t.watchDone
-		t.release(fmt.Errorf("shm %s (rank %d -> rank %d): %w", t.name, t.rank, t.peer, ErrClosed))
+		t.release(fmt.Errorf("shm %s (rank %d -> rank %d): %w", t.name, t.rank, t.peer, channel.ErrClosed))
 	})
 	return t.closeErr
 }

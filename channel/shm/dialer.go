@@ -77,7 +77,7 @@ func NewDialer(opts Options) (*Dialer, error) {
 // Name returns "shm".
 func (d *Dialer) Name() string { return "shm" }
 
-// Close makes later Connects fail with ErrClosed. Channels already made are
+// Close makes later Connects fail with channel.ErrClosed. Channels already made are
 // closed separately. Idempotent.
 func (d *Dialer) Close() error {
 	d.mu.Lock()
@@ -108,7 +108,7 @@ func ctxConn(ctx context.Context, c interface{ SetDeadline(time.Time) error }) f
 // the ends send each other their memory and notify page descriptors
 // (SCM_RIGHTS), check them, map them, and confirm. It returns when both ends
 // are connected, or with an error when ctx ends first or either end refuses.
-// Errors name both ranks and wrap ErrOtherHost, ErrRefused, ErrPeerLost or
+// Errors name both ranks and wrap ErrOtherHost, channel.ErrRefused, channel.ErrPeerLost or
 // ctx's error.
 func (d *Dialer) Connect(ctx context.Context, local *channel.Local, ex channel.Exchange) (*channel.Conn, error) {
 	if local == nil || ex == nil {
@@ -118,7 +118,7 @@ func (d *Dialer) Connect(ctx context.Context, local *channel.Local, ex channel.E
 	closed := d.closed
 	d.mu.Unlock()
 	if closed {
-		return nil, fmt.Errorf("shm connect rank %d -> rank %d: %w", local.Rank, local.Peer, ErrClosed)
+		return nil, fmt.Errorf("shm connect rank %d -> rank %d: %w", local.Rank, local.Peer, channel.ErrClosed)
 	}
 	c := &connecting{d: d, local: local, name: local.Name}
 	if c.name == "" {
@@ -178,7 +178,7 @@ func (c *connecting) cleanup() {
 		c.sock.Close()
 	}
 	if c.t != nil {
-		c.t.release(ErrClosed)
+		c.t.release(channel.ErrClosed)
 	}
 }
 
@@ -220,15 +220,15 @@ func (c *connecting) run(ctx context.Context, ex channel.Exchange) (*channel.Con
 	}
 	peer, err := decodeHello(theirs)
 	if err != nil {
-		return nil, c.errf("rank %d's hello: %w: %w", l.Peer, err, ErrRefused)
+		return nil, c.errf("rank %d's hello: %w: %w", l.Peer, err, channel.ErrRefused)
 	}
 	switch {
 	case peer.HostID != me.HostID:
 		return nil, c.errf("rank %d runs on host %q, this rank on %q: %w", l.Peer, peer.HostID, me.HostID, ErrOtherHost)
 	case int(peer.Rank) != l.Peer || int(peer.Peer) != l.Rank:
-		return nil, c.errf("the hello came from rank %d for rank %d: %w", peer.Rank, peer.Peer, ErrRefused)
+		return nil, c.errf("the hello came from rank %d for rank %d: %w", peer.Rank, peer.Peer, channel.ErrRefused)
 	case peer.Listen == me.Listen:
-		return nil, c.errf("both ends want to listen or both to dial: %w", ErrRefused)
+		return nil, c.errf("both ends want to listen or both to dial: %w", channel.ErrRefused)
 	}
 	c.t.peerPID = int(peer.PID)
 	if c.t.peerPID == os.Getpid() {
@@ -359,7 +359,7 @@ func (c *connecting) dial(ctx context.Context, peer *hello) error {
 	s := conn.(*net.UnixConn)
 	c.sock = s
 	if cp, err := peerPID(s); err != nil || cp != int(peer.PID) {
-		return c.errf("the socket rank %d named belongs to pid %d (%v), not to pid %d: %w", c.local.Peer, cp, err, peer.PID, ErrRefused)
+		return c.errf("the socket rank %d named belongs to pid %d (%v), not to pid %d: %w", c.local.Peer, cp, err, peer.PID, channel.ErrRefused)
 	}
 	undo := ctxConn(ctx, s)
 	defer undo()
@@ -427,12 +427,12 @@ func (c *connecting) send(m *msg, fds []int) error {
 }
 
 // refuse tells the peer why this end gives up and returns the error for
-// this end (wrapping reason and ErrRefused). It then reads (and drops) what
+// this end (wrapping reason and channel.ErrRefused). It then reads (and drops) what
 // the peer had already sent until the peer, having read the refusal, closes
 // its end: closing a socket with unread messages would reset the peer's
 // connection before it reads why.
 func (c *connecting) refuse(reason error) error {
-	err := c.errf("%w: %w", reason, ErrRefused)
+	err := c.errf("%w: %w", reason, channel.ErrRefused)
 	if sendMsg(c.sock, &msg{Type: msgRefuse, Text: reason.Error()}, nil) == nil {
 		c.sock.CloseWrite()
 		c.sock.SetReadDeadline(time.Now().Add(2 * time.Second))
@@ -482,7 +482,7 @@ func (c *connecting) recvTheirs() error {
 		}
 		switch m.Type {
 		case msgRefuse:
-			return c.errf("rank %d refused this end: %s: %w", c.local.Peer, m.Text, ErrRefused)
+			return c.errf("rank %d refused this end: %s: %w", c.local.Peer, m.Text, channel.ErrRefused)
 		case msgMems:
 			if len(ents)+len(m.Mems) > maxMems {
 				closeFDs(fds)
@@ -530,7 +530,7 @@ func (c *connecting) recvVerdict() error {
 	case err != nil:
 		return c.errf("waiting for rank %d to accept this end's description: %w", c.local.Peer, err)
 	case m.Type == msgRefuse:
-		return c.errf("rank %d refused this end: %s: %w", c.local.Peer, m.Text, ErrRefused)
+		return c.errf("rank %d refused this end: %s: %w", c.local.Peer, m.Text, channel.ErrRefused)
 	case m.Type != msgReady:
 		return c.refuse(fmt.Errorf("rank %d sent %v instead of READY", c.local.Peer, m.Type))
 	}

@@ -60,13 +60,13 @@
 // The kernel closes a dead process's socket; the watcher goroutine of each
 // of its channels in the surviving process sees the end without a goodbye
 // (BYE), breaks every local notify of the channel with an error wrapping
-// ErrPeerLost that names the lost rank and its pid, and later operations on
-// the transport fail with it. A pending wait fails at once instead of
-// sitting out its timeout. A peer that closes its end cleanly sends BYE
-// first: the same happens with ErrPeerClosed. Memory mapped from the dead
-// peer stays valid (the pages live until this end unmaps them), so nothing
-// faults; memfds have no name, so nothing is left in /dev/shm or anywhere
-// else when either process dies.
+// channel.ErrPeerLost that names the lost rank and its pid, and later
+// operations on the transport fail with it. A pending wait fails at once
+// instead of sitting out its timeout. A peer that closes its end cleanly
+// sends BYE first: the same happens with channel.ErrPeerClosed. Memory
+// mapped from the dead peer stays valid (the pages live until this end
+// unmaps them), so nothing faults; memfds have no name, so nothing is
+// left in /dev/shm or anywhere else when either process dies.
 //
 // # Wire formats
 //

@@ -104,10 +104,10 @@ func TestLyingPeerRefused(t *testing.T) {
 			honest, liar := newSide(t, 4096), newSide(t, 4096)
 			liar.d.tamper = c.lie
 			pair(t, honest, liar, 4096)
-			if !errors.Is(honest.err, ErrRefused) || !strings.Contains(honest.err.Error(), c.want) {
-				t.Errorf("honest end: %v, want ErrRefused saying %q", honest.err, c.want)
+			if !errors.Is(honest.err, channel.ErrRefused) || !strings.Contains(honest.err.Error(), c.want) {
+				t.Errorf("honest end: %v, want channel.ErrRefused saying %q", honest.err, c.want)
 			}
-			if !errors.Is(liar.err, ErrRefused) || !strings.Contains(liar.err.Error(), c.want) {
+			if !errors.Is(liar.err, channel.ErrRefused) || !strings.Contains(liar.err.Error(), c.want) {
 				t.Errorf("lying end: %v, want the honest end's refusal saying %q", liar.err, c.want)
 			}
 		})
@@ -148,7 +148,7 @@ func osPipe(t *testing.T) (int, int, error) {
 }
 
 // TestOperationsRaceClose: writes and records from several goroutines while
-// the transport closes either succeed or fail with ErrClosed; none touches
+// the transport closes either succeed or fail with channel.ErrClosed; none touches
 // unmapped memory.
 func TestOperationsRaceClose(t *testing.T) {
 	const size = 1 << 20
@@ -172,7 +172,7 @@ func TestOperationsRaceClose(t *testing.T) {
 					err = tr.NotifyRecord(nil, 1)
 				}
 				if err != nil {
-					if !errors.Is(err, ErrClosed) {
+					if !errors.Is(err, channel.ErrClosed) {
 						errs <- err
 					}
 					return
@@ -192,7 +192,7 @@ func TestOperationsRaceClose(t *testing.T) {
 	defer cancel()
 	for {
 		err := b.conn.Notifies[0].WaitNow(ctx)
-		if errors.Is(err, ErrPeerClosed) {
+		if errors.Is(err, channel.ErrPeerClosed) {
 			break
 		}
 		if err != nil {

@@ -540,7 +540,7 @@ func TestOutOfRangeRefused(t *testing.T) {
 }
 
 // TestPeerKilledMidWait: the peer dies while this end waits; the wait fails
-// at once (not at its timeout) with ErrPeerLost naming the rank, and later
+// at once (not at its timeout) with channel.ErrPeerLost naming the rank, and later
 // operations fail the same way.
 func TestPeerKilledMidWait(t *testing.T) {
 	p := startPeer(t, 64<<10)
@@ -561,28 +561,28 @@ func TestPeerKilledMidWait(t *testing.T) {
 	}
 	select {
 	case err := <-done:
-		if !errors.Is(err, shm.ErrPeerLost) || !strings.Contains(err.Error(), "rank 1") {
-			t.Fatalf("wait = %v, want ErrPeerLost naming rank 1", err)
+		if !errors.Is(err, channel.ErrPeerLost) || !strings.Contains(err.Error(), "rank 1") {
+			t.Fatalf("wait = %v, want channel.ErrPeerLost naming rank 1", err)
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("the wait did not end after the peer died")
 	}
-	if err := s.SynchronizeWithTimeout(10 * time.Second); !errors.Is(err, shm.ErrPeerLost) {
-		t.Fatalf("stream wait = %v, want ErrPeerLost", err)
+	if err := s.SynchronizeWithTimeout(10 * time.Second); !errors.Is(err, channel.ErrPeerLost) {
+		t.Fatalf("stream wait = %v, want channel.ErrPeerLost", err)
 	}
 	if d := time.Since(start); d > 5*time.Second {
 		t.Fatalf("the loss took %v to be noticed", d)
 	}
-	if err := p.e.tr.Write(nil, p.remote(0).Addr, []byte{1}); !errors.Is(err, shm.ErrPeerLost) {
+	if err := p.e.tr.Write(nil, p.remote(0).Addr, []byte{1}); !errors.Is(err, channel.ErrPeerLost) {
 		t.Fatalf("Write after the loss = %v", err)
 	}
-	if err := p.e.tr.NotifyRecord(nil, 0); !errors.Is(err, shm.ErrPeerLost) {
+	if err := p.e.tr.NotifyRecord(nil, 0); !errors.Is(err, channel.ErrPeerLost) {
 		t.Fatalf("NotifyRecord after the loss = %v", err)
 	}
 }
 
 // TestPeerCloseBreaksWaits: a peer that closes its end says goodbye: waits
-// here fail with ErrPeerClosed, and the peer's own Close left nothing open.
+// here fail with channel.ErrPeerClosed, and the peer's own Close left nothing open.
 func TestPeerCloseBreaksWaits(t *testing.T) {
 	p := startPeer(t, 64<<10)
 	done := make(chan error, 1)
@@ -595,8 +595,8 @@ func TestPeerCloseBreaksWaits(t *testing.T) {
 	}
 	select {
 	case err := <-done:
-		if !errors.Is(err, shm.ErrPeerClosed) {
-			t.Fatalf("wait = %v, want ErrPeerClosed", err)
+		if !errors.Is(err, channel.ErrPeerClosed) {
+			t.Fatalf("wait = %v, want channel.ErrPeerClosed", err)
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("the wait did not end after the peer closed")
@@ -622,7 +622,7 @@ func devShm(t *testing.T) []string {
 
 // TestCloseLeavesNothing: after Close (twice) and the device's Close, no
 // descriptor, memory-file mapping or /dev/shm file is left; operations fail
-// with ErrClosed; the local notifies fail at once. Goroutines are checked
+// with channel.ErrClosed; the local notifies fail at once. Goroutines are checked
 // by leakcheck in TestMain.
 func TestCloseLeavesNothing(t *testing.T) {
 	fds, maps, shmFiles := countFDs(), mapsWith("memfd:"), devShm(t)
@@ -640,10 +640,10 @@ func TestCloseLeavesNothing(t *testing.T) {
 	if err := p.e.tr.Close(); err != nil {
 		t.Fatalf("second Close: %v", err)
 	}
-	if err := p.e.tr.Write(nil, p.remote(0).Addr, []byte("x")); !errors.Is(err, shm.ErrClosed) {
+	if err := p.e.tr.Write(nil, p.remote(0).Addr, []byte("x")); !errors.Is(err, channel.ErrClosed) {
 		t.Fatalf("Write after Close = %v", err)
 	}
-	if err := n.WaitNow(context.Background()); !errors.Is(err, shm.ErrClosed) {
+	if err := n.WaitNow(context.Background()); !errors.Is(err, channel.ErrClosed) {
 		t.Fatalf("wait after Close = %v", err)
 	}
 	p.e.dev.Close()
@@ -677,7 +677,7 @@ func TestConnectRefusals(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	garbage := func(context.Context, []byte) ([]byte, error) { return []byte("not a hello"), nil }
-	if _, err := d.Connect(ctx, local, garbage); !errors.Is(err, shm.ErrRefused) || !strings.Contains(err.Error(), "rank 1") {
+	if _, err := d.Connect(ctx, local, garbage); !errors.Is(err, channel.ErrRefused) || !strings.Contains(err.Error(), "rank 1") {
 		t.Errorf("garbage hello: %v", err)
 	}
 	// A hello just like ours, but from another host.
@@ -690,7 +690,7 @@ func TestConnectRefusals(t *testing.T) {
 	}
 	// Our own hello echoed back: wrong ranks.
 	echo := func(_ context.Context, mine []byte) ([]byte, error) { return mine, nil }
-	if _, err := d.Connect(ctx, local, echo); !errors.Is(err, shm.ErrRefused) {
+	if _, err := d.Connect(ctx, local, echo); !errors.Is(err, channel.ErrRefused) {
 		t.Errorf("echoed hello: %v", err)
 	}
 	// The exchange never answers: the connect ends with ctx.
@@ -701,7 +701,7 @@ func TestConnectRefusals(t *testing.T) {
 		t.Errorf("silent peer: %v", err)
 	}
 	d.Close()
-	if _, err := d.Connect(ctx, local, echo); !errors.Is(err, shm.ErrClosed) {
+	if _, err := d.Connect(ctx, local, echo); !errors.Is(err, channel.ErrClosed) {
 		t.Errorf("closed dialer: %v", err)
 	}
 }

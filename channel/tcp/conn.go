@@ -432,9 +432,9 @@ func (c *conn) lost(op string, s *sock, err error) error {
 	if e := c.failure(); e != nil {
 		return e
 	}
-	var cause error = ErrPeerLost
+	var cause error = channel.ErrPeerLost
 	if c.closing.Load() {
-		cause = ErrClosed
+		cause = channel.ErrClosed
 	}
 	e := c.errorf(op, 0, 0, cause, "socket %d (%v -> %v): %v", s.idx, s.nc.LocalAddr(), s.nc.RemoteAddr(), err)
 	c.fail(e, false)
@@ -734,7 +734,7 @@ func (c *conn) Fence(stop <-chan struct{}) error {
 // Close tells the peer the channel ends (a CLOSE frame on every socket, after
 // everything sent before), waits briefly for the peer to close its side,
 // then closes the sockets and waits for the channel's goroutines. Waits on
-// the channel's notifies fail with ErrClosed. Idempotent.
+// the channel's notifies fail with channel.ErrClosed. Idempotent.
 func (c *conn) Close() error {
 	c.closeOnce.Do(func() {
 		c.closing.Store(true)
@@ -763,7 +763,7 @@ func (c *conn) Close() error {
 			}
 			t.Stop()
 		}
-		c.fail(c.errorf("Close", 0, 0, ErrClosed, "channel closed by rank %d", c.rank), false)
+		c.fail(c.errorf("Close", 0, 0, channel.ErrClosed, "channel closed by rank %d", c.rank), false)
 		c.wg.Wait()
 	})
 	return nil
@@ -917,7 +917,7 @@ func (c *conn) handle(s *sock, br *bufio.Reader, h header, scratch *[]byte) (boo
 		if _, err := io.ReadFull(br, p); err != nil {
 			return false, err
 		}
-		e := c.errorf("receive ERROR", 0, 0, ErrPeerLost, "rank %d failed the channel: %q", c.peer, p)
+		e := c.errorf("receive ERROR", 0, 0, channel.ErrPeerLost, "rank %d failed the channel: %q", c.peer, p)
 		c.fail(e, false)
 		return true, e
 	case frameClose:
@@ -927,7 +927,7 @@ func (c *conn) handle(s *sock, br *bufio.Reader, h header, scratch *[]byte) (boo
 			all = all && o.closedBy.Load()
 		}
 		if all {
-			c.fail(c.errorf("receive CLOSE", 0, 0, ErrPeerClosed, "rank %d closed the channel", c.peer), false)
+			c.fail(c.errorf("receive CLOSE", 0, 0, channel.ErrPeerClosed, "rank %d closed the channel", c.peer), false)
 		}
 		return true, nil
 	}
@@ -1122,12 +1122,12 @@ func (c *conn) monitor() {
 		now := time.Now()
 		for _, s := range c.socks {
 			if rx := time.Unix(0, s.lastRx.Load()); now.Sub(rx) > c.timeout && !s.closedBy.Load() {
-				c.fail(c.errorf("heartbeat", 0, 0, ErrPeerLost, "socket %d heard nothing from rank %d for %v (peer timeout %v)",
+				c.fail(c.errorf("heartbeat", 0, 0, channel.ErrPeerLost, "socket %d heard nothing from rank %d for %v (peer timeout %v)",
 					s.idx, c.peer, now.Sub(rx).Round(time.Millisecond), c.timeout), true)
 				return
 			}
 			if since := s.sendSince.Load(); since != 0 && now.Sub(time.Unix(0, since)) > c.timeout {
-				c.fail(c.errorf("heartbeat", 0, 0, ErrPeerLost, "a send on socket %d has been stuck for more than %v: rank %d stopped reading",
+				c.fail(c.errorf("heartbeat", 0, 0, channel.ErrPeerLost, "a send on socket %d has been stuck for more than %v: rank %d stopped reading",
 					s.idx, c.timeout, c.peer), false)
 				return
 			}

@@ -351,7 +351,7 @@ func (d *Dialer) Connect(ctx context.Context, local *channel.Local, ex channel.E
 	closed := d.closed
 	d.mu.Unlock()
 	if closed {
-		return fail(ErrClosed, "dialer is closed")
+		return fail(channel.ErrClosed, "dialer is closed")
 	}
 	me := &hello{rank: local.Rank, streams: d.opts.Streams, notifyNum: local.NotifyNum, addrs: d.adv}
 	rand.Read(me.nonce[:])
@@ -395,10 +395,10 @@ func (d *Dialer) Connect(ctx context.Context, local *channel.Local, ex channel.E
 	}
 	peer, err := parseHello(theirsB)
 	if err != nil {
-		return fail(ErrRefused, "rank %d's hello: %v", local.Peer, err)
+		return fail(channel.ErrRefused, "rank %d's hello: %v", local.Peer, err)
 	}
 	if peer.rank != local.Peer {
-		return fail(ErrRefused, "the hello comes from rank %d, not from rank %d", peer.rank, local.Peer)
+		return fail(channel.ErrRefused, "the hello comes from rank %d, not from rank %d", peer.rank, local.Peer)
 	}
 	streams := min(d.opts.Streams, peer.streams)
 	var socks []net.Conn
@@ -453,13 +453,13 @@ func (d *Dialer) acceptAll(ctx context.Context, a *accepting, nonce [nonceLen]by
 	case <-ctx.Done():
 		return nil, ctx.Err() // Connect's cleanup closes what arrived
 	case <-d.done:
-		return nil, ErrClosed
+		return nil, channel.ErrClosed
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	delete(d.pending, nonce)
 	if len(a.socks) != streams {
-		return nil, fmt.Errorf("%w: the peer dialed %d sockets, the hellos agreed on %d", ErrRefused, len(a.socks), streams)
+		return nil, fmt.Errorf("%w: the peer dialed %d sockets, the hellos agreed on %d", channel.ErrRefused, len(a.socks), streams)
 	}
 	a.taken = true
 	return a.socks, nil
@@ -485,7 +485,7 @@ func (d *Dialer) dialAll(ctx context.Context, local *channel.Local, peer *hello,
 				}
 				break
 			}
-			if ctx.Err() != nil || errors.Is(lastErr, ErrRefused) {
+			if ctx.Err() != nil || errors.Is(lastErr, channel.ErrRefused) {
 				break
 			}
 		}
@@ -526,7 +526,7 @@ func (d *Dialer) proveSocket(c net.Conn, rank int, nonce [nonceLen]byte, index, 
 		return fmt.Errorf("reading the challenge: %w", err)
 	}
 	if string(ch[:len(helloMagic)]) != helloMagic || ch[len(helloMagic)] != protoVersion {
-		return fmt.Errorf("%w: the listener is not an hcomm tcp transport of version %d", ErrRefused, protoVersion)
+		return fmt.Errorf("%w: the listener is not an hcomm tcp transport of version %d", channel.ErrRefused, protoVersion)
 	}
 	p := &proof{nonce: nonce, index: index, streams: streams, rank: rank}
 	rand.Read(p.challenge[:])
@@ -539,13 +539,13 @@ func (d *Dialer) proveSocket(c net.Conn, rank int, nonce [nonceLen]byte, index, 
 		return fmt.Errorf("reading the verdict: %w", err)
 	}
 	if v[0] != 0 {
-		return fmt.Errorf("%w: the peer refused the socket (wrong secret, or a channel it does not expect)", ErrRefused)
+		return fmt.Errorf("%w: the peer refused the socket (wrong secret, or a channel it does not expect)", channel.ErrRefused)
 	}
 	if _, err := io.ReadFull(c, v[1:]); err != nil {
 		return fmt.Errorf("reading the verdict: %w", err)
 	}
 	if !hmac.Equal(v[1:], acceptMAC(d.opts.Secret, p)) {
-		return fmt.Errorf("%w: the listener does not know the secret", ErrRefused)
+		return fmt.Errorf("%w: the listener does not know the secret", channel.ErrRefused)
 	}
 	return nil
 }

@@ -6,27 +6,23 @@ import (
 	"strconv"
 )
 
-// Sentinel errors, tested with errors.Is against what the package returns.
+// Errors of the transport, tested with errors.Is, besides the ones every
+// transport shares (channel.ErrClosed, ErrPeerClosed, ErrPeerLost,
+// ErrRefused): a connection that broke (reset, EOF without a CLOSE frame,
+// no frame within the peer timeout, a stalled send) is channel.ErrPeerLost;
+// a failed handshake (wrong secret, unknown channel, a peer that is not an
+// hcomm tcp transport) is channel.ErrRefused.
 var (
-	// ErrClosed: the channel (or the Dialer) was closed on this side.
-	ErrClosed = errors.New("tcp: closed")
-	// ErrPeerClosed: the peer closed its end of the channel in order.
-	ErrPeerClosed = errors.New("tcp: peer closed the channel")
-	// ErrPeerLost: the connection to the peer broke (reset, EOF without a
-	// CLOSE frame, no frame within the peer timeout, a stalled send).
-	ErrPeerLost = errors.New("tcp: peer lost")
 	// ErrProtocol: a frame broke the protocol (bad header, a range outside
 	// registered memory, an unknown request); the channel is dead.
 	ErrProtocol = errors.New("tcp: protocol violation")
-	// ErrRefused: the handshake failed (wrong secret, unknown channel, a
-	// peer that is not an hcomm tcp transport).
-	ErrRefused = errors.New("tcp: connection refused")
 )
 
 // Error is the error every Transport method and Connect return: which rank,
 // talking to which peer, doing what, on which range, and why. Err is one of
-// the sentinels above, a *device.Error with code device.ErrStreamAbort when a
-// stop channel ended the call, or an underlying cause.
+// the sentinels above or channel's, a *device.Error with code
+// device.ErrStreamAbort when a stop channel ended the call, or an underlying
+// cause.
 type Error struct {
 	Op   string // "Write", "Read", "WriteReduce", "NotifyRecord", "Fence", "receive WRITE", "Connect", ...
 	Rank int    // this end's rank

@@ -453,13 +453,13 @@ func TestConnectGivesUp(t *testing.T) {
 	}()
 	time.Sleep(20 * time.Millisecond)
 	d1.Close()
-	if err := <-errc; !errors.Is(err, ErrClosed) {
+	if err := <-errc; !errors.Is(err, channel.ErrClosed) {
 		t.Fatalf("connect across Dialer.Close: %v", err)
 	}
 	// A hello from the wrong rank is refused.
 	d2 := newDialer(t, Options{})
 	fake.rank = 5
-	if _, err := d2.Connect(context.Background(), r1.local(0, 1), ex); !errors.Is(err, ErrRefused) {
+	if _, err := d2.Connect(context.Background(), r1.local(0, 1), ex); !errors.Is(err, channel.ErrRefused) {
 		t.Fatalf("hello from rank 5 on the channel to rank 0: %v", err)
 	}
 }
@@ -660,7 +660,7 @@ func TestRefusalReachesSender(t *testing.T) {
 		t.Fatal(err) // handed to the kernel: the refusal comes later
 	}
 	err = p.c0.Transport.Fence(nil)
-	if !errors.Is(err, ErrPeerLost) || !strings.Contains(err.Error(), "outside the memory rank 1 registered") {
+	if !errors.Is(err, channel.ErrPeerLost) || !strings.Contains(err.Error(), "outside the memory rank 1 registered") {
 		t.Fatalf("rank 0 after the refused write: %v", err)
 	}
 	t.Logf("rank 0: %v", err)
@@ -738,8 +738,8 @@ func TestWrongSecretIsRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The impostor knows the channel's nonce and address, not the secret.
-	if _, err := impostor.dialOne(ctx, h1.addrs[0], 0, h1.nonce, 0, 2); !errors.Is(err, ErrRefused) {
-		t.Fatalf("impostor: %v, want ErrRefused", err)
+	if _, err := impostor.dialOne(ctx, h1.addrs[0], 0, h1.nonce, 0, 2); !errors.Is(err, channel.ErrRefused) {
+		t.Fatalf("impostor: %v, want channel.ErrRefused", err)
 	}
 	// The real rank 0 connects afterwards.
 	ex0 := func(ctx context.Context, mine []byte) ([]byte, error) {
@@ -773,8 +773,8 @@ func TestPeerLossFailsWaits(t *testing.T) {
 		kill func(p *pair)
 		want error
 	}{
-		{"peer closes", func(p *pair) { p.c0.Transport.Close() }, ErrPeerClosed},
-		{"socket killed", func(p *pair) { p.t0().socks[1].nc.Close() }, ErrPeerLost},
+		{"peer closes", func(p *pair) { p.c0.Transport.Close() }, channel.ErrPeerClosed},
+		{"socket killed", func(p *pair) { p.t0().socks[1].nc.Close() }, channel.ErrPeerLost},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -838,7 +838,7 @@ func TestSilentPeerIsDetected(t *testing.T) {
 	start := time.Now()
 	px.silence()
 	err := <-errc
-	if !errors.Is(err, ErrPeerLost) || !strings.Contains(err.Error(), "rank 0") {
+	if !errors.Is(err, channel.ErrPeerLost) || !strings.Contains(err.Error(), "rank 0") {
 		t.Fatalf("wait: %v", err)
 	}
 	if d := time.Since(start); d > 5*timeout {
@@ -1019,10 +1019,10 @@ func TestCloseReleasesEverything(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		if err := c0.Transport.Write(nil, r1.buf.Addr, m0[:1]); !errors.Is(err, ErrClosed) {
+		if err := c0.Transport.Write(nil, r1.buf.Addr, m0[:1]); !errors.Is(err, channel.ErrClosed) {
 			t.Fatalf("write after close: %v", err)
 		}
-		if err := c1.Notifies[0].WaitNow(context.Background()); !errors.Is(err, ErrClosed) && !errors.Is(err, ErrPeerClosed) {
+		if err := c1.Notifies[0].WaitNow(context.Background()); !errors.Is(err, channel.ErrClosed) && !errors.Is(err, channel.ErrPeerClosed) {
 			t.Fatalf("wait after close: %v", err)
 		}
 		for _, d := range []*Dialer{d0, d1, d0} {
@@ -1079,7 +1079,7 @@ func TestNewDialerOptions(t *testing.T) {
 	d := newDialer(t, Options{})
 	d.Close()
 	r := newRankMem(t, 0, 4096)
-	if _, err := d.Connect(context.Background(), r.local(1, 1), nil); !errors.Is(err, ErrClosed) {
+	if _, err := d.Connect(context.Background(), r.local(1, 1), nil); !errors.Is(err, channel.ErrClosed) {
 		t.Fatalf("Connect on a closed Dialer: %v", err)
 	}
 }

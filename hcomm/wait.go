@@ -3,6 +3,7 @@ package hcomm
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
 	"time"
@@ -10,6 +11,63 @@ import (
 	"github.com/hcomm-dev/hcomm/device"
 	"github.com/hcomm-dev/hcomm/notify"
 )
+
+// Channel notify waits, queued (ChannelNotifyWaitOnThread) or immediate
+// (ChannelNotifyWait, CollectiveNotifyWait), share one body: awaitNotify
+// times the wait for the metrics, logs a slow one, publishes where this rank
+// waits once the wait is slow, and on failure names the notify, the channel
+// and the collective.
+
+// slowWait is how long a notify wait may take before it is logged at INFO:
+// a peer that late is worth knowing about even when nothing fails.
+const slowWait = time.Second
+
+// launchWait enqueues the task of ChannelNotifyWaitOnThread: wait for n (then
+// reset it) within timeout (0: forever), timed for the metrics, and on
+// failure an error naming the notify, the channel and the collective the
+// thread was issuing.
+func (c *Comm) launchWait(op string, t *Thread, ch *Channel, idx int, n *notify.Notify, timeout time.Duration) error {
+	tag := c.opOf(t)
+	return c.launch(op, ch.RemoteRank(), t, func(stop <-chan struct{}) error {
+		return c.awaitNotify(op, ch, idx, n, timeout, tag, stop)
+	})
+}
+
+// awaitNotify is the body of a channel notify wait, queued (launchWait) or
+// immediate (ChannelNotifyWait); tag is the collective it belongs to.
+func (c *Comm) awaitNotify(op string, ch *Channel, idx int, n *notify.Notify, timeout time.Duration, tag opTag, stop <-chan struct{}) error {
+	peer := ch.RemoteRank()
+	tr := ch.Transport()
+	timed := c.cfg.metrics != nil || c.logEnabled(slog.LevelInfo)
+	var start time.Time
+	if timed {
+		start = time.Now()
+	}
+	err := c.waitReporting(n, timeout, stop, tag)
+	if timed {
+		d := time.Since(start)
+		c.cfg.metrics.ObserveWait(tr, d)
+		if err == nil && d >= slowWait {
+			c.log(slog.LevelInfo, "slow notify wait", "peer", peer, "notify", idx, "transport", tr,
+				"op", tag.op, "seq", tag.seq, "algorithm", tag.algo, "waited", d)
+		}
+	}
+	if err == nil {
+		return nil
+	}
+	msg := fmt.Sprintf("notify %d of the channel to rank %d (%s)", idx, peer, tr)
+	if tag.op != "" {
+		msg += ", waiting in " + tag.String()
+	}
+	if timeout > 0 && device.CodeOf(err).Timeout() {
+		msg += fmt.Sprintf(": rank %d did not record it within %v", peer, timeout)
+		if where := c.whereAreThey(); where != "" {
+			msg += "; " + where
+			c.log(slog.LevelWarn, "notify wait timed out", "peer", peer, "notify", idx, "op", tag.op, "seq", tag.seq, "ranks", where)
+		}
+	}
+	return c.errorf(op, peer, ResultOf(err), err, "%s", msg)
+}
 
 // Hang diagnosis. A wait that times out can say that its peer did not
 // record in time, but not why: the peer may be stuck in another collective,

@@ -55,6 +55,10 @@ func TestWriteWithNotify(t *testing.T) {
 	if err := hcomm.WriteWithNotifyOnThread(p.th[0], p.ch[0], remote, p.buf[0], 8, 3); !errors.Is(err, hcomm.ErrPara) {
 		t.Errorf("notify index 3 of 3: %v, want ErrPara", err)
 	}
+	// A negative index is refused too, not taken for a write without a record.
+	if err := hcomm.WriteWithNotifyOnThread(p.th[0], p.ch[0], remote, p.buf[0], 8, -1); !errors.Is(err, hcomm.ErrPara) {
+		t.Errorf("notify index -1: %v, want ErrPara", err)
+	}
 	fill(t, p.comms[1], p.buf[1], 64, 0x77)
 	if err := hcomm.WriteWithNotifyOnThread(p.th[0], p.ch[0], remote.Add(p.size-4), p.buf[0], 8, 0); !errors.Is(err, hcomm.ErrPara) {
 		t.Errorf("write past the peer's buffer: %v, want ErrPara", err)
@@ -124,5 +128,46 @@ func TestTCPStreamsVariable(t *testing.T) {
 	d[0].RemoteRank = 1
 	if _, err := comms[0].ChannelAcquire(hcomm.EngineCPUTS, d); err == nil || !strings.Contains(err.Error(), "HCOMM_TCP_STREAMS") {
 		t.Fatalf("HCOMM_TCP_STREAMS=0: %v, want an error naming the variable", err)
+	}
+}
+
+// Memory registered after a channel was acquired is outside what that
+// channel knows of the peer (a write into it is refused at the call); a
+// channel acquired afterwards reaches it.
+func TestMemRegReachedByLaterChannels(t *testing.T) {
+	p := newPair(t, nil)
+	extra, err := p.comms[1].Device().Malloc(256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.comms[1].CommMemReg("late", extra, 256); err != nil {
+		t.Fatal(err)
+	}
+	if err := hcomm.WriteOnThread(p.th[0], p.ch[0], extra, p.buf[0], 8); !errors.Is(err, hcomm.ErrPara) {
+		t.Fatalf("write into memory registered after the channel: %v, want ErrPara", err)
+	}
+	later := make([]*hcomm.Channel, 2)
+	errs := make(chan error, 2)
+	for r := range 2 {
+		go func() {
+			d := hcomm.ChannelDescInit(1)
+			d[0].RemoteRank, d[0].Tag = 1-r, "later"
+			chs, err := p.comms[r].ChannelAcquire(hcomm.EngineCPUTS, d)
+			if err == nil {
+				later[r] = chs[0]
+			}
+			errs <- err
+		}()
+	}
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := hcomm.WriteOnThread(p.th[0], later[0], extra, p.buf[0], 8); err != nil {
+		t.Fatalf("write through a channel acquired after the registration: %v", err)
+	}
+	if err := p.sync(t, 0); err != nil {
+		t.Fatal(err)
 	}
 }

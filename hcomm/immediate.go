@@ -30,7 +30,7 @@ func WriteNbi(stop <-chan struct{}, ch *Channel, dst, src device.Ptr, n int64) e
 // WriteWithNotifyNbi writes n bytes from local src to the peer's dst and then
 // records the peer's notify remoteIdx, now (HcommWriteWithNotifyNbi).
 func WriteWithNotifyNbi(stop <-chan struct{}, ch *Channel, dst, src device.Ptr, n int64, remoteIdx int) error {
-	if remoteIdx < 0 {
+	if remoteIdx < 0 { // writeNow's "no record"
 		return errorOf(ch, "WriteWithNotifyNbi", "remote notify index %d is negative", remoteIdx)
 	}
 	return writeNow("WriteWithNotifyNbi", stop, ch, dst, src, n, remoteIdx)
@@ -48,9 +48,10 @@ func writeNow(op string, stop <-chan struct{}, ch *Channel, dst, src device.Ptr,
 	if err != nil {
 		return c.errorf(op, ch.RemoteRank(), ErrPara, err, "local src")
 	}
-	if remoteIdx >= ch.ch.PeerNotifyNum() {
-		return c.errorf(op, ch.RemoteRank(), ErrPara, nil, "remote notify index %d is outside [0, %d) of rank %d's end of the channel",
-			remoteIdx, ch.ch.PeerNotifyNum(), ch.RemoteRank())
+	if remoteIdx >= 0 {
+		if err := c.remoteIdxCheck(op, ch, remoteIdx); err != nil {
+			return err
+		}
 	}
 	if err := c.write(stop, ch, dst, b, remoteIdx); err != nil {
 		return c.taskFailed(op, ch.RemoteRank(), err)
@@ -66,11 +67,10 @@ func ChannelNotifyRecord(stop <-chan struct{}, ch *Channel, remoteIdx int) error
 	if err != nil {
 		return err
 	}
-	if remoteIdx < 0 || remoteIdx >= ch.ch.PeerNotifyNum() {
-		return c.errorf(op, ch.RemoteRank(), ErrPara, nil, "remote notify index %d is outside [0, %d) of rank %d's end of the channel",
-			remoteIdx, ch.ch.PeerNotifyNum(), ch.RemoteRank())
+	if err := c.remoteIdxCheck(op, ch, remoteIdx); err != nil {
+		return err
 	}
-	if err := ch.ch.Transport().NotifyRecord(stop, remoteIdx); err != nil {
+	if err := ch.tr.NotifyRecord(stop, remoteIdx); err != nil {
 		return c.taskFailed(op, ch.RemoteRank(), err)
 	}
 	return nil
@@ -97,9 +97,9 @@ func notifyWaitNow(op string, stop <-chan struct{}, ch *Channel, localIdx int, t
 	if err != nil {
 		return err
 	}
-	n, err := ch.ch.Notify(localIdx)
+	n, err := c.localNotify(op, ch, localIdx)
 	if err != nil {
-		return c.errorf(op, ch.RemoteRank(), ErrPara, err, "")
+		return err
 	}
 	if err := c.awaitNotify(op, ch, localIdx, n, c.execTimeout(timeout), tag, stop); err != nil {
 		return c.taskFailed(op, ch.RemoteRank(), err)
@@ -111,7 +111,7 @@ func notifyWaitNow(op string, stop <-chan struct{}, ch *Channel, localIdx int, t
 // communicator.
 func chanComm(op string, ch *Channel) (*Comm, error) {
 	if ch == nil || ch.comm == nil {
-		return nil, &Error{Op: op, Rank: -1, Peer: -1, Code: ErrPtr, Msg: "nil channel"}
+		return nil, noRankErr(op, "", ErrPtr, nil, "nil channel")
 	}
 	c := ch.comm
 	if err := c.usable(op); err != nil {
@@ -122,7 +122,7 @@ func chanComm(op string, ch *Channel) (*Comm, error) {
 
 func errorOf(ch *Channel, op, format string, args ...any) error {
 	if ch == nil || ch.comm == nil {
-		return &Error{Op: op, Rank: -1, Peer: -1, Code: ErrPtr, Msg: "nil channel"}
+		return noRankErr(op, "", ErrPtr, nil, "nil channel")
 	}
 	return ch.comm.errorf(op, ch.RemoteRank(), ErrPara, nil, format, args...)
 }

@@ -1,0 +1,128 @@
+package hcomm
+
+import (
+	"fmt"
+	"sync"
+	"time"
+)
+
+// Op tagging: the collective a thread's work belongs to, so that a wait
+// that times out says which one, the TRACE log follows collectives, and the
+// metrics time them.
+
+// opTag names the collective a thread's work belongs to.
+type opTag struct {
+	op, algo string
+	seq      uint64
+}
+
+func (g opTag) String() string {
+	if g.op == "" {
+		return ""
+	}
+	return fmt.Sprintf("%s #%d (%s)", g.op, g.seq, g.algo)
+}
+
+// opState is a communicator's collective counter and the collective each of
+// its threads is issuing.
+type opState struct {
+	mu   sync.Mutex
+	seq  uint64
+	last opTag
+	cur  map[*Thread]*opSlot
+}
+
+// opSlot is what a thread is issuing; end (made once per thread, so that a
+// collective allocates nothing here) clears it once every collective begun
+// on the thread has ended — the tag is the newest begun until then. A slot
+// lives as long as the communicator (one per thread).
+type opSlot struct {
+	tag  opTag
+	open int // BeginOps not yet ended (more than one only if a library overlaps them)
+	end  func() error
+}
+
+// LastOp returns the last collective begun on the communicator (BeginOp)
+// and its number, "" and 0 before the first. Ranks that issue their
+// collectives in the same order agree on the numbers, so comparing LastOp
+// across ranks shows which ranks have not reached a collective another rank
+// waits in. Safe for concurrent use.
+func (c *Comm) LastOp() (op string, seq uint64) {
+	st := &c.ops
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return st.last.op, st.last.seq
+}
+
+// opOf returns the collective t is issuing ("" op when none).
+func (c *Comm) opOf(t *Thread) opTag {
+	st := &c.ops
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if sl := st.cur[t]; sl != nil {
+		return sl.tag
+	}
+	return opTag{}
+}
+
+// BeginOp tells the communicator that the work enqueued on t from now until
+// end is called is one collective, op (e.g. "AllReduce") with algorithm algo:
+// it numbers it (seq counts the collectives begun on the communicator, from
+// 1; ranks that issue their collectives in the same order agree on it), names
+// it in the error of a wait that times out, logs it at TRACE, and when
+// metrics are on, enqueues on t the tasks that time it. end enqueues the
+// closing task; call it once the collective's schedule is issued. For the
+// libraries built on hcomm (package collectives); safe for concurrent use.
+func (c *Comm) BeginOp(t *Thread, op, algo string) (seq uint64, end func() error) {
+	st := &c.ops
+	if t == nil {
+		return 0, func() error { return nil }
+	}
+	st.mu.Lock()
+	st.seq++
+	tag := opTag{op: op, algo: algo, seq: st.seq}
+	sl := st.cur[t]
+	if sl == nil {
+		if st.cur == nil {
+			st.cur = make(map[*Thread]*opSlot)
+		}
+		sl = &opSlot{}
+		sl.end = func() error {
+			st.mu.Lock()
+			if sl.open--; sl.open <= 0 {
+				sl.open, sl.tag = 0, opTag{}
+			}
+			st.mu.Unlock()
+			return nil
+		}
+		st.cur[t] = sl
+	}
+	sl.tag = tag
+	sl.open++
+	st.last = tag
+	st.mu.Unlock()
+	clear := sl.end
+	trace := c.logEnabled(LevelTrace)
+	if trace {
+		c.log(LevelTrace, "collective issued", "op", op, "seq", tag.seq, "algorithm", algo, "stream", t.Stream().ID())
+	}
+	if c.cfg.metrics == nil && !trace {
+		return tag.seq, clear
+	}
+	var start time.Time // written and read by tasks of one stream, in order
+	if err := t.Stream().Launch(op+" begin", func(<-chan struct{}) error {
+		start = time.Now()
+		return nil
+	}); err != nil {
+		return tag.seq, clear
+	}
+	return tag.seq, func() error {
+		clear()
+		return t.Stream().Launch(op+" end", func(<-chan struct{}) error {
+			d := time.Since(start)
+			c.cfg.metrics.ObserveCollective(op, algo, d)
+			c.log(LevelTrace, "collective done", "op", op, "seq", tag.seq, "algorithm", algo, "duration", d)
+			return nil
+		})
+	}
+}
