@@ -7,7 +7,8 @@
 // the notify counts of both ends. Registered memory is Mem, a rank's set of it
 // a Registry. The transports live in subpackages: inproc (ranks of one
 // process), shm (processes of one host) and tcp (any hosts); hcomm picks one
-// per channel from the protocol and where the peer runs.
+// per channel from the protocol and where the peer runs. channeltest is the
+// suite of the contract that each of them runs.
 //
 // The duties are split: hcomm checks every remote range against the memory
 // the peer registered, and every notify index, before it asks a transport to
@@ -106,8 +107,13 @@ func (r *Registry) List() []Mem {
 // Transport moves bytes and signals to one peer. Methods run inside stream
 // tasks, in the order the tasks run; they block until the operation is done at
 // the far end as far as ordering requires: a NotifyRecord issued after a Write
-// is seen by the peer only after the written bytes are visible there.
-// stop closes when the task must give up (abort).
+// is seen by the peer only after the written bytes are visible there, a Read
+// sees the writes issued before it, and records arrive in the order they were
+// made. Two writes to the same bytes with no record, read or fence between
+// them may land in either order (tcp sends them on different sockets). A range
+// outside the peer's registered memory fails, at the latest at the next Fence,
+// and never touches it. stop closes when the task must give up (abort).
+// Package channeltest checks all of this for every transport.
 type Transport interface {
 	// Name is the transport's name ("inproc", "shm", "tcp").
 	Name() string

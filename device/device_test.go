@@ -4,7 +4,10 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"os"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -812,6 +815,59 @@ func TestMemcpyEveryKind(t *testing.T) {
 	wantCode(t, d.Memcpy(d2, d1, n, device.MemcpyInterDeviceToDevice), device.ErrInvalidValue)
 	wantCode(t, d.Memcpy(od, d1, n, device.MemcpyInnerDeviceToDevice), device.ErrInvalidValue)
 }
+
+// TestRangeErrorsNameTheRangeOnce checks the messages of a bad range: each
+// names the argument and the range, and says no word twice in a row (the
+// argument's name once ran into the message's own: "address address").
+func TestRangeErrorsNameTheRangeOnce(t *testing.T) {
+	d := open(t, 0)
+	p, err := d.Malloc(64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bytesErr := func(p device.Ptr, n int64) error {
+		_, err := d.Bytes(p, n)
+		return err
+	}
+	shareErr := func(p device.Ptr, n int64) error {
+		fd, _, err := d.Share(p, n)
+		if err == nil {
+			t.Errorf("Share(%#x, %d) succeeded", uintptr(p), n)
+			os.NewFile(uintptr(fd), "shared").Close()
+		}
+		return err
+	}
+	cases := []struct {
+		name string
+		err  error
+		want string
+	}{
+		{"Bytes wild", bytesErr(0x1000, 8), "range [0x1000, +8) is not in any live allocation"},
+		{"Bytes past the end", bytesErr(p+60, 8), "range [" + hex(p+60) + ", +8) runs 4 bytes past the end"},
+		{"Bytes nil", bytesErr(0, 8), "range is a nil address"},
+		{"Share wild", shareErr(0x1000, 8), "range [0x1000, +8) is not in any live allocation"},
+		{"Memset past the end", d.Memset(p, 65, 0), "dst [" + hex(p) + ", +65) runs 1 bytes past the end"},
+		{"MemcpyDtoH wild", d.MemcpyDtoH(make([]byte, 8), 0x1000), "src [0x1000, +8) is not in any live allocation"},
+	}
+	for _, c := range cases {
+		if c.err == nil {
+			t.Errorf("%s: no error", c.name)
+			continue
+		}
+		msg := c.err.Error()
+		if !strings.Contains(msg, c.want) {
+			t.Errorf("%s: error %q does not say %q", c.name, msg, c.want)
+		}
+		words := strings.Fields(msg)
+		for i := 1; i < len(words); i++ {
+			if words[i] == words[i-1] {
+				t.Errorf("%s: error %q says %q twice", c.name, msg, words[i])
+			}
+		}
+	}
+}
+
+func hex(p device.Ptr) string { return fmt.Sprintf("%#x", uintptr(p)) }
 
 func TestMemcpyWrongKindOrRangeIsClearError(t *testing.T) {
 	d := open(t, 0)

@@ -189,7 +189,8 @@ type region struct {
 }
 
 // resolve checks [p, p+n) and returns its bytes. what names the argument in the
-// error ("dst", "src", "desc").
+// error ("dst", "src", "desc", "range"); the message follows it with the range
+// ("dst [0x1000, +8) is not in any live allocation").
 func resolve(op string, dev *Device, stream int64, what string, p Ptr, n int64) (region, error) {
 	devID := -1
 	if dev != nil {
@@ -208,11 +209,11 @@ func resolve(op string, dev *Device, stream int64, what string, p Ptr, n int64) 
 	if a == nil {
 		if b := allocs.find(p, 0); b != nil {
 			return region{}, newErr(op, devID, stream, ErrInvalidValue,
-				"%s range [%#x, +%d) runs %d bytes past the end of its allocation [%#x, +%d)",
+				"%s [%#x, +%d) runs %d bytes past the end of its allocation [%#x, +%d)",
 				what, uintptr(p), n, n-(b.size()-int64(p-b.base)), uintptr(b.base), b.size())
 		}
 		return region{}, newErr(op, devID, stream, ErrInvalidValue,
-			"%s address %#x (length %d) is not in any live allocation", what, uintptr(p), n)
+			"%s [%#x, +%d) is not in any live allocation", what, uintptr(p), n)
 	}
 	off := int64(p - a.base)
 	return region{a: a, mem: a.mem[off : off+n : off+n]}, nil
@@ -307,7 +308,7 @@ func (d *Device) Bytes(p Ptr, n int64) ([]byte, error) {
 	if err := d.check("Bytes"); err != nil {
 		return nil, err
 	}
-	r, err := resolveOwn("Bytes", d, -1, "memory", p, n)
+	r, err := resolveOwn("Bytes", d, -1, "range", p, n)
 	if err != nil {
 		return nil, err
 	}

@@ -22,7 +22,7 @@ func (d *Device) Share(p Ptr, n int64) (fd int, offset int64, err error) {
 	if err := d.check(op); err != nil {
 		return -1, 0, err
 	}
-	r, err := resolve(op, d, -1, "memory", p, n)
+	r, err := resolve(op, d, -1, "range", p, n)
 	if err != nil {
 		return -1, 0, err
 	}

@@ -57,7 +57,7 @@ func (d *Device) Map(p Ptr, n int64) (View, error) {
 	if err := d.check(op); err != nil {
 		return View{}, err
 	}
-	r, err := resolveOwn(op, d, -1, "memory", p, n)
+	r, err := resolveOwn(op, d, -1, "range", p, n)
 	if err != nil {
 		return View{}, err
 	}
@@ -109,7 +109,7 @@ func (v View) sync(op string, off, n int64, toDevice bool) error {
 	if err := d.check(op); err != nil {
 		return err
 	}
-	r, err := resolveOwn(op, d, -1, "memory", v.st.p.Add(off), n)
+	r, err := resolveOwn(op, d, -1, "range", v.st.p.Add(off), n)
 	if err != nil {
 		return err
 	}
@@ -148,7 +148,7 @@ func (d *Device) CheckRange(p Ptr, n int64) error {
 	if n == 0 {
 		return nil
 	}
-	_, err := resolveOwn(op, d, -1, "memory", p, n)
+	_, err := resolveOwn(op, d, -1, "range", p, n)
 	return err
 }
 

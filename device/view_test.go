@@ -201,20 +201,3 @@ func TestLaunchNilIsRefused(t *testing.T) {
 	wantCode(t, s.LaunchCallback(nil, device.CallbackBlock), device.ErrInvalidValue)
 	sync0(t, s)
 }
-
-// TestRangeErrorsReadOnce: the errors of the calls that check one range name
-// it once ("memory range ..."), not "address address" or "range range".
-func TestRangeErrorsReadOnce(t *testing.T) {
-	d := open(t, 0)
-	p, _ := d.Malloc(64)
-	for name, err := range map[string]error{
-		"Bytes past the end":  func() error { _, err := d.Bytes(p, 65); return err }(),
-		"Bytes not allocated": func() error { _, err := d.Bytes(p.Add(1<<40), 8); return err }(),
-		"Share past the end":  func() error { _, _, err := d.Share(p, 65); return err }(),
-		"Map past the end":    func() error { _, err := d.Map(p, 65); return err }(),
-	} {
-		if err == nil || strings.Contains(err.Error(), "address address") || strings.Contains(err.Error(), "range range") {
-			t.Errorf("%s: %v, want an error that names the range once", name, err)
-		}
-	}
-}

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"sync"
+	"time"
 
 	"github.com/hcomm-dev/hcomm/channel"
 	"github.com/hcomm-dev/hcomm/device"
@@ -89,11 +91,14 @@ func (c *Comm) ChannelAcquire(engine Engine, descs []ChannelDesc) ([]*Channel, e
 // with an *Error matching ctx's error (context.Canceled: code ErrUnavail;
 // context.DeadlineExceeded: code ErrTimeout, Timeout() true); Abort, with one
 // wrapping ErrAborted. The channels of the call that were set up stay with
-// the communicator: a later call with the same descriptors returns them. A
-// setup that failed (timed out, cancelled) is spent: each end numbers its
-// setups of a channel and the two ends meet only on equal numbers, so a
-// channel whose setup failed on one end only is set up again only once the
-// other end has made as many attempts.
+// the communicator: a later call with the same descriptors returns them.
+// When one end gives a setup up (timed out, cancelled) while the other has
+// not reached it or waits in its exchange, the other end starts over and
+// meets the first end's next call (see setupRetrying); when both ends fail,
+// both retry. An end that gives up inside the transport's last handshake
+// may leave the other end holding a channel whose far end is gone: its
+// operations fail (the transport reports the peer lost, or a wait times
+// out), and the communicator must be made anew.
 func (c *Comm) ChannelAcquireContext(ctx context.Context, engine Engine, descs []ChannelDesc) ([]*Channel, error) {
 	const op = "ChannelAcquire"
 	if err := c.usable(op); err != nil {
@@ -200,15 +205,80 @@ func (c *Comm) acquireOne(ctx context.Context, engine Engine, d ChannelDesc) (*C
 	}
 	call := &acquireCall{done: make(chan struct{})}
 	c.inflight[k] = call
-	attempt := c.attempts[k]
-	c.attempts[k]++
 	c.mu.Unlock()
-	call.ch, call.err = c.setupChannel(ctx, k, attempt, d)
+	call.ch, call.err = c.setupRetrying(ctx, k, d)
 	c.mu.Lock()
 	delete(c.inflight, k)
 	c.mu.Unlock()
 	close(call.done)
 	return call.ch, call.err
+}
+
+// Each end numbers its setups of a channel (Comm.attempts), and the two ends
+// meet on equal numbers: every exchange of setup n is keyed by n. An end
+// whose setup fails — timed out, cancelled, aborted — publishes that it
+// abandoned setup n; the other end, which may be in setup n or reach it
+// later, sees that, drops its setup n and starts setup n+1, where the first
+// end's next setup will meet it. Without this, a setup that failed on one
+// end only would leave the two ends a number apart for good. What it cannot
+// mend is a setup that completed on one end and failed on the other in the
+// transport's last message (a party never knows whether its last message
+// arrived): the completed end keeps a channel whose far end is gone.
+
+// errPeerAbandoned is the cause of a setup ended by its peer's abandoning it.
+var errPeerAbandoned = errors.New("the peer abandoned this setup of the channel")
+
+// setupRetrying runs setups of the channel k until one succeeds or fails
+// for a reason other than the peer's abandoning it, or ctx ends.
+func (c *Comm) setupRetrying(ctx context.Context, k chanKey, d ChannelDesc) (*Channel, error) {
+	for {
+		c.mu.Lock()
+		attempt := c.attempts[k]
+		c.attempts[k]++
+		c.mu.Unlock()
+		ch, err := c.setupWatched(ctx, k, attempt, d)
+		if err == nil || !errors.Is(err, errPeerAbandoned) || ctx.Err() != nil {
+			return ch, err
+		}
+		c.log(slog.LevelInfo, "channel setup abandoned by the peer; starting the next", "peer", d.RemoteRank, "attempt", attempt)
+	}
+}
+
+// setupWatched runs setup attempt of the channel k while watching for the
+// peer's abandoning it (the error then wraps errPeerAbandoned); when the
+// setup fails otherwise, it publishes that this end abandoned it.
+func (c *Comm) setupWatched(ctx context.Context, k chanKey, attempt int, d ChannelDesc) (*Channel, error) {
+	base := c.setupBase(k, attempt)
+	me, them := strconv.Itoa(c.rank), strconv.Itoa(d.RemoteRank)
+	actx, cancel := context.WithCancelCause(ctx)
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		if _, err := c.boot.store.Get(actx, base+"/abandoned/r"+them); err == nil {
+			cancel(errPeerAbandoned)
+		}
+	}()
+	ch, err := c.setupChannel(actx, k, attempt, d)
+	abandoned := context.Cause(actx) == errPeerAbandoned
+	cancel(nil)
+	<-watched
+	switch {
+	case err == nil:
+		return ch, nil
+	case abandoned && ctx.Err() == nil:
+		return nil, c.errorf("ChannelAcquire", d.RemoteRank, ErrInternal, fmt.Errorf("%w: %w", errPeerAbandoned, err), "")
+	}
+	sctx, scancel := context.WithTimeout(context.Background(), time.Second)
+	c.boot.store.Set(sctx, base+"/abandoned/r"+me, nil) // best effort: the store may be gone
+	scancel()
+	return nil, err
+}
+
+// setupBase is the store key under which setup attempt of the channel k
+// trades its messages.
+func (c *Comm) setupBase(k chanKey, attempt int) string {
+	lo, hi := min(c.rank, k.remote), max(c.rank, k.remote)
+	return fmt.Sprintf("ch/%d-%d/%d/%d/%q/%d", lo, hi, k.engine, k.protocol, k.tag, attempt)
 }
 
 // setupChannel runs one setup of the channel k (attempt: how many came before).
@@ -229,9 +299,7 @@ func (c *Comm) setupChannel(ctx context.Context, k chanKey, attempt int, d Chann
 	if err != nil {
 		return nil, c.errorf(op, d.RemoteRank, ErrInternal, err, "%s transport", tname)
 	}
-	lo, hi := min(c.rank, d.RemoteRank), max(c.rank, d.RemoteRank)
-	base := fmt.Sprintf("ch/%d-%d/%d/%d/%q/%d", lo, hi, engine, d.Protocol, d.Tag, attempt)
-	ex := c.exchanger(base, d.RemoteRank)
+	ex := c.exchanger(c.setupBase(k, attempt), d.RemoteRank)
 	if err := handshake(ctx, ex, c.rank, d.RemoteRank, tname); err != nil {
 		return nil, c.connectErr(ctx, d.RemoteRank, tname, err)
 	}

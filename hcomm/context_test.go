@@ -80,9 +80,18 @@ func cancelAfter(d time.Duration) context.Context {
 }
 
 // ChannelAcquireContext to a peer that never calls ends with its context,
-// not after HCCL_CONNECT_TIMEOUT; the communicator stays usable.
+// not after HCCL_CONNECT_TIMEOUT; the communicator stays usable, and the
+// two ends then meet although only one made the failed setups.
 func TestChannelAcquireContext(t *testing.T) {
-	comms, err := hcomm.InitAll(2, longSetupCfg())
+	for _, tr := range hcomm.Transports() {
+		t.Run(tr, func(t *testing.T) { testChannelAcquireContext(t, tr) })
+	}
+}
+
+func testChannelAcquireContext(t *testing.T, transport string) {
+	cfg := longSetupCfg()
+	cfg.Transport = transport
+	comms, err := hcomm.InitAll(2, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -112,6 +121,23 @@ func TestChannelAcquireContext(t *testing.T) {
 
 	if err := comms[0].Check(); err != nil {
 		t.Errorf("after cancelled acquires: %v, want a usable communicator", err)
+	}
+
+	// Both ends now: rank 0 gave up two setups that rank 1 never made, and
+	// rank 1 starts over past them instead of waiting in the first.
+	ctx, cancel = context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	errs := make(chan error, 2)
+	for r, c := range comms {
+		go func() {
+			_, err := c.ChannelAcquireContext(ctx, hcomm.EngineCPUTS, desc(1-r))
+			errs <- err
+		}()
+	}
+	for range comms {
+		if err := <-errs; err != nil {
+			t.Errorf("acquire on both ends after rank 0's cancelled ones: %v", err)
+		}
 	}
 }
 

@@ -1,7 +1,6 @@
 package inproc
 
 import (
-	"bytes"
 	"context"
 	"strings"
 	"sync"
@@ -65,7 +64,10 @@ func connectPair(t *testing.T, d0, d1 *Dialer, e0, e1 *end) ([2]*channel.Conn, [
 	return conns, errs
 }
 
-func TestDialer(t *testing.T) {
+// TestDialerWithdrawsEndpoints: a connect leaves nothing on the fabric, and
+// the notifies carry the channel's name. What the channel does is
+// channeltest's (TestConformance).
+func TestDialerWithdrawsEndpoints(t *testing.T) {
 	f := NewFabric()
 	d := NewDialer(f)
 	defer d.Close()
@@ -79,29 +81,10 @@ func TestDialer(t *testing.T) {
 	if f.Len() != 0 {
 		t.Fatalf("fabric keeps %d endpoints after the connect", f.Len())
 	}
-	c0 := conns[0]
-	if c0.PeerNotifyNum != 2 || len(c0.Notifies) != 2 || c0.RemoteMems[0].Addr != e1.buf || !strings.Contains(c0.Notifies[1].Name(), "test channel notify 1") {
-		t.Fatalf("conn = %+v", c0)
-	}
-	msg := []byte("hello, rank 1")
-	if err := c0.Transport.Write(nil, e1.buf+8, msg); err != nil {
-		t.Fatal(err)
-	}
-	if err := c0.Transport.NotifyRecord(nil, 1); err != nil {
-		t.Fatal(err)
-	}
-	if !conns[1].Notifies[1].IsSet() {
-		t.Fatal("rank 1's notify 1 not set by rank 0's record")
-	}
-	got, _ := e1.dev.Bytes(e1.buf+8, int64(len(msg)))
-	if !bytes.Equal(got, msg) {
-		t.Fatalf("rank 1 holds %q", got)
-	}
-	if err := c0.Transport.Write(nil, e1.buf+4090, msg); err == nil {
-		t.Fatal("a write past the peer's buffer succeeded")
-	}
-	if err := c0.Transport.NotifyRecord(nil, 2); err == nil {
-		t.Fatal("a record of a notify the peer does not have succeeded")
+	for r, c := range conns {
+		if !strings.Contains(c.Notifies[1].Name(), "test channel notify 1") {
+			t.Fatalf("rank %d's notify 1 is named %q", r, c.Notifies[1].Name())
+		}
 	}
 }
 

@@ -16,7 +16,9 @@
 // whose Notifies are this end's notifies, set by the peer's NotifyRecord.
 //
 // The wire format is written down in spec.md beside this file; frame.go holds
-// the header, hello.go the setup messages, conn.go the transport.
+// the header, hello.go the setup messages, conn.go the channel's state and
+// life (start, failure, Close); send.go, recv.go, order.go and liveness.go
+// hold its sending, receiving, ordering across sockets and heartbeats.
 //
 // # How ordering works
 //
@@ -38,7 +40,9 @@
 // when the matching wait returns, a Read sees the writes issued before it,
 // and Fence (answered only when its vector is reached) returns once every
 // earlier operation is applied at the peer. Operations issued concurrently
-// on different threads are not ordered with each other.
+// on different threads are not ordered with each other, and neither are two
+// writes of one thread to the same bytes with no record, read or fence
+// between them: their chunks may land in either order.
 //
 // WriteWithNotify (channel.WriteNotifier, what hcomm's WriteWithNotify calls
 // use) sends a write that fits one frame and its NOTIFY in one system call

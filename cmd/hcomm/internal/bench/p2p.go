@@ -28,24 +28,80 @@ func p2pPattern(src int, i int64) byte { return byte(i*31 + int64(src)*7 + 1) }
 // smallest size's time is its latency. With -c 1 the receiver checks every
 // byte after the pair's last iteration.
 func runP2P(ctx context.Context, c *hcomm.Comm, o Options, rep *report) (bool, error) {
-	n, me := c.Size(), c.Rank()
-	if n < 2 {
+	if n := c.Size(); n < 2 {
 		return false, fmt.Errorf("p2p needs at least 2 ranks, have %d", n)
 	}
+	s, release, err := setupP2P(c, o)
+	if err != nil {
+		return false, err
+	}
+	defer release()
+	if err := s.describe(ctx, o, rep); err != nil {
+		return false, err
+	}
+	pairs := p2pPairs(s.n, o.Bidir)
+	sizes := o.sizes()
+	rep.total = len(sizes)
+	var first, last []float64 // per-pair µs of the smallest and largest size
+	for si, size := range sizes {
+		times, wrongs, err := s.measure(ctx, o, pairs, size)
+		if err != nil {
+			return false, err
+		}
+		rep.p2pRow(o, s.n, pairs, size, times, wrongs)
+		if si == 0 {
+			first = times
+		}
+		last = times
+	}
+	rep.p2pMatrices(s.n, sizes[0], first, sizes[len(sizes)-1], last, o.Bidir)
+	return rep.footer(), nil
+}
+
+// p2pRun is what one rank of hcomm bench p2p measures with: a channel to
+// every other rank, the address of the peer's benchmark buffer on each, one
+// thread, and a source buffer holding this rank's pattern.
+type p2pRun struct {
+	c       *hcomm.Comm
+	dev     *device.Device
+	n, me   int
+	recvBuf device.Ptr // this rank's benchmark buffer, written by its peers
+	src     device.Ptr // the bytes this rank writes
+	chans   []*hcomm.Channel
+	dsts    []device.Ptr // the peer's benchmark buffer, by rank
+	th      *hcomm.Thread
+}
+
+// setupP2P registers this rank's benchmark buffer, acquires a channel to
+// every other rank and a thread, and fills the source buffer. release frees
+// the buffers and the registration; on an error, setupP2P has freed them.
+func setupP2P(c *hcomm.Comm, o Options) (s *p2pRun, release func(), err error) {
+	n, me := c.Size(), c.Rank()
+	var undo []func()
+	release = func() {
+		for i := len(undo) - 1; i >= 0; i-- {
+			undo[i]()
+		}
+	}
+	defer func() {
+		if err != nil {
+			release()
+		}
+	}()
 	// Writes land in a buffer each rank registers for the benchmark, not
 	// in the HCCL buffer, which the collectives (the barriers between pairs)
 	// use at the same time.
 	dev := c.Device()
 	recvBuf, err := dev.Malloc(max(o.MaxBytes, 64))
 	if err != nil {
-		return false, err
+		return nil, nil, err
 	}
-	defer dev.Free(recvBuf)
+	undo = append(undo, func() { dev.Free(recvBuf) })
 	mh, err := c.CommMemReg(p2pTag, recvBuf, max(o.MaxBytes, 64))
 	if err != nil {
-		return false, err
+		return nil, nil, err
 	}
-	defer c.CommMemDereg(mh)
+	undo = append(undo, func() { c.CommMemDereg(mh) })
 	descs := hcomm.ChannelDescInit(n - 1)
 	for i, j := 0, 0; i < n; i++ {
 		if i != me {
@@ -57,52 +113,60 @@ func runP2P(ctx context.Context, c *hcomm.Comm, o Options, rep *report) (bool, e
 	}
 	chs, err := c.ChannelAcquire(hcomm.EngineCPUTS, descs)
 	if err != nil {
-		return false, err
+		return nil, nil, err
 	}
-	chans := make([]*hcomm.Channel, n)
-	dsts := make([]device.Ptr, n)
+	s = &p2pRun{c: c, dev: dev, n: n, me: me, recvBuf: recvBuf, chans: make([]*hcomm.Channel, n), dsts: make([]device.Ptr, n)}
 	for _, ch := range chs {
 		p := ch.RemoteRank()
-		chans[p] = ch
+		s.chans[p] = ch
 		mems, err := c.ChannelGetRemoteMems(ch)
 		if err != nil {
-			return false, err
+			return nil, nil, err
 		}
 		for _, m := range mems {
 			if m.Tag == p2pTag && m.Size >= o.MaxBytes {
-				dsts[p] = m.Addr
+				s.dsts[p] = m.Addr
 			}
 		}
-		if dsts[p] == 0 {
-			return false, fmt.Errorf("rank %d's channel does not show the %d-byte buffer it registered for the benchmark", p, o.MaxBytes)
+		if s.dsts[p] == 0 {
+			return nil, nil, fmt.Errorf("rank %d's channel does not show the %d-byte buffer it registered for the benchmark", p, o.MaxBytes)
 		}
 	}
 	ths, err := c.ThreadAcquire(hcomm.EngineCPUTS, 1, 0)
 	if err != nil {
-		return false, err
+		return nil, nil, err
 	}
-	th := ths[0]
+	s.th = ths[0]
 	src, err := dev.Malloc(max(o.MaxBytes, 64))
 	if err != nil {
-		return false, err
+		return nil, nil, err
 	}
-	defer dev.Free(src)
+	undo = append(undo, func() { dev.Free(src) })
+	s.src = src
 	pat := make([]byte, o.MaxBytes)
 	for i := range pat {
 		pat[i] = p2pPattern(me, int64(i))
 	}
 	if err := dev.MemcpyHtoD(src, pat); err != nil {
-		return false, err
+		return nil, nil, err
 	}
-	pids, hosts, err := rankInfo(ctx, c)
+	return s, release, nil
+}
+
+// describe prints the report's header and which transports carry the
+// benchmark's channels, gathered from every rank (a collective: every rank
+// calls it).
+func (s *p2pRun) describe(ctx context.Context, o Options, rep *report) error {
+	n, me := s.n, s.me
+	pids, hosts, err := rankInfo(ctx, s.c)
 	if err != nil {
-		return false, err
+		return err
 	}
 	// Which transport carries each of this rank's channels, gathered on every
 	// rank as a matrix of transport indices (+1; 0 = none).
 	trs := []string{"inproc", "shm", "tcp"}
 	tm := make([]float64, n*n)
-	for p, ch := range chans {
+	for p, ch := range s.chans {
 		if ch == nil {
 			continue
 		}
@@ -113,8 +177,8 @@ func runP2P(ctx context.Context, c *hcomm.Comm, o Options, rep *report) (bool, e
 			}
 		}
 	}
-	if tm, err = sumAll(ctx, c, tm...); err != nil {
-		return false, err
+	if tm, err = sumAll(ctx, s.c, tm...); err != nil {
+		return err
 	}
 	rep.header(pids, hosts)
 	used := map[string]bool{}
@@ -132,122 +196,149 @@ func runP2P(ctx context.Context, c *hcomm.Comm, o Options, rep *report) (bool, e
 		}
 	}
 	rep.printf("# p2p channels: protocol %v, transport %s\n#\n", o.Protocol, strings.Join(list, ", "))
-	type pair struct{ a, b int }
-	var pairs []pair
+	return nil
+}
+
+// p2pPair is a pair the benchmark measures: a writes to b (and, with
+// --bidir, b to a at the same time).
+type p2pPair struct{ a, b int }
+
+// p2pPairs lists the ordered pairs of n ranks, or the unordered ones with
+// bidir, in the order every rank measures them.
+func p2pPairs(n int, bidir bool) []p2pPair {
+	var pairs []p2pPair
 	for a := 0; a < n; a++ {
 		for b := 0; b < n; b++ {
-			if a != b && (!o.Bidir || a < b) {
-				pairs = append(pairs, pair{a, b})
+			if a != b && (!bidir || a < b) {
+				pairs = append(pairs, p2pPair{a, b})
 			}
 		}
 	}
-	sizes := o.sizes()
-	rep.total = len(sizes)
-	var first, last []float64 // per-pair µs of the smallest and largest size
-	sync := func() error { return th.Stream().Synchronize(ctx) }
-	for si, size := range sizes {
-		times := make([]float64, n*n)
-		wrongs := 0.0
-		for _, p := range pairs {
-			if _, err := sumAll(ctx, c, 0); err != nil { // only this pair runs
-				return false, err
-			}
-			if me != p.a && me != p.b {
-				continue
-			}
-			peer := p.b
-			if me == p.b {
-				peer = p.a
-			}
-			ch, dst := chans[peer], dsts[peer]
-			sender := me == p.a || o.Bidir
-			k := 0
-			iter := func() error {
-				// Both ways at once, each side's next record may come
-				// before the peer consumed the last one: alternate two
-				// notifies (a notify is a flag, not a counter).
-				data := p2pData
-				if o.Bidir {
-					data = k % 2
-				}
-				k++
-				if sender {
-					if err := hcomm.WriteOnThread(th, ch, dst, src, size); err != nil {
-						return err
-					}
-					if err := hcomm.ChannelNotifyRecordOnThread(th, ch, data); err != nil {
-						return err
-					}
-				}
-				if o.Bidir {
-					return hcomm.ChannelNotifyWaitOnThread(th, ch, data, 0)
-				}
-				if sender {
-					return hcomm.ChannelNotifyWaitOnThread(th, ch, p2pAck, 0)
-				}
-				if err := hcomm.ChannelNotifyWaitOnThread(th, ch, p2pData, 0); err != nil {
-					return err
-				}
-				return hcomm.ChannelNotifyRecordOnThread(th, ch, p2pAck)
-			}
-			for i := 0; i < o.Warmup; i++ {
-				if err := iter(); err != nil {
-					return false, err
-				}
-			}
-			if err := sync(); err != nil {
-				return false, err
-			}
-			t0 := time.Now()
-			for i := 0; i < o.Iters; i++ {
-				if err := iter(); err != nil {
-					return false, err
-				}
-			}
-			if err := sync(); err != nil {
-				return false, err
-			}
-			if me == p.a {
-				times[p.a*n+p.b] = time.Since(t0).Seconds() * 1e6 / float64(o.Iters)
-			}
-			if o.Check && (me == p.b || o.Bidir) {
-				from := p.a
-				if me == p.a {
-					from = p.b
-				}
-				wrongs += float64(checkP2P(dev, recvBuf, size, from, me, o))
-			}
+	return pairs
+}
+
+// measure runs every pair at size, one pair at a time behind a barrier (a
+// collective: every rank calls it). It returns, summed over the ranks, the
+// µs per iteration of each pair (src rank by row, dst by column, n×n) and
+// the number of wrong bytes the receivers found.
+func (s *p2pRun) measure(ctx context.Context, o Options, pairs []p2pPair, size int64) ([]float64, float64, error) {
+	n, me := s.n, s.me
+	times := make([]float64, n*n)
+	wrongs := 0.0
+	for _, p := range pairs {
+		if _, err := sumAll(ctx, s.c, 0); err != nil { // only this pair runs
+			return nil, 0, err
 		}
-		tot, err := sumAll(ctx, c, append(times, wrongs)...)
+		if me != p.a && me != p.b {
+			continue
+		}
+		us, wrong, err := s.measurePair(ctx, o, p, size)
 		if err != nil {
-			return false, err
+			return nil, 0, err
 		}
-		times, wrongs = tot[:n*n], tot[n*n]
-		avg := 0.0
-		for _, p := range pairs {
-			avg += times[p.a*n+p.b]
+		if me == p.a {
+			times[p.a*n+p.b] = us
 		}
-		avg /= float64(len(pairs))
-		res := &Result{TimeUs: avg, Wrong: -1}
-		moved := float64(size)
-		if o.Bidir {
-			moved *= 2
-		}
-		if avg > 0 {
-			res.AlgBW = moved / (avg * 1e-6) / 1e9
-			res.BusBW = res.AlgBW
-		}
-		if o.Check {
-			res.Wrong = int64(wrongs)
-		}
-		rep.row(Row{Coll: "p2p", Size: size, Count: size, Type: "uint8", RedOp: "none", Root: -1, Out: res, In: &Result{NA: true}})
-		if si == 0 {
-			first = times
-		}
-		last = times
+		wrongs += float64(wrong)
 	}
-	rep.p2pMatrices(n, sizes[0], first, sizes[len(sizes)-1], last, o.Bidir)
-	return rep.footer(), nil
+	tot, err := sumAll(ctx, s.c, append(times, wrongs)...)
+	if err != nil {
+		return nil, 0, err
+	}
+	return tot[:n*n], tot[n*n], nil
+}
+
+// measurePair runs this rank's side of pair p at size: -w warm-up
+// iterations, then -n timed ones. It returns the µs per timed iteration and,
+// with -c 1 on a receiving rank, the bytes that arrived wrong.
+func (s *p2pRun) measurePair(ctx context.Context, o Options, p p2pPair, size int64) (float64, int64, error) {
+	me, th := s.me, s.th
+	peer := p.b
+	if me == p.b {
+		peer = p.a
+	}
+	ch, dst := s.chans[peer], s.dsts[peer]
+	sender := me == p.a || o.Bidir
+	k := 0
+	iter := func() error {
+		// Both ways at once, each side's next record may come
+		// before the peer consumed the last one: alternate two
+		// notifies (a notify is a flag, not a counter).
+		data := p2pData
+		if o.Bidir {
+			data = k % 2
+		}
+		k++
+		if sender {
+			if err := hcomm.WriteOnThread(th, ch, dst, s.src, size); err != nil {
+				return err
+			}
+			if err := hcomm.ChannelNotifyRecordOnThread(th, ch, data); err != nil {
+				return err
+			}
+		}
+		if o.Bidir {
+			return hcomm.ChannelNotifyWaitOnThread(th, ch, data, 0)
+		}
+		if sender {
+			return hcomm.ChannelNotifyWaitOnThread(th, ch, p2pAck, 0)
+		}
+		if err := hcomm.ChannelNotifyWaitOnThread(th, ch, p2pData, 0); err != nil {
+			return err
+		}
+		return hcomm.ChannelNotifyRecordOnThread(th, ch, p2pAck)
+	}
+	sync := func() error { return th.Stream().Synchronize(ctx) }
+	for i := 0; i < o.Warmup; i++ {
+		if err := iter(); err != nil {
+			return 0, 0, err
+		}
+	}
+	if err := sync(); err != nil {
+		return 0, 0, err
+	}
+	t0 := time.Now()
+	for i := 0; i < o.Iters; i++ {
+		if err := iter(); err != nil {
+			return 0, 0, err
+		}
+	}
+	if err := sync(); err != nil {
+		return 0, 0, err
+	}
+	us := time.Since(t0).Seconds() * 1e6 / float64(o.Iters)
+	var wrong int64
+	if o.Check && (me == p.b || o.Bidir) {
+		from := p.a
+		if me == p.a {
+			from = p.b
+		}
+		wrong = checkP2P(s.dev, s.recvBuf, size, from, me, o)
+	}
+	return us, wrong, nil
+}
+
+// p2pRow reports one size: the pairs' mean time and its bandwidth, and the
+// wrong bytes with -c 1.
+func (r *report) p2pRow(o Options, n int, pairs []p2pPair, size int64, times []float64, wrongs float64) {
+	avg := 0.0
+	for _, p := range pairs {
+		avg += times[p.a*n+p.b]
+	}
+	avg /= float64(len(pairs))
+	res := &Result{TimeUs: avg, Wrong: -1}
+	moved := float64(size)
+	if o.Bidir {
+		moved *= 2
+	}
+	if avg > 0 {
+		res.AlgBW = moved / (avg * 1e-6) / 1e9
+		res.BusBW = res.AlgBW
+	}
+	if o.Check {
+		res.Wrong = int64(wrongs)
+	}
+	r.row(Row{Coll: "p2p", Size: size, Count: size, Type: "uint8", RedOp: "none", Root: -1, Out: res, In: &Result{NA: true}})
 }
 
 // checkP2P counts the bytes of this rank's benchmark buffer that differ from

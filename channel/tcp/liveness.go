@@ -1,0 +1,128 @@
+package tcp
+
+import (
+	"time"
+
+	"github.com/hcomm-dev/hcomm/channel"
+	"github.com/hcomm-dev/hcomm/internal/reduce"
+)
+
+// This file holds how a channel notices a peer that is gone or stuck
+// (spec.md §4): the heartbeat monitor, and the watchdog that lets a stopped
+// caller end a write the peer no longer reads.
+
+// watchDelay is how long a one-frame write runs before its watchdog
+// starts to look at the caller's stop channel (every millisecond).
+const watchDelay = 2 * time.Millisecond
+
+// writeWatched writes one frame like writeFrame, for a caller that may be
+// stopped: a write still going out after watchDelay (the peer stopped
+// reading and the kernel buffers are full) is watched, and when stop closes
+// the channel is killed, which ends the write; half a frame cannot be taken
+// back. It reports whether that happened. The caller holds s.wmu.
+//
+// Why a timer and not a goroutine per write: almost every write is done in
+// microseconds, and a reused timer costs no allocation.
+func (s *sock) writeWatched(c *conn, op string, stop <-chan struct{}, t frameType, dt reduce.DataType, rop reduce.Op, id, addr, size uint64, payload []byte) (bool, error) {
+	if stop == nil {
+		return false, s.writeFrame(t, dt, rop, id, addr, size, payload)
+	}
+	s.watchStart(c, op, stop)
+	err := s.writeFrame(t, dt, rop, id, addr, size, payload)
+	return s.watchEnd(), err
+}
+
+// watchStart arms the watchdog of a write that stop may end; watchEnd
+// disarms it and reports whether it fired. The caller holds s.wmu.
+func (s *sock) watchStart(c *conn, op string, stop <-chan struct{}) {
+	if s.wt == nil {
+		s.wexit = make(chan struct{}, 1)
+		s.wt = time.AfterFunc(time.Hour, func() { s.watchdog(c) })
+		s.wt.Stop()
+	}
+	s.wdog.Lock()
+	s.wstop, s.wop, s.wbusy, s.wfired = stop, op, true, false
+	s.wdog.Unlock()
+	s.wt.Reset(watchDelay)
+}
+
+func (s *sock) watchEnd() bool {
+	s.wdog.Lock()
+	s.wbusy = false
+	s.wdog.Unlock()
+	if !s.wt.Stop() {
+		<-s.wexit // the watchdog ran: wait until it is gone
+	}
+	s.wdog.Lock()
+	fired := s.wfired
+	s.wstop = nil
+	s.wdog.Unlock()
+	return fired
+}
+
+// watchdog runs on the timer's goroutine while a watched write is slow: it
+// polls the writer's stop channel until the write ends.
+func (s *sock) watchdog(c *conn) {
+	defer func() { s.wexit <- struct{}{} }()
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	for {
+		s.wdog.Lock()
+		busy, stop, op := s.wbusy, s.wstop, s.wop
+		s.wdog.Unlock()
+		if !busy {
+			return
+		}
+		select {
+		case <-stop:
+			s.wdog.Lock()
+			fired := s.wbusy
+			s.wfired = fired
+			s.wdog.Unlock()
+			if fired {
+				c.fail(c.errorf(op, 0, 0, aborted(op, "stop closed"),
+					"stopped while a frame was going out on socket %d; half a frame cannot be recalled, so the channel is closed", s.idx), true)
+			}
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// monitor sends heartbeats on idle sockets and fails the channel when the
+// peer has been silent, or a send stuck, for longer than the peer timeout.
+func (c *conn) monitor() {
+	defer c.wg.Done()
+	tick := time.NewTicker(max(c.timeout/4, time.Millisecond))
+	defer tick.Stop()
+	for {
+		select {
+		case <-c.dead:
+			return
+		case <-tick.C:
+		}
+		now := time.Now()
+		for _, s := range c.socks {
+			if rx := time.Unix(0, s.lastRx.Load()); now.Sub(rx) > c.timeout && !s.closedBy.Load() {
+				c.fail(c.errorf("heartbeat", 0, 0, channel.ErrPeerLost, "socket %d heard nothing from rank %d for %v (peer timeout %v)",
+					s.idx, c.peer, now.Sub(rx).Round(time.Millisecond), c.timeout), true)
+				return
+			}
+			if since := s.sendSince.Load(); since != 0 && now.Sub(time.Unix(0, since)) > c.timeout {
+				c.fail(c.errorf("heartbeat", 0, 0, channel.ErrPeerLost, "a send on socket %d has been stuck for more than %v: rank %d stopped reading",
+					s.idx, c.timeout, c.peer), false)
+				return
+			}
+			if now.Sub(time.Unix(0, s.lastTx.Load())) >= c.timeout/4 && s.wmu.TryLock() {
+				s.nc.SetWriteDeadline(now.Add(c.timeout))
+				err := s.writeFrame(framePing, 0, 0, 0, 0, 0, nil)
+				s.nc.SetWriteDeadline(time.Time{})
+				s.wmu.Unlock()
+				if err != nil {
+					c.lost("heartbeat", s, err)
+					return
+				}
+			}
+		}
+	}
+}

@@ -1,0 +1,290 @@
+package tcp
+
+import (
+	"encoding/binary"
+	"net"
+	"sync/atomic"
+	"time"
+
+	"github.com/hcomm-dev/hcomm/device"
+	"github.com/hcomm-dev/hcomm/internal/reduce"
+)
+
+// This file holds the sending side: frames onto sockets, large operations
+// split over all of them, and the one-sided operations (Write, WriteReduce,
+// NotifyRecord, WriteWithNotify).
+
+// minChunk is the smallest chunk a split operation is cut into (unless
+// Options.ChunkSize is smaller): below it, the cost of waking another
+// sender outweighs a second socket.
+const minChunk = 256 << 10
+
+// writeFrame writes one frame; the caller holds s.wmu.
+func (s *sock) writeFrame(t frameType, dt reduce.DataType, op reduce.Op, id, addr, size uint64, payload []byte) error {
+	h := header(s.hdr[:])
+	h.encode(t, dt, op, uint32(len(payload)), id, addr, size)
+	now := time.Now().UnixNano()
+	s.sendSince.Store(now)
+	var err error
+	if len(payload) == 0 {
+		_, err = s.nc.Write(h)
+	} else {
+		s.vec[0], s.vec[1] = h, payload
+		bufs := net.Buffers(s.vec[:2])
+		_, err = bufs.WriteTo(s.nc)
+		s.vec[1] = nil
+	}
+	s.sendSince.Store(0)
+	s.lastTx.Store(now)
+	s.sent.Add(1)
+	return err
+}
+
+// writePair writes a WRITE frame of payload at addr and the NOTIFY frame of
+// notify idx that follows it, in one system call; the caller holds s.wmu.
+// The notify's ordering vector counts the write (on this socket) and the
+// frames already sent on the others, as c.vector would after the write.
+func (s *sock) writePair(c *conn, addr uint64, payload []byte, idx uint64) error {
+	if len(s.ovec) != 8*len(c.socks) {
+		s.ovec = make([]byte, 8*len(c.socks))
+	}
+	for i, o := range c.socks {
+		n := o.sent.Load()
+		if o == s {
+			n++ // the write below
+		}
+		binary.BigEndian.PutUint64(s.ovec[8*i:], n)
+	}
+	h := header(s.hdr[:])
+	h.encode(frameWrite, 0, 0, uint32(len(payload)), 0, addr, 0)
+	h2 := header(s.hdr2[:])
+	h2.encode(frameNotify, 0, 0, uint32(len(s.ovec)), idx, 0, 0)
+	now := time.Now().UnixNano()
+	s.sendSince.Store(now)
+	s.vec = [4][]byte{h, payload, h2, s.ovec}
+	bufs := net.Buffers(s.vec[:])
+	_, err := bufs.WriteTo(s.nc)
+	s.vec = [4][]byte{}
+	s.sendSince.Store(0)
+	s.lastTx.Store(now)
+	s.sent.Add(2)
+	return err
+}
+
+// lockSock returns a locked socket for a one-frame operation: the first one
+// nobody is writing on, so that a lone thread's small frames share one socket
+// (and one reader at the peer), while concurrent threads spread.
+func (c *conn) lockSock() *sock {
+	for _, s := range c.socks {
+		if s.wmu.TryLock() {
+			return s
+		}
+	}
+	s := c.socks[int(c.rr.Add(1))%len(c.socks)]
+	s.wmu.Lock()
+	return s
+}
+
+// sendSmall writes one frame on some socket; see writeWatched for stop.
+func (c *conn) sendSmall(op string, stop <-chan struct{}, t frameType, id, addr, size uint64, payload []byte) error {
+	s := c.lockSock()
+	fired, err := s.writeWatched(c, op, stop, t, 0, 0, id, addr, size, payload)
+	s.wmu.Unlock()
+	if fired {
+		return c.errorf(op, addr, size64(size, payload), aborted(op, "stop closed"), "stopped while sending")
+	}
+	if err != nil {
+		return c.lost(op, s, err)
+	}
+	return nil
+}
+
+func size64(size uint64, payload []byte) int64 {
+	if size != 0 {
+		return int64(min(size, 1<<62))
+	}
+	return int64(len(payload))
+}
+
+// job is one operation's payload split into chunks over the sockets.
+type job struct {
+	t     frameType
+	dt    reduce.DataType
+	op    reduce.Op
+	id    uint64
+	base  uint64 // addr of chunk 0: remote dst, or offset 0 of a READ_RESP
+	src   []byte
+	cs    int
+	n     int
+	next  atomic.Int64
+	err   atomic.Pointer[error]
+	left  atomic.Int32  // participants still running
+	done  chan struct{} // closed by the last participant
+	owner *conn
+	name  string
+}
+
+func (j *job) run(s *sock) {
+	defer func() {
+		if j.left.Add(-1) == 0 {
+			close(j.done)
+		}
+	}()
+	for {
+		i := int(j.next.Add(1) - 1)
+		if i >= j.n {
+			return
+		}
+		off := i * j.cs
+		p := j.src[off:min(off+j.cs, len(j.src))]
+		s.wmu.Lock()
+		err := s.writeFrame(j.t, j.dt, j.op, j.id, j.base+uint64(off), 0, p)
+		s.wmu.Unlock()
+		if err != nil {
+			err = j.owner.lost(j.name, s, err)
+			j.err.CompareAndSwap(nil, &err)
+			return
+		}
+	}
+}
+
+// chunkSize picks the chunk size for n bytes: big enough to keep syscalls
+// few, small enough that every socket gets a share.
+func (c *conn) chunkSize(n int) int {
+	per := (n + len(c.socks) - 1) / len(c.socks)
+	per = (per + 4095) &^ 4095
+	return min(c.chunk, max(per, minChunk))
+}
+
+// sendData sends src as frames of type t (WRITE, WRITE_REDUCE, READ_RESP),
+// split over the sockets when it is large. It returns once every byte is
+// handed to the kernel. A stop that closes while bytes are still going out
+// kills the channel: half a frame cannot be taken back.
+func (c *conn) sendData(op string, stop <-chan struct{}, t frameType, dt reduce.DataType, rop reduce.Op, id, base uint64, src []byte) error {
+	cs := c.chunkSize(len(src))
+	if len(src) <= cs {
+		s := c.lockSock()
+		fired, err := s.writeWatched(c, op, stop, t, dt, rop, id, base, 0, src)
+		s.wmu.Unlock()
+		if fired {
+			return c.errorf(op, base, int64(len(src)), aborted(op, "stop closed"), "stopped while sending")
+		}
+		if err != nil {
+			return c.lost(op, s, err)
+		}
+		return nil
+	}
+	j := &job{t: t, dt: dt, op: rop, id: id, base: base, src: src, cs: cs, n: (len(src) + cs - 1) / cs,
+		owner: c, name: op, done: make(chan struct{})}
+	k := min(j.n, len(c.socks))
+	start := int(c.rr.Add(1))
+	j.left.Store(int32(k))
+	for i := 0; i < k; i++ {
+		go j.run(c.socks[(start+i)%len(c.socks)])
+	}
+	done := j.done
+	select {
+	case <-done:
+	case <-stop:
+		select {
+		case <-done: // finished anyway
+		default:
+			c.fail(c.errorf(op, base, int64(len(src)), aborted(op, "stop closed"),
+				"stopped while its bytes were going out; a half-sent frame cannot be recalled, so the channel is closed"), true)
+			<-done
+			return c.errorf(op, base, int64(len(src)), aborted(op, "stop closed"), "stopped while sending")
+		}
+	}
+	if p := j.err.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// Write copies src into the peer's memory at dst. It returns once the bytes
+// are handed to the kernel; ordering with later operations is kept by the
+// ordering vector (see the package doc).
+func (c *conn) Write(stop <-chan struct{}, dst device.Ptr, src []byte) error {
+	if err := c.usable("Write", stop, uint64(dst), int64(len(src))); err != nil || len(src) == 0 {
+		return err
+	}
+	if err := c.sendData("Write", stop, frameWrite, 0, 0, 0, uint64(dst), src); err != nil {
+		return c.wrap("Write", uint64(dst), int64(len(src)), err)
+	}
+	return nil
+}
+
+// WriteReduce computes peer[dst] = peer[dst] op src over count elements; the
+// peer applies it chunk by chunk as the bytes arrive.
+func (c *conn) WriteReduce(stop <-chan struct{}, dst device.Ptr, src []byte, count int, dt reduce.DataType, op reduce.Op) error {
+	const name = "WriteReduce"
+	if err := c.usable(name, stop, uint64(dst), int64(len(src))); err != nil {
+		return err
+	}
+	if !dt.Valid() || !op.Valid() || count < 0 || count > len(src)/max(dt.Size(), 1) {
+		return c.errorf(name, uint64(dst), int64(len(src)), nil, "%d elements of %v (%v) do not fit %d source bytes", count, dt, op, len(src))
+	}
+	src = src[:count*dt.Size()]
+	if len(src) == 0 {
+		return nil
+	}
+	if err := c.sendData(name, stop, frameWriteReduce, dt, op, 0, uint64(dst), src); err != nil {
+		return c.wrap(name, uint64(dst), int64(len(src)), err)
+	}
+	return nil
+}
+
+// NotifyRecord records the peer's notify idx. It returns once the frame is
+// handed to the kernel; the peer sets the notify only after it applied every
+// frame written on the channel before it.
+func (c *conn) NotifyRecord(stop <-chan struct{}, idx int) error {
+	if err := c.usable("NotifyRecord", stop, 0, 0); err != nil {
+		return err
+	}
+	if idx < 0 || idx >= c.peerNN {
+		return c.errorf("NotifyRecord", 0, 0, nil, "rank %d has no notify %d on this channel (it has %d)", c.peer, idx, c.peerNN)
+	}
+	if err := c.sendSmall("NotifyRecord", stop, frameNotify, uint64(idx), 0, 0, c.vector()); err != nil {
+		return c.wrap("NotifyRecord", 0, 0, err)
+	}
+	return nil
+}
+
+// WriteWithNotify copies src into the peer's memory at dst and then records
+// the peer's notify idx (channel.WriteNotifier). A write that fits one frame
+// goes out with its NOTIFY in one system call on one socket, so that the peer
+// reads both with one wake-up; a larger one is Write, then NotifyRecord. The
+// frames are the same either way (spec.md).
+func (c *conn) WriteWithNotify(stop <-chan struct{}, dst device.Ptr, src []byte, idx int) error {
+	if len(src) == 0 || len(src) > c.chunkSize(len(src)) {
+		if err := c.Write(stop, dst, src); err != nil {
+			return err
+		}
+		return c.NotifyRecord(stop, idx)
+	}
+	const op = "WriteWithNotify"
+	if err := c.usable(op, stop, uint64(dst), int64(len(src))); err != nil {
+		return err
+	}
+	if idx < 0 || idx >= c.peerNN {
+		return c.errorf(op, 0, 0, nil, "rank %d has no notify %d on this channel (it has %d)", c.peer, idx, c.peerNN)
+	}
+	s := c.lockSock()
+	var err error
+	fired := false
+	if stop == nil {
+		err = s.writePair(c, uint64(dst), src, uint64(idx))
+	} else {
+		s.watchStart(c, op, stop)
+		err = s.writePair(c, uint64(dst), src, uint64(idx))
+		fired = s.watchEnd()
+	}
+	s.wmu.Unlock()
+	if fired {
+		return c.errorf(op, uint64(dst), int64(len(src)), aborted(op, "stop closed"), "stopped while sending")
+	}
+	if err != nil {
+		return c.wrap(op, uint64(dst), int64(len(src)), c.lost(op, s, err))
+	}
+	return nil
+}
