@@ -72,6 +72,21 @@ type capture struct {
 
 func (c *capture) done() bool { return c.s.completed.Load() >= c.seq }
 
+// failure is the error of a completed capture whose work did not all run: a
+// task at or before the captured one failed (and the stream skipped what
+// followed it) and no Synchronize of the stream has reported it yet. The
+// failure stays on the stream for its Synchronize, as CUDA's sticky errors
+// are returned by every synchronize until reported.
+func (c *capture) failure(op string) error {
+	err := c.s.failedBy(c.seq)
+	if err == nil {
+		return nil
+	}
+	e := newErr(op, c.s.dev.id, c.s.id, CodeOf(err), "the captured work failed")
+	e.Err = err
+	return e
+}
+
 var epoch = time.Now()
 
 // CreateEvent creates an event with timing on (aclrtCreateEvent).
@@ -185,19 +200,27 @@ func (e *Event) QueryStatus() (EventRecordedStatus, error) {
 // Synchronize blocks until the captured work is complete or ctx is done
 // (aclrtSynchronizeEvent / cuEventSynchronize). Without EventBlockingSync the
 // caller spins briefly before it sleeps. On expiry it returns
-// ErrEventSyncTimeout, which matches context.DeadlineExceeded.
+// ErrEventSyncTimeout, which matches context.DeadlineExceeded. When a task
+// at or before the captured one failed (so the stream skipped the rest of
+// the captured work) and no Stream.Synchronize has reported that failure yet,
+// it returns an error wrapping the failure, whose code is the failure's; the
+// failure stays for the stream's Synchronize. A waiter on an event therefore
+// never mistakes skipped work for done work.
 func (e *Event) Synchronize(ctx context.Context) error {
 	const op = "Event.Synchronize"
 	c, err := e.snapshot(op)
-	if err != nil || c == nil || c.done() {
+	if err != nil || c == nil {
 		return err
+	}
+	if c.done() {
+		return c.failure(op)
 	}
 	spinFor := spin.Default
 	if e.flags&EventBlockingSync != 0 {
 		spinFor = 0
 	}
 	if ctx.Err() == nil && c.s.awaitProgress(c.seq, spinFor, nil, ctx.Done()) == reached {
-		return nil
+		return c.failure(op)
 	}
 	er := newErr(op, e.dev.id, c.s.id, ErrEventSyncTimeout, "captured task %d not complete", c.seq)
 	er.Err = ctx.Err()

@@ -31,6 +31,7 @@ type Stream struct {
 	nsub      atomic.Uint64 // submitted, for lock-free polls
 	completed atomic.Uint64 // tasks finished (run, skipped or failed)
 	err       error         // first failure not yet reported by Synchronize
+	errSeq    uint64        // the task that failed with err
 	abortTo   uint64        // tasks with seq <= abortTo are dropped
 	stop      chan struct{} // closed when the running task must give up
 	stopErr   error
@@ -266,7 +267,7 @@ func (s *Stream) finish(t *task, err error) {
 	}
 	s.mu.Lock()
 	if err != nil && s.err == nil {
-		s.err = err
+		s.err, s.errSeq = err, t.seq
 	}
 	c := s.completed.Add(1)
 	if len(s.waiters) > 0 {
@@ -362,9 +363,20 @@ func (s *Stream) Synchronize(ctx context.Context) error {
 	}
 	s.mu.Lock()
 	err := s.err
-	s.err = nil
+	s.err, s.errSeq = nil, 0
 	s.mu.Unlock()
 	return err
+}
+
+// failedBy returns the stream's unreported failure when it happened at or
+// before task seq: the work an event captured did not all run.
+func (s *Stream) failedBy(seq uint64) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.err != nil && s.errSeq <= seq {
+		return s.err
+	}
+	return nil
 }
 
 func (s *Stream) syncTimeout(ctx context.Context, target uint64) error {
