@@ -4,9 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"slices"
+	"strconv"
 	"sync"
 	"time"
 
+	"github.com/hcomm-dev/hcomm/channel"
 	"github.com/hcomm-dev/hcomm/internal/bootstrap"
 )
 
@@ -51,10 +54,15 @@ func (c Config) livenessTimeout() time.Duration {
 // rank of the communicator was lost.
 var ErrRankLost = errors.New("rank lost")
 
+// Loss events, under the communicator's prefix "c" of rank 0's store: the
+// store numbers them in the counter "event-n" and sets each under
+// "event/<n>" (n from 1), so that every rank reads every loss, in order. A
+// rank is published once (the counter "lost/<rank>" keeps the first).
 const (
-	eventKey = "c/event"   // first loss, JSON lossEvent
-	eventCtr = "c/event-n" // first writer wins
-	ackCtr   = "event-ack" // (under the comm prefix) ranks that applied the loss
+	eventCtr = "event-n"   // losses published so far
+	eventPfx = "event/"    // + n: JSON lossEvent
+	lostPfx  = "lost/"     // + rank: first publisher wins
+	ackCtr   = "event-ack" // ranks that applied the first loss
 )
 
 type lossEvent struct {
@@ -62,15 +70,26 @@ type lossEvent struct {
 	Reason string `json:"reason"`
 }
 
-// publishLoss is rank 0's store hook: it publishes the first loss.
+// publishLoss is rank 0's store hook: it publishes the loss of rank.
 func publishLoss(local bootstrap.Store, rank int, reason string) {
+	postLoss(bootstrap.Prefix(local, "c"), rank, reason)
+}
+
+// postLoss publishes the loss of rank in s (a communicator's view of its
+// store): by the store's hook, or by a rank that fails during its setup.
+// It gives up after a second.
+func postLoss(s bootstrap.Store, rank int, reason string) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	if n, err := local.Add(ctx, eventCtr, 1); err != nil || n != 1 {
+	if n, err := s.Add(ctx, lostPfx+strconv.Itoa(rank), 1); err != nil || n != 1 {
+		return
+	}
+	n, err := s.Add(ctx, eventCtr, 1)
+	if err != nil {
 		return
 	}
 	b, _ := json.Marshal(lossEvent{Rank: rank, Reason: reason})
-	local.Set(ctx, eventKey, b)
+	s.Set(ctx, eventPfx+strconv.FormatInt(n, 10), b)
 }
 
 // health is a communicator's watch on its bootstrap's loss events.
@@ -82,51 +101,62 @@ type health struct {
 	lostCtx    context.Context
 	lostCancel context.CancelFunc
 
-	mu   sync.Mutex
-	lost *Error // set once
+	mu      sync.Mutex
+	lost    *Error         // the first loss; set once
+	lostSet map[int]string // every loss known, with its reason
 }
 
-// watch starts the watcher of c; Destroy stops it (unwatch).
+// watch starts the watcher of c; Destroy stops it (unwatch). It reads the
+// loss events one after the other for the communicator's life: an event
+// that does not parse, or names no rank of the communicator, is logged and
+// skipped — no message ends the watch.
 func (c *Comm) watch() {
 	ctx, cancel := context.WithCancel(context.Background())
 	lctx, lcancel := context.WithCancel(context.Background())
-	c.health = &health{cancel: cancel, done: make(chan struct{}), lostCtx: lctx, lostCancel: lcancel}
+	c.health = &health{cancel: cancel, done: make(chan struct{}), lostCtx: lctx, lostCancel: lcancel, lostSet: make(map[int]string)}
 	go func() {
 		defer close(c.health.done)
-		b, err := c.boot.store.Get(ctx, "event")
-		if err != nil {
-			// Destroy; or rank 0 closed its store (it said goodbye); or the
-			// store went away without one: rank 0 is lost.
-			if cl := c.boot.client; ctx.Err() == nil && cl != nil && c.rank != 0 {
-				select {
-				case <-cl.Done():
-					if cl.Lost() {
-						c.rankLost(0, "its bootstrap store went away without a goodbye (its process died or its network failed)")
+		for i := 1; ; i++ {
+			b, err := c.boot.store.Get(ctx, eventPfx+strconv.Itoa(i))
+			if err != nil {
+				// Destroy; or rank 0 closed its store (it said goodbye); or
+				// the store went away without one: rank 0 is lost.
+				if cl := c.boot.client; ctx.Err() == nil && cl != nil && c.rank != 0 {
+					select {
+					case <-cl.Done():
+						if cl.Lost() {
+							c.rankLost(0, "its bootstrap store went away without a goodbye (its process died or its network failed)")
+						}
+					case <-ctx.Done():
 					}
-				case <-ctx.Done():
 				}
+				return
 			}
-			return
+			var ev lossEvent
+			if err := json.Unmarshal(b, &ev); err != nil || ev.Rank < 0 || ev.Rank >= c.size {
+				c.cfg.bootLogger().Warn("hcomm: malformed loss event in the bootstrap; ignored", "comm", c.name, "rank", c.rank, "event", string(b))
+				continue
+			}
+			if c.rankLost(ev.Rank, ev.Reason) {
+				actx, acancel := context.WithTimeout(ctx, time.Second)
+				c.boot.store.Add(actx, ackCtr, 1)
+				acancel()
+			}
 		}
-		var ev lossEvent
-		if err := json.Unmarshal(b, &ev); err != nil || ev.Rank < 0 || ev.Rank >= c.size {
-			c.cfg.bootLogger().Warn("hcomm: malformed loss event in the bootstrap", "comm", c.name, "rank", c.rank, "event", string(b))
-			return
-		}
-		c.rankLost(ev.Rank, ev.Reason)
-		actx, acancel := context.WithTimeout(ctx, time.Second)
-		c.boot.store.Add(actx, ackCtr, 1)
-		acancel()
 	}()
 }
 
-// rankLost puts c in the failed state and breaks every channel's notifies.
-func (c *Comm) rankLost(rank int, reason string) {
+// rankLost records the loss of rank; at the first loss it puts c in the
+// failed state and breaks every channel's notifies, and reports true.
+func (c *Comm) rankLost(rank int, reason string) bool {
 	e := c.errorf("RankLost", rank, ErrRemote, ErrRankLost, "rank %d is lost: %s", rank, reason)
 	c.health.mu.Lock()
+	if _, ok := c.health.lostSet[rank]; !ok {
+		c.health.lostSet[rank] = reason
+	}
 	if c.health.lost != nil {
 		c.health.mu.Unlock()
-		return
+		return false
 	}
 	c.health.lost = e
 	c.unusable.Store(true)
@@ -146,6 +176,48 @@ func (c *Comm) rankLost(rank int, reason string) {
 			n.Break(e)
 		}
 	}
+	return true
+}
+
+// LostRanks returns the ranks this rank knows to be lost, sorted: those its
+// bootstrap reported (a process that died, a rank silent past the liveness
+// timeout, a rank that failed during its setup, rank 0's store gone) and
+// the peers of its channels whose transport saw them go (channel.ErrPeerLost:
+// a reset connection, a missing shm goodbye, a silent heartbeat). A rank
+// that closed its channels in order is not lost. nil when none is known.
+// Safe for concurrent use; valid on a destroyed communicator (then: what
+// it knew).
+func (c *Comm) LostRanks() []int {
+	if c == nil {
+		return nil
+	}
+	set := make(map[int]bool)
+	if c.health != nil {
+		c.health.mu.Lock()
+		for r := range c.health.lostSet {
+			set[r] = true
+		}
+		c.health.mu.Unlock()
+	}
+	c.mu.Lock()
+	for k, ch := range c.channels {
+		for _, n := range ch.notifies {
+			if err := n.Broken(); err != nil && errors.Is(err, channel.ErrPeerLost) {
+				set[k.remote] = true
+				break
+			}
+		}
+	}
+	c.mu.Unlock()
+	if len(set) == 0 {
+		return nil
+	}
+	out := make([]int, 0, len(set))
+	for r := range set {
+		out = append(out, r)
+	}
+	slices.Sort(out)
+	return out
 }
 
 // lostErr returns the loss c knows of, or nil.
@@ -181,7 +253,7 @@ func (c *Comm) unwatch(chs map[chanKey]*Channel) {
 		ctx, cancel := context.WithDeadline(context.Background(), deadline)
 		// Was the loss published? (The store may notice a moment after the
 		// transport did.) If not — rank 0 lost, a network loss — nobody acks.
-		_, err := c.boot.store.Get(ctx, "event")
+		_, err := c.boot.store.Get(ctx, eventPfx+"1")
 		for err == nil && time.Now().Before(deadline) {
 			n, err := c.boot.store.Add(ctx, ackCtr, 0)
 			if err != nil || n >= int64(c.size-1) {
