@@ -518,7 +518,10 @@ func (s *Server) handshake(c net.Conn, sc *srvConn) (Claim, bool) {
 		return Claim{}, false
 	}
 	ch := make([]byte, clientHello)
-	if _, err := io.ReadFull(c, ch[:5]); err != nil {
+	if n, err := io.ReadFull(c, ch[:5]); err != nil {
+		if n == 0 && errors.Is(err, io.EOF) {
+			return Claim{}, false // a Probe: it hangs up once it has the challenge
+		}
 		s.refuse(c, "no answer to the challenge", "err", err)
 		return Claim{}, false
 	}
