@@ -65,7 +65,7 @@ func asBytes[T Number](s []T) []byte {
 // hostRun stages host data through device memory and runs one collective on
 // the communicator's own stream, waiting for it within ctx.
 func hostRun(ctx context.Context, c *hcomm.Comm, op string, in, out []byte, run func(dev device.Ptr, s *device.Stream) error) error {
-	st, err := getState(c)
+	st, err := getStateContext(ctx, c)
 	if err != nil {
 		return collErr(c, op, hcomm.ResultOf(err), err, "setting up the collective channels")
 	}

@@ -1,6 +1,7 @@
 package collectives
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"sync"
@@ -116,7 +117,13 @@ type state struct {
 type stateKey struct{}
 
 func getState(c *hcomm.Comm) (*state, error) {
-	st, err := lockState(c)
+	return getStateContext(context.Background(), c)
+}
+
+// getStateContext is getState whose first call's channel setup is bounded
+// by ctx as well (the host-slice layer's ctx).
+func getStateContext(ctx context.Context, c *hcomm.Comm) (*state, error) {
+	st, err := lockStateContext(ctx, c)
 	if err != nil {
 		return nil, err
 	}
@@ -128,6 +135,14 @@ func getState(c *hcomm.Comm) (*state, error) {
 // when it fails): a collective issues its schedule under the lock, so it
 // takes it once.
 func lockState(c *hcomm.Comm) (*state, error) {
+	return lockStateContext(context.Background(), c)
+}
+
+// lockStateContext is lockState whose channel setup (the first collective's)
+// ends with ctx too. A setup that ctx ended is not kept as the state's
+// error: the next collective sets up again (the channel layer starts the
+// pairs it gave up over).
+func lockStateContext(ctx context.Context, c *hcomm.Comm) (*state, error) {
 	if err := c.Check(); err != nil {
 		return nil, err
 	}
@@ -147,8 +162,12 @@ func lockState(c *hcomm.Comm) (*state, error) {
 		}
 		return st, nil
 	}
-	if st.err = st.setup(); st.err != nil {
+	if st.err = st.setup(ctx); st.err != nil {
 		err := st.err
+		if ctx.Err() != nil && c.Check() == nil {
+			st.err = nil
+			st.threads, st.chans = nil, nil
+		}
 		st.mu.Unlock()
 		return nil, err
 	}
@@ -179,7 +198,7 @@ func (st *state) init1() {
 
 // setup acquires a channel to every peer (collective: every rank calls it at
 // its first collective).
-func (st *state) setup() error {
+func (st *state) setup(ctx context.Context) error {
 	c := st.comm
 	st.init1()
 	if st.err != nil {
@@ -198,7 +217,7 @@ func (st *state) setup() error {
 		descs[j].Tag = chanTag
 		j++
 	}
-	chs, err := c.ChannelAcquire(hcomm.EngineCPUTS, descs)
+	chs, err := c.ChannelAcquireContext(ctx, hcomm.EngineCPUTS, descs)
 	if err != nil {
 		return err
 	}

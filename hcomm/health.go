@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"slices"
 	"strconv"
 	"sync"
@@ -25,29 +26,27 @@ import (
 // could make the failure look like that neighbour's. Afterwards the
 // communicator refuses new work (ErrRemote); Destroy still works.
 //
-// Every rank pings the store twice a second; a rank silent for half of
-// HCCL_EXEC_TIMEOUT (within [5 s, 30 s]) — its network went away, its host
-// froze — is reported lost the same way, before the waits on it time out.
-// Rank 0's own loss each rank learns from its store connection ending
-// without rank 0's goodbye (a store that rank 0 closes on purpose says
-// goodbye first). What it does not see: rank 0's network going silent while
-// its process lives — the transports' heartbeats and HCCL_EXEC_TIMEOUT end
-// those waits, naming the channel's peer.
+// Every rank pings the store twice a second; a rank silent for
+// Config.LivenessTimeout (HCOMM_LIVENESS_TIMEOUT, 10 s) — stopped, frozen,
+// its network gone — is reported lost the same way, "not responding (alive
+// but stuck?)", where a rank whose connection closed is "gone". Rank 0's
+// own loss each rank learns from its store connection ending without rank
+// 0's goodbye (a store that rank 0 closes on purpose says goodbye first),
+// and rank 0 stuck from its store not answering a request within the
+// liveness timeout (each rank asks once a second): neither depends on
+// HCCL_EXEC_TIMEOUT.
 
 // keepAliveInterval is how often a rank pings rank 0's store.
 const keepAliveInterval = 500 * time.Millisecond
 
 // livenessTimeout is how long rank 0's store waits for a word (a ping) from
-// a rank before it reports the rank lost: half of HCCL_EXEC_TIMEOUT, so that
-// a rank whose network went away is named before the waits on it time out,
-// within [5 s, 30 s] so that a loaded machine (a stalled process, a slow
-// scheduler) does not lose live ranks.
+// a rank, and a rank for an answer from rank 0's store, before it reports
+// the rank lost: Config.LivenessTimeout (HCOMM_LIVENESS_TIMEOUT, 10 s).
 func (c Config) livenessTimeout() time.Duration {
-	t := c.ExecTimeout / 2
-	if c.ExecTimeout < 0 || t > 30*time.Second {
-		t = 30 * time.Second
+	if c.LivenessTimeout <= 0 {
+		return DefaultLivenessTimeout
 	}
-	return max(t, 5*time.Second)
+	return c.LivenessTimeout
 }
 
 // ErrRankLost is wrapped by the errors of operations that failed because a
@@ -114,8 +113,17 @@ func (c *Comm) watch() {
 	ctx, cancel := context.WithCancel(context.Background())
 	lctx, lcancel := context.WithCancel(context.Background())
 	c.health = &health{cancel: cancel, done: make(chan struct{}), lostCtx: lctx, lostCancel: lcancel, lostSet: make(map[int]string)}
+	var wg sync.WaitGroup
+	if c.rank != 0 && c.boot.client != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c.watchRoot(ctx)
+		}()
+	}
 	go func() {
 		defer close(c.health.done)
+		defer wg.Wait()
 		for i := 1; ; i++ {
 			b, err := c.boot.store.Get(ctx, eventPfx+strconv.Itoa(i))
 			if err != nil {
@@ -125,7 +133,7 @@ func (c *Comm) watch() {
 					select {
 					case <-cl.Done():
 						if cl.Lost() {
-							c.rankLost(0, "its bootstrap store went away without a goodbye (its process died or its network failed)")
+							c.rankLost(0, "it is gone: its bootstrap store went away without a goodbye (its process died or its network failed)")
 						}
 					case <-ctx.Done():
 					}
@@ -144,6 +152,32 @@ func (c *Comm) watch() {
 			}
 		}
 	}()
+}
+
+// watchRoot asks rank 0's store a question once a second until ctx ends or
+// the store goes: a store that gives no answer within the liveness timeout
+// means rank 0 is stuck (stopped, frozen: its sockets stay open, so no
+// connection ends to say so), and c learns rank 0 is lost.
+func (c *Comm) watchRoot(ctx context.Context) {
+	lt := c.cfg.livenessTimeout()
+	for {
+		tctx, tcancel := context.WithTimeout(ctx, lt)
+		_, _, err := c.boot.store.TryGet(tctx, "alive")
+		stuck := err != nil && ctx.Err() == nil && tctx.Err() != nil
+		tcancel()
+		if stuck {
+			c.rankLost(0, fmt.Sprintf("it is not responding (alive but stuck?): its bootstrap store answered nothing for %v", lt))
+			return
+		}
+		if err != nil {
+			return // Destroy, or the store went (watch tells a loss)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Second):
+		}
+	}
 }
 
 // rankLost records the loss of rank; at the first loss it puts c in the

@@ -2,8 +2,10 @@ package hcomm
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
@@ -33,6 +35,7 @@ type revocation struct {
 	// stopWatch ends the watcher; done is closed when it has returned.
 	stopWatch context.CancelFunc
 	done      chan struct{}
+	wg        sync.WaitGroup // Revoke's publication
 
 	mu  sync.Mutex
 	err *Error // set once, at revocation
@@ -40,7 +43,7 @@ type revocation struct {
 
 // revokeKey is the key under which a revocation is published, in the
 // communicator's own view of its bootstrap store. Its value is the decimal
-// rank that revoked.
+// rank that revoked, then the ranks it knew lost, space-separated.
 const revokeKey = "revoked"
 
 // watchRevoke starts c's watch on the other ranks' revocations; Destroy
@@ -55,14 +58,24 @@ func (c *Comm) watchRevoke() {
 		if err != nil {
 			return // Destroy, or the store went away (health.go tells a loss)
 		}
-		by, err := strconv.Atoi(string(b))
-		if err != nil || by < 0 || by >= c.size {
-			// Only a rank of this communicator writes the key; whatever is
-			// there, the communicator is revoked.
-			c.cfg.bootLogger().Warn("hcomm: malformed revocation in the bootstrap; revoking anyway", "comm", c.name, "rank", c.rank, "value", string(b))
-			by = -1
+		f := strings.Fields(string(b))
+		by, lost := -1, []int(nil)
+		for i, x := range f {
+			r, err := strconv.Atoi(x)
+			if err != nil || r < 0 || r >= c.size {
+				// Only a rank of this communicator writes the key; whatever
+				// is there, the communicator is revoked.
+				c.cfg.bootLogger().Warn("hcomm: malformed revocation in the bootstrap; revoking anyway", "comm", c.name, "rank", c.rank, "value", string(b))
+				by, lost = -1, nil
+				break
+			}
+			if i == 0 {
+				by = r
+			} else {
+				lost = append(lost, r)
+			}
 		}
-		c.revokeLocal(by)
+		c.revokeLocal(by, lost)
 	}()
 }
 
@@ -70,6 +83,7 @@ func (c *Comm) watchRevoke() {
 func (c *Comm) unwatchRevoke() {
 	c.revoke.stopWatch()
 	<-c.revoke.done
+	c.revoke.wg.Wait()
 }
 
 // Revoke revokes the communicator on every rank (MPIX_Comm_revoke,
@@ -88,29 +102,50 @@ func (c *Comm) Revoke() error {
 	if c == nil {
 		return nilCommErr("Revoke")
 	}
-	if !c.revokeLocal(c.rank) {
+	lost := c.LostRanks()
+	if !c.revokeLocal(c.rank, lost) {
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
-	unstop := context.AfterFunc(c.stopped, cancel) // Destroy does not wait for the store
-	defer unstop()
-	if err := c.boot.store.Set(ctx, revokeKey, []byte(strconv.Itoa(c.rank))); err != nil {
-		c.log(slog.LevelWarn, "revocation not published: the bootstrap store is unreachable", "err", err)
+	v := strconv.Itoa(c.rank)
+	for _, r := range lost {
+		v += " " + strconv.Itoa(r)
 	}
+	c.revoke.wg.Add(1)
+	go func() { // a stuck rank 0 must not hold Revoke up
+		defer c.revoke.wg.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		unstop := context.AfterFunc(c.stopped, cancel) // Destroy does not wait for the store
+		defer unstop()
+		if err := c.boot.store.Set(ctx, revokeKey, []byte(v)); err != nil {
+			c.log(slog.LevelWarn, "revocation not published: the bootstrap store is unreachable", "err", err)
+		}
+	}()
 	return nil
 }
 
 // revokeLocal puts c in the revoked state, by the rank that revoked it (-1:
-// unknown), fails its pending waits and setups, and reports whether it was
-// not revoked before.
-func (c *Comm) revokeLocal(by int) bool {
+// unknown) knowing lost lost, fails its pending waits and setups, and
+// reports whether it was not revoked before.
+func (c *Comm) revokeLocal(by int, lost []int) bool {
 	var e *Error
-	if by == c.rank {
-		e = c.errorf("Revoke", -1, ErrUnavail, ErrRevoked, "this rank revoked the communicator")
-	} else if by >= 0 {
-		e = c.errorf("Revoke", by, ErrUnavail, ErrRevoked, "rank %d revoked the communicator", by)
-	} else {
+	known := ""
+	if len(lost) > 0 {
+		known = fmt.Sprintf(" (it knows rank %s lost)", strings.Trim(fmt.Sprint(lost), "[]"))
+		if len(lost) > 1 {
+			known = fmt.Sprintf(" (it knows ranks %v lost)", lost)
+		}
+	}
+	peer := by
+	if len(lost) > 0 {
+		peer = lost[0] // the error names the lost rank, as ErrRankLost's do
+	}
+	switch {
+	case by == c.rank:
+		e = c.errorf("Revoke", peer, ErrUnavail, ErrRevoked, "this rank revoked the communicator%s", known)
+	case by >= 0:
+		e = c.errorf("Revoke", peer, ErrUnavail, ErrRevoked, "rank %d revoked the communicator%s", by, known)
+	default:
 		e = c.errorf("Revoke", -1, ErrUnavail, ErrRevoked, "a rank revoked the communicator")
 	}
 	c.revoke.mu.Lock()

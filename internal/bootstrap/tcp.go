@@ -630,7 +630,11 @@ func (s *Server) serve(c net.Conn, sc *srvConn) {
 		if !bye && s.opts.OnLost != nil && !s.store.isClosed() && s.Failed() == "" {
 			s.log.Warn("hcomm bootstrap: rank lost: its connection ended without a goodbye",
 				"store", s.ln.Addr().String(), "rank", rank, "err", why)
-			s.opts.OnLost(s.Local(), rank, fmt.Sprintf("its bootstrap connection to rank 0 ended without a goodbye (%v)", why))
+			reason := fmt.Sprintf("it is gone: its bootstrap connection ended without a goodbye (%v)", why)
+			if ne, ok := why.(net.Error); ok && ne.Timeout() {
+				reason = fmt.Sprintf("it is not responding (alive but stuck?): nothing on its bootstrap connection for %v", s.opts.IdleTimeout)
+			}
+			s.opts.OnLost(s.Local(), rank, reason)
 		}
 	}()
 	reply := func(id uint64, op byte, body []byte) {
