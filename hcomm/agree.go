@@ -21,6 +21,11 @@ import (
 // suspect has proposed or been found gone or stuck; a participant whose
 // coordinator goes away suspects it and starts over at the next one.
 
+// decideHook, when set (by tests, before any communicator exists), runs in
+// the coordinator once it has every proposal, before it publishes its
+// decision: a test stops or kills the coordinator there.
+var decideHook func(rank int)
+
 // probeTimeout bounds a liveness probe of a rank's standby store: a rank
 // whose process accepts the connection but sends no challenge within it is
 // stuck (stopped, frozen). A live process answers in microseconds; the bound
@@ -212,6 +217,9 @@ func (c *Comm) decide(ctx context.Context, s bootstrap.Store, sus *suspicion, mu
 			missing = append(missing, r)
 		}
 		if len(missing) == 0 {
+			if decideHook != nil {
+				decideHook(c.rank)
+			}
 			var d shrinkDecision
 			for r := 0; r < c.size; r++ {
 				if p, ok := props[r]; ok && !sus.has(r) {

@@ -116,6 +116,15 @@ func fdCount() int {
 // the new communicator, destroys both, and reports each step on a line.
 func faultRank(t *testing.T) {
 	baseG, baseFD := runtime.NumGoroutine(), fdCount()
+	if v := os.Getenv("HCOMM_TEST_PAUSE_RANK"); v != "" {
+		pause, _ := strconv.Atoi(v)
+		hcomm.SetDecideHook(func(rank int) {
+			if rank == pause {
+				fmt.Println("DECIDING")
+				time.Sleep(time.Minute) // the test kills or stops this process here
+			}
+		})
+	}
 	coll := os.Getenv("HCOMM_TEST_COLL")
 	count, _ := strconv.Atoi(os.Getenv("HCOMM_TEST_COUNT"))
 	c, err := hcomm.InitFromEnv(nil)
@@ -336,6 +345,51 @@ func TestFaultShrinkTimes(t *testing.T) {
 				fmt.Printf("FAULT-TIMES transport=%s ranks=%d victim=%d detect=%v detect+shrink=%v\n",
 					tr, n, victim, res.detect.Round(time.Millisecond), res.shrunk.Round(time.Millisecond))
 			}
+		}
+	}
+}
+
+// A rank that fails DURING the shrink: rank 0 is killed, and the survivors'
+// coordinator (rank 1, the lowest live rank) is killed or stopped once it
+// has every proposal, before it decides. The others find it gone (its
+// connection ends) or stuck (its standby store stops answering probes),
+// start over at rank 2, and agree on {2, 3}.
+func TestFaultDuringShrink(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short")
+	}
+	for _, tr := range crossProcessTransports(t) {
+		for _, sig := range []syscall.Signal{syscall.SIGKILL, syscall.SIGSTOP} {
+			t.Run(tr+"/"+faultSignals[sig], func(t *testing.T) {
+				ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+				defer cancel()
+				master := masterEnv(t, "127.0.0.1")
+				procs := launchRanks(t, ctx, 4, "fault", nil, func(int) []string {
+					return append([]string{"HCOMM_TRANSPORT=" + tr, "HCCL_EXEC_TIMEOUT=600", "HCOMM_LIVENESS_TIMEOUT=3",
+						"HCOMM_TEST_COLL=allreduce", "HCOMM_TEST_COUNT=256", "HCOMM_TEST_PAUSE_RANK=1"}, master...)
+				})
+				for _, p := range procs {
+					waitLine(t, p, "READY", 60*time.Second)
+				}
+				procs[0].cmd.Process.Signal(syscall.SIGKILL)
+				waitLine(t, procs[1], "DECIDING", 30*time.Second)
+				sent := time.Now()
+				procs[1].cmd.Process.Signal(sig)
+				for _, p := range procs[2:] {
+					ml := waitLine(t, p, "OPERROR", 30*time.Second)
+					if !strings.Contains(ml.text, "rank 0") {
+						t.Errorf("rank %d's error does not name rank 0: %s", p.rank, ml.text)
+					}
+					sl := waitLine(t, p, "SHRUNK", 60*time.Second)
+					if sl.text != "SHRUNK "+strings.Fields(sl.text)[1]+" 2 3" {
+						t.Fatalf("rank %d: %s, want the members 2 3\n%s", p.rank, sl.text, p.log)
+					}
+					t.Logf("rank %d shrank to {2, 3} %v after its coordinator's %s", p.rank, sl.at.Sub(sent).Round(time.Millisecond), faultSignals[sig])
+					if ok := waitLine(t, p, "SHRUNK-", 60*time.Second); ok.text != "SHRUNK-OK" {
+						t.Errorf("rank %d after the shrink: %s\n%s", p.rank, ok.text, p.log)
+					}
+				}
+			})
 		}
 	}
 }

@@ -144,7 +144,7 @@ func (l *lineLog) Write(p []byte) (int, error) {
 		line := string(l.part[:i])
 		l.part = l.part[i+1:]
 		if strings.HasPrefix(line, "READY") || strings.HasPrefix(line, "OPERROR") || strings.HasPrefix(line, "DESTROYED") || strings.HasPrefix(line, "TCPBYTES") ||
-			strings.HasPrefix(line, "SHRUNK") {
+			strings.HasPrefix(line, "SHRUNK") || strings.HasPrefix(line, "DECIDING") {
 			select {
 			case l.lines <- markLine{line, time.Now()}:
 			default:

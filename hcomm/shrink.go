@@ -222,6 +222,9 @@ func (c *Comm) dropCoord(ctx context.Context, cli *bootstrap.Client, coord int, 
 		return false
 	}
 	why := ""
+	if errors.Is(err, errCoordLost) { // awaitDecision's probe found it
+		why = err.Error()
+	}
 	select {
 	case <-cli.Done():
 		if cli.Lost() {
@@ -265,7 +268,7 @@ func (c *Comm) awaitDecision(ctx context.Context, s bootstrap.Store, cli *bootst
 			case <-gctx.Done():
 				return
 			case <-cli.Done():
-				lost = errCoordLost
+				lost = fmt.Errorf("rank %d, the shrink's coordinator, is gone (its store connection closed): %w", coord, errCoordLost)
 				gcancel()
 				return
 			case <-t.C:
