@@ -232,8 +232,20 @@ func runFaultTrial(t *testing.T, n int, tr, coll string, count, victim int, sig 
 		if !strings.Contains(ml.text, fmt.Sprintf("rank %d", victim)) {
 			t.Errorf("%s/%s: rank %d's error does not name rank %d: %s", tr, coll, p.rank, victim, ml.text)
 		}
-		if sig == syscall.SIGSTOP && !strings.Contains(ml.text, "not responding") && !strings.Contains(ml.text, "revoked") {
-			t.Logf("%s/%s: rank %d's error for a stopped rank does not say it is not responding: %s", tr, coll, p.rank, ml.text)
+		// A stopped rank is told apart from a dead one (or the error is a
+		// revocation by a survivor that knew the loss).
+		switch stuck := strings.Contains(ml.text, "not responding"); {
+		case sig == syscall.SIGSTOP && !stuck && !strings.Contains(ml.text, "revoked"):
+			t.Errorf("%s/%s: rank %d's error for a stopped rank does not say it is not responding: %s", tr, coll, p.rank, ml.text)
+		case sig == syscall.SIGKILL && stuck:
+			t.Errorf("%s/%s: rank %d's error for a killed rank says it is not responding: %s", tr, coll, p.rank, ml.text)
+		}
+		if i := strings.Index(ml.text, fmt.Sprintf("rank %d is lost", victim)); i >= 0 {
+			t.Logf("rank %d: %s", p.rank, ml.text[i:min(len(ml.text), i+120)])
+		} else if i := strings.Index(ml.text, "revoked"); i >= 0 {
+			t.Logf("rank %d: %s", p.rank, ml.text[max(0, i-20):min(len(ml.text), i+80)])
+		} else {
+			t.Logf("rank %d: %s", p.rank, ml.text)
 		}
 		if took > bound {
 			t.Errorf("%s/%s: rank %d failed %v after the signal to rank %d; the bound is %v", tr, coll, p.rank, took, victim, bound)
