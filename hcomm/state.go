@@ -1,6 +1,7 @@
 package hcomm
 
 import (
+	"context"
 	"strconv"
 	"sync"
 )
@@ -13,8 +14,8 @@ import (
 //
 // A communicator starts Ready. Suspend and Resume move it between Ready and
 // Suspending. It goes to Error when it can no longer be trusted: Abort was
-// called, a rank was lost, or an asynchronous task failed (what
-// GetCommAsyncError reports). Destroy ends every state in Destroyed. Error
+// called, a rank was lost, the communicator was revoked (Revoke), or an
+// asynchronous task failed (what GetCommAsyncError reports). Destroy ends every state in Destroyed. Error
 // and Destroyed are never left, except Error for Destroyed.
 //
 // The values are HCCL's where HCCL has the state: READY (0), SUSPENDING (1)
@@ -132,7 +133,7 @@ func (c *Comm) noteFailure() {
 	c.mu.Lock()
 	failed := c.aborted && !c.closed
 	c.mu.Unlock()
-	if failed || c.lostErr() != nil || c.GetCommAsyncError() != nil {
+	if failed || c.lostErr() != nil || c.revokedErr() != nil || c.GetCommAsyncError() != nil {
 		c.setState(StatusError)
 	}
 }
@@ -173,7 +174,9 @@ func (c *Comm) RegCommStateCallback(fn StateCallback) (unregister func(), err er
 	if start {
 		m.wake = make(chan struct{}, 1)
 		m.done = make(chan struct{})
-		m.unloss = c.stopOnLoss(func() { c.setState(StatusError) })
+		unloss := c.stopOnLoss(func() { c.setState(StatusError) })
+		unrevoke := context.AfterFunc(c.revoke.ctx, func() { c.setState(StatusError) })
+		m.unloss = func() bool { unrevoke(); return unloss() }
 		go c.deliverStates()
 	}
 	m.mu.Unlock()

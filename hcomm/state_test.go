@@ -265,3 +265,29 @@ func TestCommConfigCapability(t *testing.T) {
 		t.Fatal("HCCL's values")
 	}
 }
+
+// TestCommStatusRevoke: a revoked communicator is in Error on every rank,
+// told to the callbacks.
+func TestCommStatusRevoke(t *testing.T) {
+	comms, err := hcomm.InitAll(2, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		for _, c := range comms {
+			c.Destroy()
+		}
+	}()
+	trs := []*transitions{newTransitions(), newTransitions()}
+	for i, c := range comms {
+		if _, err := c.RegCommStateCallback(trs[i].cb); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := comms[0].Revoke(); err != nil {
+		t.Fatal(err)
+	}
+	for i := range comms {
+		trs[i].want(t, "READY->ERROR")
+	}
+}
