@@ -35,6 +35,11 @@ import (
 // other slice forms, BarrierContext) cannot be part of a group and fail
 // with ErrPara while one is open.
 //
+// A recorded call keeps its arguments: its buffers, stream and Options
+// are used when GroupEnd issues it, so keep them unchanged (and the
+// buffers allocated) until then, and the buffers until the streams are
+// synchronized, as for any enqueued call.
+//
 // Errors: a call's own argument errors are returned by the call, as outside
 // a group. An error in issuing the group is returned by GroupEnd, naming
 // the call ("call 3 of the group, AllReduce: …"); the calls after it are not
