@@ -276,7 +276,7 @@ func (c *Comm) unwatch(chs map[chanKey]*Channel) {
 	failing := c.lostErr() != nil
 	for _, ch := range chs {
 		for _, n := range ch.notifies {
-			if n.Broken() != nil {
+			if err := n.Broken(); err != nil && !errors.Is(err, ErrRevoked) { // a revocation publishes no loss
 				failing = true
 				break
 			}
