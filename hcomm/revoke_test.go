@@ -115,3 +115,23 @@ func TestRevokeNilAndNoLoss(t *testing.T) {
 		c.Destroy()
 	}
 }
+
+// Revoke after Destroy does nothing and returns nil; Revoke racing Destroy
+// is safe.
+func TestRevokeAfterDestroy(t *testing.T) {
+	comms, err := hcomm.InitAll(2, &hcomm.Config{BufferSize: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		comms[1].Revoke()
+		close(done)
+	}()
+	comms[1].Destroy()
+	<-done
+	comms[0].Destroy()
+	if err := comms[0].Revoke(); err != nil {
+		t.Errorf("Revoke after Destroy: %v", err)
+	}
+}
