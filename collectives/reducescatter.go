@@ -69,6 +69,13 @@ func reduceScatter(c *hcomm.Comm, name string, h header, send device.Ptr, counts
 					sc.reduce(recv, at(p).Add(off), cnt, dt, op)
 				}
 			}
+		case AlgoOrdered:
+			sc.open(h, algo)
+			if n == 1 {
+				sc.copy(recv, send.Add(displs[me]*es), counts[me]*es)
+				return nil
+			}
+			reduceScatterOrdered(sc, send, counts, displs, recv, dt, op)
 		case AlgoRing:
 			sc.open(h, algo)
 			if n == 1 {
@@ -145,6 +152,13 @@ func Reduce(send, recv device.Ptr, count int64, dt hcomm.DataType, op hcomm.Redu
 				return nil
 			}
 			reduceRing(sc, send, recv, count, dt, op, root)
+		case AlgoOrdered:
+			sc.open(h, algo)
+			if n == 1 {
+				sc.copy(recv, send, count*es)
+				return nil
+			}
+			reduceOrdered(sc, send, recv, count, dt, op, root)
 		default:
 			return collErr(c, name, hcomm.ErrNotSupport, nil, "algorithm %v is not available for %s", algo, name)
 		}

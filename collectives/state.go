@@ -94,6 +94,7 @@ type state struct {
 	readers   [2][]int           // the ranks that read this rank's gather slot k last
 	others    []int              // every rank but this one (sched.others)
 	noCheck   bool               // skip the handshake's check (HCOMM_COLL_CHECK=0), for measuring its cost
+	strict    bool               // HCCL_DETERMINISTIC=strict: reductions in rank order (ordered.go)
 	multiHost bool               // ranks span hosts, some with several ranks: the two-level schedule pays
 	mapped    bool               // every peer's memory is mapped (inproc, shm): a read is a memmove
 	forced    map[kind]Algorithm // HCCL_ALGO
@@ -168,6 +169,7 @@ func (st *state) init1() {
 	st.mapped = true
 	st.multiHost = multiHost(c)
 	st.noCheck = os.Getenv("HCOMM_COLL_CHECK") == "0"
+	st.strict = c.Config().Deterministic == hcomm.DeterministicStrict
 	st.forced, st.err = envAlgo()
 	if st.err == nil && st.lay.helloSlot > 0 {
 		// The buffer stays mapped until the communicator is destroyed,

@@ -75,7 +75,8 @@
 //
 // Environment (code wins over each): HCCL_BUFFSIZE (MB, default 200; the HCCL
 // buffer is twice this), HCCL_EXEC_TIMEOUT (s, default 1836, 0 = never),
-// HCCL_CONNECT_TIMEOUT (s, default 120), HCOMM_TRANSPORT, HCOMM_SHM_DISABLE,
+// HCCL_CONNECT_TIMEOUT (s, default 120), HCCL_DETERMINISTIC (false, true or
+// strict; see Determinism), HCOMM_TRANSPORT, HCOMM_SHM_DISABLE,
 // HCOMM_SOCKET_IFNAME; for InitFromEnv and InitClusterInfo also MASTER_ADDR,
 // MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK, HCOMM_MASTER_ADDR,
 // HCOMM_ROOT_PORT and HCOMM_SECRET.
