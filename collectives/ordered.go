@@ -69,7 +69,7 @@ func strictAlgo(c *hcomm.Comm, name string, k kind, algo Algorithm, from string,
 		return AlgoOneShot, nil
 	case algo == AlgoAuto:
 		return AlgoOrdered, nil
-	case inRankOrder(algo):
+	case inRankOrder(algo) || !has(k, algo): // checkAlgo refuses what k lacks
 		return algo, nil
 	}
 	return algo, collErr(c, name, hcomm.ErrNotSupport, nil,

@@ -120,37 +120,18 @@ func TestInitAllForcedTransports(t *testing.T) {
 		t.Skip("this build has no tcp transport")
 	}
 
-	comms2, err := hcomm.InitAll(2, testCfg())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		for _, c := range comms2 {
-			c.Destroy()
+	comms2 := hcommtest.Options{Config: testCfg()}.New(t, 2, hcommtest.Auto)
+	hcommtest.Each(t, comms2, func(t testing.TB, c *hcomm.Comm) {
+		d := hcomm.ChannelDescInit(1)
+		d[0].RemoteRank, d[0].Protocol, d[0].NotifyNum = 1-c.Rank(), hcomm.ProtocolROCE, 1
+		out, err := c.ChannelAcquire(hcomm.EngineCPUTS, d)
+		if err != nil {
+			t.Fatalf("ROCE channel: %v", err)
 		}
-	}()
-	chs := make([]*hcomm.Channel, 2)
-	errs := make([]error, 2)
-	var wg sync.WaitGroup
-	for r := range 2 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			d := hcomm.ChannelDescInit(1)
-			d[0].RemoteRank, d[0].Protocol, d[0].NotifyNum = 1-r, hcomm.ProtocolROCE, 1
-			var out []*hcomm.Channel
-			out, errs[r] = comms2[r].ChannelAcquire(hcomm.EngineCPUTS, d)
-			if errs[r] == nil {
-				chs[r] = out[0]
-			}
-		}()
-	}
-	wg.Wait()
-	for r := range 2 {
-		if errs[r] != nil || chs[r].Transport() != hcomm.TransportTCP {
-			t.Fatalf("rank %d ROCE channel: %v, transport %v", r, errs[r], chs[r])
+		if out[0].Transport() != hcomm.TransportTCP {
+			t.Fatalf("ROCE channel on %v", out[0].Transport())
 		}
-	}
+	})
 }
 
 // A stranger with a wrong secret knocking at rank 0's store is refused and
@@ -168,7 +149,7 @@ func TestWrongSecretStrangerRefused(t *testing.T) {
 	wrong[15] ^= 0x80
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if c, err := bootstrap.Dial(ctx, root.Addr, bootstrap.Secret(wrong), 1); !errors.Is(err, bootstrap.ErrAuth) {
+	if c, err := bootstrap.Dial(ctx, root.Addr, bootstrap.Secret(wrong), bootstrap.Claim{Rank: 1, NRanks: 2}); !errors.Is(err, bootstrap.ErrAuth) {
 		if c != nil {
 			c.Close()
 		}

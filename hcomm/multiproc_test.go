@@ -59,15 +59,9 @@ func TestHelperRank(t *testing.T) {
 	}()
 	switch role {
 	case "work":
-		sz := sizes
-		if v := os.Getenv("HCOMM_TEST_SIZES"); v != "" {
-			n, _ := strconv.Atoi(v)
-			sz = []int{n}
-		}
-		if err := rankWork(c, os.Getenv("HCOMM_TEST_WANT_TRANSPORT"), sz); err != nil {
+		if err := rankWork(c, "", sizes); err != nil { // the transport is hcomm's choice
 			t.Fatal(err)
 		}
-		fmt.Println("WORK-OK")
 	case "loop":
 		// Allreduce until an operation fails (a peer is lost), then report the
 		// error; the parent checks it names the lost rank.
@@ -327,16 +321,17 @@ func TestMultiProcessLaunchers(t *testing.T) {
 		},
 	} {
 		t.Run(name, func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-			defer cancel()
-			port := freePort(t)
-			procs := launchRanks(t, ctx, 3, "work", nil, func(r int) []string {
-				// No torchrun variables: the launcher's own must be enough.
-				base := []string{"RANK=", "WORLD_SIZE=", "LOCAL_RANK=", "MASTER_ADDR=", "MASTER_PORT=", "HCOMM_SECRET=",
-					"HCOMM_TEST_WANT_TRANSPORT=", "HCOMM_TEST_SIZES=7", "HCCL_EXEC_TIMEOUT=60"}
+			o := procCfg
+			o.Env = func(r, port int) []string {
+				// No torchrun variables, no secret: the launcher's own must be enough.
+				base := []string{"RANK=", "WORLD_SIZE=", "LOCAL_RANK=", "LOCAL_WORLD_SIZE=", "MASTER_ADDR=", "MASTER_PORT=", "HCOMM_SECRET="}
 				return append(base, env(r, port)...)
+			}
+			o.Run(t, 3, hcommtest.AutoProcesses, func(t testing.TB, c *hcomm.Comm) {
+				if err := rankWork(c, "", []int{7}); err != nil {
+					t.Fatal(err)
+				}
 			})
-			waitAll(t, procs)
 		})
 	}
 }
@@ -361,7 +356,7 @@ func TestMultiProcessRootInfo(t *testing.T) {
 		if r == 0 {
 			return nil // rank 0 is this process
 		}
-		return []string{"HCOMM_TEST_ROOT=" + root.String(), "HCOMM_TEST_WANT_TRANSPORT=", "HCOMM_TRANSPORT="}
+		return []string{"HCOMM_TEST_ROOT=" + root.String(), "HCOMM_TRANSPORT="}
 	})
 	c, err := hcomm.InitRootInfo(3, root, 0, cfg)
 	if err != nil {

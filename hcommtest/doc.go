@@ -51,7 +51,8 @@
 // randomness, no state from earlier tests), and the code after Run does not
 // run in the children (Run ends the child's test). A test makes at most one
 // Processes Run: put each in its own subtest. Only a *testing.T can run
-// ranks as processes.
+// ranks as processes. Options.Env changes a rank process's variables, to
+// test a launcher's (mpirun's, srun's) instead of torchrun's.
 //
 // The package imports testing; library code must not import it.
 package hcommtest

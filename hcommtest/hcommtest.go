@@ -85,6 +85,13 @@ type Options struct {
 	// (until the test ends for New), or the GOMAXPROCS of each rank process.
 	// Setting it in this process affects every test running in parallel.
 	GOMAXPROCS int
+	// Env, for ranks as processes, gives variables to add to rank's process
+	// after hcommtest's own (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+	// MASTER_ADDR, MASTER_PORT, HCOMM_SECRET, HCOMM_TRANSPORT), so that it
+	// may replace or clear them: a test of mpirun's variables clears RANK and
+	// sets OMPI_COMM_WORLD_RANK. port is the free port hcommtest picked for
+	// rank 0's bootstrap store. Unused for ranks as goroutines.
+	Env func(rank, port int) []string
 }
 
 // RankFunc is the body of one rank. t fails only this rank (the test as a
@@ -189,7 +196,8 @@ func (o Options) Each(t testing.TB, comms []*hcomm.Comm, fn RankFunc) {
 // communicator of comms concurrently, aborts every communicator when one
 // returns an error or panics, and returns an error naming each rank that
 // failed (the first to fail first) or was still running at the timeout, nil
-// when all returned nil. The goroutine stacks of a hang are in the error.
+// when all returned nil. The ranks' errors are wrapped (errors.Is and
+// errors.As see them); the goroutine stacks of a hang are in the error.
 func (o Options) Go(comms []*hcomm.Comm, fn func(c *hcomm.Comm) error) error {
 	res := o.each(nil, comms, labelOf(comms), func(t testing.TB, c *hcomm.Comm) {
 		if err := fn(c); err != nil {

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -432,4 +433,25 @@ func TestProcessesNameFailingRank(t *testing.T) {
 			t.Errorf("output lacks %q:\n%s", want, s)
 		}
 	}
+}
+
+// Options.Env reaches the rank processes after hcommtest's variables: here
+// the ranks join as under mpirun, with torchrun's variables cleared.
+func TestProcessesEnv(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short")
+	}
+	o := Options{Config: small, Env: func(r, port int) []string {
+		return []string{"RANK=", "WORLD_SIZE=", "MASTER_ADDR=", "MASTER_PORT=",
+			"OMPI_COMM_WORLD_RANK=" + strconv.Itoa(r), "OMPI_COMM_WORLD_SIZE=2", "HCOMM_MASTER_ADDR=127.0.0.1:" + strconv.Itoa(port)}
+	}}
+	o.Run(t, 2, TCPProcesses, func(t testing.TB, c *hcomm.Comm) {
+		if os.Getenv("RANK") != "" || os.Getenv("OMPI_COMM_WORLD_RANK") != strconv.Itoa(c.Rank()) {
+			t.Errorf("RANK=%q OMPI_COMM_WORLD_RANK=%q in rank %d's process", os.Getenv("RANK"), os.Getenv("OMPI_COMM_WORLD_RANK"), c.Rank())
+		}
+		if v, _ := hcomm.Launched(nil); v != "OMPI_COMM_WORLD_SIZE" {
+			t.Errorf("Launched: %q", v)
+		}
+		allReduce(t, c)
+	})
 }

@@ -28,6 +28,8 @@ import (
 
 const (
 	testEnv    = "HCOMMTEST_RUN"
+	ranksEnv   = "HCOMMTEST_RANKS" // n, and this process's rank: whatever Env
+	rankEnv    = "HCOMMTEST_RANK"  // did to the launcher's variables
 	doneMarker = "HCOMMTEST-RANK-DONE"
 	skipMarker = "HCOMMTEST-RANK-SKIP"
 )
@@ -77,8 +79,8 @@ func (o Options) runProcess(t testing.TB, n int, tr Transport, fn RankFunc) bool
 // runChild is one rank of a Processes Run, in its own process.
 func (o Options) runChild(t testing.TB, n int, tr Transport, fn RankFunc) {
 	t.Helper()
-	if ws := os.Getenv("WORLD_SIZE"); ws != strconv.Itoa(n) {
-		t.Fatalf("hcommtest.Run: this process is one of WORLD_SIZE=%s ranks, but the test asks for %d here: the code before Run took another path in this process", ws, n)
+	if ws := os.Getenv(ranksEnv); ws != strconv.Itoa(n) {
+		t.Fatalf("hcommtest.Run: this process is one of %s ranks, but the test asks for %d here: the code before Run took another path in this process", ws, n)
 	}
 	defer o.setProcs()()
 	label := strconv.FormatInt(nextLabel.Add(1), 10)
@@ -88,7 +90,7 @@ func (o Options) runChild(t testing.TB, n int, tr Transport, fn RankFunc) {
 	labelled(label, func() { c, err = hcomm.InitFromEnv(o.config(tr)) })
 	if err != nil {
 		g.snap.release()
-		t.Fatalf("hcommtest.Run: rank %s: InitFromEnv: %v", os.Getenv("RANK"), err)
+		t.Fatalf("hcommtest.Run: rank %s: InitFromEnv: %v", os.Getenv(rankEnv), err)
 	}
 	g.comms = []*hcomm.Comm{c}
 	res := o.each(t, g.comms, label, fn)
@@ -138,7 +140,7 @@ func (o Options) runParent(t testing.TB, n int, tr Transport) {
 		args = append(args, "-test.short")
 	}
 	env := append(os.Environ(),
-		testEnv+"="+t.Name(),
+		testEnv+"="+t.Name(), ranksEnv+"="+strconv.Itoa(n),
 		"WORLD_SIZE="+strconv.Itoa(n), "LOCAL_WORLD_SIZE="+strconv.Itoa(n),
 		"MASTER_ADDR=127.0.0.1", "MASTER_PORT="+strconv.Itoa(port),
 		"HCOMM_MASTER_ADDR=", // it would win over MASTER_ADDR
@@ -152,7 +154,10 @@ func (o Options) runParent(t testing.TB, n int, tr Transport) {
 	done := make(chan *procRank, n)
 	for r := range procs {
 		p := &procRank{rank: r, cmd: exec.Command(bin, args...)}
-		p.cmd.Env = append(env[:len(env):len(env)], "RANK="+strconv.Itoa(r), "LOCAL_RANK="+strconv.Itoa(r))
+		p.cmd.Env = append(env[:len(env):len(env)], rankEnv+"="+strconv.Itoa(r), "RANK="+strconv.Itoa(r), "LOCAL_RANK="+strconv.Itoa(r))
+		if o.Env != nil {
+			p.cmd.Env = append(p.cmd.Env, o.Env(r, port)...)
+		}
 		p.cmd.Stdout, p.cmd.Stderr = &p.out, &p.out
 		p.cmd.WaitDelay = 5 * time.Second
 		if err := p.cmd.Start(); err != nil {
