@@ -82,8 +82,8 @@
 // fits inline and ordered elsewhere; a reducing collective forced onto another
 // algorithm, by Options.Algorithm or HCCL_ALGO, fails with
 // hcomm.ErrNotSupport naming the algorithm. Ordered moves the same bytes per
-// rank as the ring, to every peer instead of the neighbours; BENCHMARKS.md
-// gives what it costs (BenchmarkAllReduceDeterministic). Ranks that disagree
+// rank as the ring, to every peer instead of the neighbours;
+// BenchmarkAllReduceDeterministic measures what it costs. Ranks that disagree
 // on the level choose different algorithms above the inline size, which the
 // handshake reports as ErrMismatch. NaN payloads are outside the guarantee:
 // a NaN result is NaN, but which NaN is not specified.
