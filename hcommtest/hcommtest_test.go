@@ -385,12 +385,20 @@ func TestHelperFailingProcesses(t *testing.T) {
 	if os.Getenv(selfTestEnv) == "" {
 		t.Skip("run by TestProcessesNameFailingRank")
 	}
+	cfg := *small
+	cfg.ExecTimeout = 10 * time.Minute
+	if os.Getenv(selfTestEnv) == "hang" { // no rank fails; rank 1 never returns
+		Options{Config: &cfg, Timeout: 5 * time.Second}.Run(t, 2, TCPProcesses, func(t testing.TB, c *hcomm.Comm) {
+			if c.Rank() == 1 {
+				select {}
+			}
+		})
+		return
+	}
 	tr := TCPProcesses
 	if os.Getenv(selfTestEnv) == "shm" {
 		tr = ShmProcesses
 	}
-	cfg := *small
-	cfg.ExecTimeout = 10 * time.Minute
 	Options{Config: &cfg, Timeout: 20 * time.Second}.Run(t, 3, tr, func(t testing.TB, c *hcomm.Comm) {
 		switch c.Rank() {
 		case 1:
@@ -454,4 +462,37 @@ func TestProcessesEnv(t *testing.T) {
 		}
 		allReduce(t, c)
 	})
+}
+
+// With ranks as processes, a hang is bounded by the timeout: the rank is
+// named, with the goroutines SIGQUIT made its process print.
+func TestProcessesHangIsBounded(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short")
+	}
+	bin, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	start := time.Now()
+	cmd := exec.CommandContext(ctx, bin, "-test.run=^TestHelperFailingProcesses$", "-test.v")
+	cmd.Env = append(os.Environ(), selfTestEnv+"=hang")
+	out, err := cmd.CombinedOutput()
+	s := string(out)
+	if err == nil || !strings.Contains(s, "--- FAIL: TestHelperFailingProcesses") {
+		t.Fatalf("the helper did not fail: %v\n%s", err, s)
+	}
+	for _, want := range []string{"hcommtest: rank 1 (pid ", "still running after 5s", "SIGQUIT", "hcommtest_test.go"} {
+		if !strings.Contains(s, want) {
+			t.Errorf("output lacks %q:\n%s", want, s)
+		}
+	}
+	if strings.Contains(s, "hcommtest: rank 0 (pid ") {
+		t.Errorf("rank 0, which returned, is reported:\n%s", s)
+	}
+	if d := time.Since(start); d > time.Minute {
+		t.Errorf("the run took %v; its timeout is 5s", d)
+	}
 }
