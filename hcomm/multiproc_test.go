@@ -32,6 +32,10 @@ func TestHelperRank(t *testing.T) {
 	if role == "" {
 		t.Skip("a rank of the multi-process tests; runs only when they start it")
 	}
+	if role == "fault" {
+		faultRank(t) // fault_test.go: it joins by itself, to count what it leaves behind
+		return
+	}
 	var c *hcomm.Comm
 	var err error
 	if rs := os.Getenv("HCOMM_TEST_ROOT"); rs != "" { // InitRootInfo with a root info from another process
@@ -128,7 +132,8 @@ func (l *lineLog) Write(p []byte) (int, error) {
 		}
 		line := string(l.part[:i])
 		l.part = l.part[i+1:]
-		if strings.HasPrefix(line, "READY") || strings.HasPrefix(line, "OPERROR") || strings.HasPrefix(line, "DESTROYED") || strings.HasPrefix(line, "TCPBYTES") {
+		if strings.HasPrefix(line, "READY") || strings.HasPrefix(line, "OPERROR") || strings.HasPrefix(line, "DESTROYED") || strings.HasPrefix(line, "TCPBYTES") ||
+			strings.HasPrefix(line, "SHRUNK") || strings.HasPrefix(line, "DECIDING") {
 			select {
 			case l.lines <- markLine{line, time.Now()}:
 			default:
