@@ -499,3 +499,23 @@ func TestProcessesHangIsBounded(t *testing.T) {
 		t.Errorf("the run took %v; its timeout is 5s", d)
 	}
 }
+
+// With ranks as processes, no rank destroys its communicator while another
+// still runs, as with goroutines: here rank 0's bootstrap store is still up
+// for rank 1 a second after rank 0 returned.
+func TestProcessesDestroyAfterEveryRank(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short")
+	}
+	Options{Config: small}.Run(t, 2, TCPProcesses, func(t testing.TB, c *hcomm.Comm) {
+		if c.Rank() == 0 {
+			return
+		}
+		time.Sleep(time.Second)
+		conn, err := net.DialTimeout("tcp", net.JoinHostPort(os.Getenv("MASTER_ADDR"), os.Getenv("MASTER_PORT")), 5*time.Second)
+		if err != nil {
+			t.Fatalf("rank 0's store went before rank 1 returned: %v", err)
+		}
+		conn.Close()
+	})
+}
