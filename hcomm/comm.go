@@ -190,6 +190,12 @@ func (c *Comm) usable(op string) error {
 	if !c.unusable.Load() {
 		return nil // the data plane's fast path: no lock
 	}
+	return c.why(op)
+}
+
+// why returns the error saying why c cannot be used (destroyed, aborted,
+// suspended, a lost rank), nil when it can.
+func (c *Comm) why(op string) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {

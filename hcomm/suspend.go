@@ -97,27 +97,35 @@ func (c *Comm) Resume() error {
 		return nilCommErr(op)
 	}
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed {
+	switch {
+	case c.closed:
+		c.mu.Unlock()
 		return c.errorf(op, -1, ErrUnavail, nil, "communicator is destroyed")
-	}
-	if c.aborted {
+	case c.aborted:
+		c.mu.Unlock()
 		return c.errorf(op, -1, ErrUnavail, ErrAborted, "")
-	}
-	if !c.suspended {
+	case !c.suspended:
+		c.mu.Unlock()
 		return nil
 	}
 	buf, err := c.dev.Malloc(c.bufSize)
 	if err != nil {
+		c.mu.Unlock()
 		return c.errorf(op, -1, ErrMemory, err, "reserving the HCCL buffer of %d bytes", c.bufSize)
 	}
 	c.buf = buf
 	c.registry.Add(channel.Mem{Tag: "hccl buffer", Addr: buf, Size: c.bufSize})
 	c.suspended = false
-	if err := c.lostCheck(op); err != nil {
-		return err // the buffer is back; the loss keeps the communicator unusable
-	}
+	c.mu.Unlock()
+	// Usable again unless something else says not: a loss or a revocation
+	// may have come while suspended, or come now — it records itself before
+	// it sets unusable, so the check after the store below sees it, and the
+	// flag is put back.
 	c.unusable.Store(false)
+	if err := c.why(op); err != nil {
+		c.unusable.Store(true)
+		return err // the buffer is back; the communicator stays unusable
+	}
 	c.log(slog.LevelInfo, "communicator resumed", "hccl_buffer_bytes", c.bufSize)
 	return nil
 }
