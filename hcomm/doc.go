@@ -64,7 +64,10 @@
 // diagnosis), optag.go (BeginOp), errors.go (Error, Result), transport.go
 // (which transport carries a channel), init.go, env.go and ranktable.go
 // (joining across processes), subcomm.go (CreateSubComm, Split), health.go
-// (a lost rank), metrics.go and log.go (observability).
+// (a lost rank), grow.go (GrowToken, Grow, JoinContext: newcomers join a
+// running communicator), suspend.go (Suspend, Resume), elastic.go (the
+// ranks' side of `hcomm run --elastic`), metrics.go and log.go
+// (observability).
 //
 // Names and values follow HCCL: HcclResult codes are Result, CommEngine is
 // Engine, CommProtocol is Protocol, HcclDataType is DataType, HcclReduceOp is
