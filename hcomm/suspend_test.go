@@ -1,12 +1,15 @@
 package hcomm_test
 
 import (
+	"context"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/hcomm-dev/hcomm/collectives"
 	"github.com/hcomm-dev/hcomm/device"
 	"github.com/hcomm-dev/hcomm/hcomm"
+	"github.com/hcomm-dev/hcomm/hcommtest"
 )
 
 // On every transport: collectives before Suspend and after Resume are
@@ -114,5 +117,48 @@ func TestSuspendBusy(t *testing.T) {
 	}
 	if err := comms[0].Resume(); !isCode(err, hcomm.ErrUnavail) {
 		t.Fatalf("Resume after Destroy: %v, want ErrUnavail", err)
+	}
+}
+
+// The same over every transport of hcommtest, ranks as processes included,
+// each rank suspending once its collectives are done and resuming at its
+// own pace: the first collective after Resume sets the channels up again,
+// and nothing (descriptors, shm mappings) outlives the communicators.
+func TestSuspendResumeEveryTransport(t *testing.T) {
+	for _, tr := range hcommtest.Transports() {
+		t.Run(tr.String(), func(t *testing.T) {
+			hcommtest.Run(t, 3, tr, func(t testing.TB, c *hcomm.Comm) {
+				ctx := context.Background()
+				sum := func() {
+					t.Helper()
+					v := []float32{float32(c.Rank()), 1}
+					if err := collectives.AllReduceSlice(ctx, c, v, v, hcomm.Sum, nil); err != nil {
+						t.Fatal(err)
+					}
+					if v[0] != 3 || v[1] != 3 {
+						t.Fatalf("AllReduce gave %v, want [3 3]", v)
+					}
+				}
+				sum()
+				if err := collectives.BarrierContext(ctx, c); err != nil {
+					t.Fatal(err)
+				}
+				buf, _, _ := c.GetHcclBuffer()
+				if err := c.Suspend(); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := c.Device().Bytes(buf, 1); err == nil {
+					t.Error("the HCCL buffer is still allocated while suspended")
+				}
+				if err := collectives.AllReduceSlice(ctx, c, []float32{1}, make([]float32, 1), hcomm.Sum, nil); !isCode(err, hcomm.ErrSuspending) {
+					t.Errorf("AllReduce while suspended: %v, want ErrSuspending", err)
+				}
+				time.Sleep(time.Duration(c.Rank()) * 50 * time.Millisecond) // resume in turn
+				if err := c.Resume(); err != nil {
+					t.Fatal(err)
+				}
+				sum()
+			})
+		})
 	}
 }
