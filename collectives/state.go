@@ -257,13 +257,18 @@ func (st *state) setup(ctx context.Context) error {
 	return nil
 }
 
-// Close releases the host-slice layer's resources (called by Comm.Destroy).
+// Close releases the host-slice layer's resources and its staging memory
+// (called by Comm.Destroy and Comm.Suspend).
 func (st *state) Close() error {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	if st.own != nil {
 		st.own.Destroy()
 		st.own = nil
+	}
+	if st.staging != 0 { // Comm.Suspend closes the state to release memory
+		st.comm.Device().Free(st.staging)
+		st.staging, st.stagingN = 0, 0
 	}
 	if st.last != nil {
 		st.last.Destroy()

@@ -70,7 +70,9 @@
 // (which transport carries a channel), init.go, env.go and ranktable.go
 // (joining across processes), subcomm.go (CreateSubComm, Split), health.go
 // (a lost rank), revoke.go (Revoke), shrink.go and agree.go (Shrink),
-// metrics.go and log.go (observability).
+// grow.go (GrowToken, Grow, JoinContext: newcomers join a running
+// communicator), suspend.go (Suspend, Resume), elastic.go (the ranks' side
+// of `hcomm run --elastic`), metrics.go and log.go (observability).
 //
 // Names and values follow HCCL: HcclResult codes are Result, CommEngine is
 // Engine, CommProtocol is Protocol, HcclDataType is DataType, HcclReduceOp is
