@@ -291,3 +291,36 @@ func TestCommStatusRevoke(t *testing.T) {
 		trs[i].want(t, "READY->ERROR")
 	}
 }
+
+// TestCommStatusSuspend: Suspend and Resume move the communicator between
+// Ready and Suspending, told to the callback.
+func TestCommStatusSuspend(t *testing.T) {
+	comms, err := hcomm.InitAll(2, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		for _, c := range comms {
+			c.Destroy()
+		}
+	}()
+	c := comms[0]
+	tr := newTransitions()
+	if _, err := c.RegCommStateCallback(tr.cb); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Suspend(); err != nil {
+		t.Fatal(err)
+	}
+	tr.want(t, "READY->SUSPENDING")
+	if s := c.GetStatus(); s != hcomm.StatusSuspending {
+		t.Fatalf("suspended: %v", s)
+	}
+	if err := c.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	tr.want(t, "SUSPENDING->READY")
+	if s := c.GetStatus(); s != hcomm.StatusReady {
+		t.Fatalf("resumed: %v", s)
+	}
+}
