@@ -158,11 +158,11 @@ func envScaled(name string, def, min, unit, limit int64, what string) (int64, er
 // Config; the call exists so that code written after HCCL's reads the same.
 //
 // HcclCommConfig's fields map onto Config as follows: hcclBufferSize (MB) is
-// BufferSize (bytes); hcclCommName is Name; hcclExecTimeOut (s) is
-// ExecTimeout. hcclDeterministic, hcclUdi, hcclOpExpansionMode, hcclAlgo,
-// hcclRetryEnable/Params, hcclBufferName, hcclWorldRankID, hcclJobID,
-// aclGraphZeroCopyEnable, the RDMA traffic class and service level and
-// hcclQos have no counterpart: hcomm's collectives choose their algorithm
+// BufferSize (bytes); hcclDeterministic is Deterministic; hcclCommName is
+// Name; hcclExecTimeOut (s) is ExecTimeout. hcclUdi, hcclOpExpansionMode,
+// hcclAlgo, hcclRetryEnable/Params, hcclBufferName, hcclWorldRankID,
+// hcclJobID, aclGraphZeroCopyEnable, the RDMA traffic class and service
+// level and hcclQos have no counterpart: hcomm's collectives choose their algorithm
 // per call (collectives.Options), expand on the host, and run over
 // transports without those network knobs.
 func CommConfigInit() Config { return Config{} }
@@ -174,7 +174,7 @@ type CommConfigCapability uint32
 // CommConfigCapability values.
 const (
 	ConfigBufferSize       CommConfigCapability = 0  // HCCL_COMM_CONFIG_BUFFER_SIZE: Config.BufferSize
-	ConfigDeterministic    CommConfigCapability = 1  // HCCL_COMM_CONFIG_DETERMINISTIC
+	ConfigDeterministic    CommConfigCapability = 1  // HCCL_COMM_CONFIG_DETERMINISTIC: Config.Deterministic
 	ConfigCommName         CommConfigCapability = 2  // HCCL_COMM_CONFIG_COMM_NAME: Config.Name
 	ConfigOpExpansionMode  CommConfigCapability = 3  // HCCL_COMM_CONFIG_OP_EXPANSION_MODE
 	ConfigSupportInitByEnv CommConfigCapability = 4  // HCCL_COMM_CONFIG_SUPPORT_INIT_BY_ENV: unset fields take the environment
@@ -188,10 +188,10 @@ const (
 )
 
 // Supported reports whether hcomm's Config has the field: BufferSize,
-// CommName, SupportInitByEnv and ExecTimeout.
+// Deterministic, CommName, SupportInitByEnv and ExecTimeout.
 func (k CommConfigCapability) Supported() bool {
 	switch k {
-	case ConfigBufferSize, ConfigCommName, ConfigSupportInitByEnv, ConfigExecTimeout:
+	case ConfigBufferSize, ConfigDeterministic, ConfigCommName, ConfigSupportInitByEnv, ConfigExecTimeout:
 		return true
 	}
 	return false
@@ -201,9 +201,9 @@ func (k CommConfigCapability) Supported() bool {
 // communicator accepts (HcclGetCommConfigCapability): a field k is
 // supported when k < the value returned. HCCL's fields come in the order
 // they were added, so its answer is cumulative; hcomm's are not (it has
-// ConfigCommName but not ConfigDeterministic), so it returns the first field
-// it lacks, ConfigDeterministic (1): what HCCL's rule reads correctly. Ask
-// CommConfigCapability.Supported for each field instead.
+// ConfigExecTimeout but not ConfigOpExpansionMode), so it returns the first
+// field it lacks, ConfigOpExpansionMode (3): what HCCL's rule reads
+// correctly. Ask CommConfigCapability.Supported for each field instead.
 func GetCommConfigCapability() CommConfigCapability {
 	k := ConfigBufferSize
 	for k.Supported() {

@@ -253,10 +253,10 @@ func TestCommConfigCapability(t *testing.T) {
 	if hcomm.CommConfigInit() != (hcomm.Config{}) {
 		t.Fatal("CommConfigInit is not the unset Config")
 	}
-	if got := hcomm.GetCommConfigCapability(); got != hcomm.ConfigDeterministic {
-		t.Fatalf("GetCommConfigCapability = %d, want %d", got, hcomm.ConfigDeterministic)
+	if got := hcomm.GetCommConfigCapability(); got != hcomm.ConfigOpExpansionMode {
+		t.Fatalf("GetCommConfigCapability = %d, want %d", got, hcomm.ConfigOpExpansionMode)
 	}
-	for _, k := range []hcomm.CommConfigCapability{hcomm.ConfigBufferSize, hcomm.ConfigCommName, hcomm.ConfigSupportInitByEnv, hcomm.ConfigExecTimeout} {
+	for _, k := range []hcomm.CommConfigCapability{hcomm.ConfigBufferSize, hcomm.ConfigDeterministic, hcomm.ConfigCommName, hcomm.ConfigSupportInitByEnv, hcomm.ConfigExecTimeout} {
 		if !k.Supported() {
 			t.Errorf("%d not supported", k)
 		}
