@@ -9,9 +9,10 @@ import (
 	"github.com/hcomm-dev/hcomm/hcomm"
 )
 
-// Every rank of a ring sends to its right and receives from its left inside
-// a group: the ranks list the two in opposite orders (even ranks send
-// first, odd ranks receive first), which GroupEnd fuses into one exchange.
+// Every rank of a ring sends to its right and receives from its left,
+// listing the send first: without a group each send would wait for a
+// receive its neighbour has not called yet, around the ring for good.
+// Inside a group, GroupEnd fuses them into one exchange.
 func ExampleGroupStart() {
 	const n = 4
 	comms, err := hcomm.InitAll(n, &hcomm.Config{BufferSize: 1 << 20})
@@ -36,9 +37,6 @@ func ExampleGroupStart() {
 			calls := []func() error{
 				func() error { return collectives.Send(send, 1, hcomm.Uint8, right, c, s) },
 				func() error { return collectives.Recv(recv, 1, hcomm.Uint8, left, c, s) },
-			}
-			if r%2 == 1 {
-				calls[0], calls[1] = calls[1], calls[0]
 			}
 			collectives.GroupStart(c)
 			for _, call := range calls {
