@@ -123,8 +123,11 @@ func newCommOn(op string, c Config, rank, size, devID int, parent *Comm, boot *b
 		boot.unref()
 		return nil, &Error{Op: op, Comm: c.Name, Rank: rank, Peer: -1, Code: code, Err: err}
 	}
+	c, err := c.withMetrics(rank, parent) // log.go
+	if err != nil {
+		return fail(ErrPara, err)
+	}
 	var dev *device.Device
-	var err error
 	if parent != nil {
 		dev = parent.dev
 	} else if dev, err = device.Open(devID); err != nil {

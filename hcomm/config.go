@@ -3,6 +3,7 @@ package hcomm
 import (
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"strconv"
 	"time"
@@ -66,17 +67,18 @@ func (c Config) resolve() (Config, error) {
 		c.Name = "comm0"
 	}
 	if c.BufferSize == 0 {
-		mb, err := envInt("HCCL_BUFFSIZE", DefaultBufferSize>>20, 1)
+		// The buffer is twice BufferSize bytes: both must fit an int64.
+		mb, err := envScaled("HCCL_BUFFSIZE", DefaultBufferSize>>20, 1, 1<<20, math.MaxInt64/2, "MB")
 		if err != nil {
 			return c, err
 		}
 		c.BufferSize = mb << 20
 	}
-	if c.BufferSize < 0 {
-		return c, fmt.Errorf("Config.BufferSize %d is negative", c.BufferSize)
+	if c.BufferSize < 0 || c.BufferSize > math.MaxInt64/2 {
+		return c, fmt.Errorf("Config.BufferSize %d is outside [0, %d] (the HCCL buffer is twice its size)", c.BufferSize, int64(math.MaxInt64/2))
 	}
 	if c.ExecTimeout == 0 {
-		s, err := envInt("HCCL_EXEC_TIMEOUT", int64(DefaultExecTimeout/time.Second), 0)
+		s, err := envScaled("HCCL_EXEC_TIMEOUT", int64(DefaultExecTimeout/time.Second), 0, int64(time.Second), math.MaxInt64, "seconds")
 		if err != nil {
 			return c, err
 		}
@@ -86,7 +88,7 @@ func (c Config) resolve() (Config, error) {
 		}
 	}
 	if c.ConnectTimeout == 0 {
-		s, err := envInt("HCCL_CONNECT_TIMEOUT", int64(DefaultConnectTimeout/time.Second), 1)
+		s, err := envScaled("HCCL_CONNECT_TIMEOUT", int64(DefaultConnectTimeout/time.Second), 1, int64(time.Second), math.MaxInt64, "seconds")
 		if err != nil {
 			return c, err
 		}
@@ -95,7 +97,12 @@ func (c Config) resolve() (Config, error) {
 	return c.resolveObs()
 }
 
-func envInt(name string, def, min int64) (int64, error) {
+// envScaled reads the integer variable name (def when unset or empty), at
+// least min, that the caller multiplies by unit (bytes per MB, nanoseconds
+// per second): a value whose product exceeds limit is refused, naming the
+// variable and its value, rather than wrapping around to a small or negative
+// size.
+func envScaled(name string, def, min, unit, limit int64, what string) (int64, error) {
 	v, ok := os.LookupEnv(name)
 	if !ok || v == "" {
 		return def, nil
@@ -103,6 +110,9 @@ func envInt(name string, def, min int64) (int64, error) {
 	n, err := strconv.ParseInt(v, 10, 64)
 	if err != nil || n < min {
 		return 0, fmt.Errorf("environment variable %s=%q: want an integer >= %d", name, v, min)
+	}
+	if n > limit/unit {
+		return 0, fmt.Errorf("environment variable %s=%q: %d %s overflows (at most %d)", name, v, n, what, limit/unit)
 	}
 	return n, nil
 }

@@ -5,10 +5,13 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/hcomm-dev/hcomm/internal/bootstrap"
+	"github.com/hcomm-dev/hcomm/internal/procs"
 )
 
 // InitFromEnv joins a communicator described by the environment variables of
@@ -17,29 +20,44 @@ import (
 // rank variable is set wins:
 //
 //	torchrun, Kubernetes training operators, hcomm run:
-//	    RANK, WORLD_SIZE, LOCAL_RANK; MASTER_ADDR and MASTER_PORT (both required)
+//	    RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE; MASTER_ADDR and
+//	    MASTER_PORT (both required)
 //	Open MPI's mpirun:
-//	    OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_RANK;
-//	    the address as below (mpirun -x MASTER_ADDR -x MASTER_PORT passes them)
+//	    OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_RANK,
+//	    OMPI_COMM_WORLD_LOCAL_SIZE; the address as below (mpirun -x MASTER_ADDR
+//	    -x MASTER_PORT passes them), else 127.0.0.1 when every rank is local
 //	Slurm's srun:
-//	    SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID; the address as below, else
-//	    the first host of SLURM_STEP_NODELIST / SLURM_JOB_NODELIST /
-//	    SLURM_NODELIST ("node[03-06,9]" gives node03; one bracket group at most)
+//	    SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_STEP_TASKS_PER_NODE
+//	    with SLURM_NODEID; the address as below, else the first host of
+//	    SLURM_STEP_NODELIST / SLURM_JOB_NODELIST / SLURM_NODELIST
+//	    ("node[03-06,9]" gives node03; one bracket group at most)
 //
 // Rank 0's bootstrap address, in order: HCOMM_MASTER_ADDR ("host:port");
 // MASTER_ADDR with MASTER_PORT, else HCOMM_ROOT_PORT, else DefaultRootPort
-// (29500); for srun, the first host of the node list with that port. Rank 0
-// listens on that port on every interface, or on the interface of
-// HCOMM_SOCKET_IFNAME when it is set. LOCAL_RANK (or its launcher's twin)
-// picks the device id; without it the rank does.
+// (29500); for srun, the first host of the node list with that port; for
+// mpirun with every rank on one host, 127.0.0.1. Rank 0 listens on that port
+// on the interface of HCOMM_SOCKET_IFNAME when it is set, else on the
+// address MASTER_ADDR names when it is one of this host's (a host name that
+// resolves only to loopback, as /etc/hosts often has it, counts as none),
+// else on every interface. A port in use fails rank 0 at once, saying so
+// (another job on the port). LOCAL_RANK (or its launcher's twin) picks the
+// device id; without it the rank does.
+//
+// The processors: unless GOMAXPROCS is set, a rank that shares its host with
+// others (LOCAL_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_SIZE, Slurm's tasks per
+// node) and is not bound to its own processors by the launcher lowers
+// GOMAXPROCS to its share of the processors, as hcomm run sets it.
 //
 // The secret: HCOMM_SECRET, any string, shared by every rank (a launcher
-// should set a random one per job). Without it the secret is derived from what every rank of
-// the job sees — the address, world size and the launcher's job id
-// (TORCHELASTIC_RUN_ID, SLURM_JOB_ID.SLURM_STEP_ID, OMPI_MCA_ess_base_jobid) —
-// which keeps apart jobs that reuse a port and refuses malformed or stray
-// connections, but is no secret from someone who can read those: set
-// HCOMM_SECRET where the network is shared.
+// should set a random one per job). Without it the secret is derived from
+// what every rank of the job sees — the launcher, the address and the
+// launcher's job id (TORCHELASTIC_RUN_ID, SLURM_JOB_ID.SLURM_STEP_ID,
+// OMPI_MCA_ess_base_jobid) — which keeps apart jobs that reuse a port and
+// refuses malformed or stray connections, but is no secret from someone who
+// can read those: set HCOMM_SECRET where the network is shared. (The world
+// size is left out of it on purpose: a rank launched with another WORLD_SIZE
+// then reaches the store, which fails the job at once naming it, instead of
+// being refused as a stranger while the others wait out the timeout.)
 //
 // InitFromEnv is InitFromEnvContext with context.Background().
 func InitFromEnv(cfg *Config) (*Comm, error) {
@@ -58,6 +76,12 @@ func InitFromEnvContext(ctx context.Context, cfg *Config) (*Comm, error) {
 	if err != nil {
 		return nil, noRankErr(op, c.Name, ErrPara, err, "")
 	}
+	shareProcessors(os.Getenv, le.localSize, procs.Shared())
+	return joinEnv(ctx, op, c, le)
+}
+
+// joinEnv joins the communicator le describes.
+func joinEnv(ctx context.Context, op string, c Config, le launchEnv) (*Comm, error) {
 	listen, err := listenAddr(c, le.addr)
 	if err != nil {
 		return nil, &Error{Op: op, Comm: c.Name, Rank: le.rank, Peer: -1, Code: ErrNetwork, Err: err}
@@ -66,29 +90,92 @@ func InitFromEnvContext(ctx context.Context, cfg *Config) (*Comm, error) {
 		listen: listen, secret: le.secret})
 }
 
+// shareProcessors lowers GOMAXPROCS to this rank's share of cpus processors
+// among local ranks of this host (procs.PerRank, as hcomm run sets it),
+// unless GOMAXPROCS is set, the count is unknown (0) or cpus is 0 (the
+// launcher bound the rank to its own). It never raises GOMAXPROCS (a cgroup
+// limit the runtime found stays). It returns the value set, 0 for none.
+func shareProcessors(getenv func(string) string, local, cpus int) int {
+	if cpus <= 0 {
+		return 0
+	}
+	g, ok := procs.PerRank(getenv, local, cpus)
+	if !ok || g >= runtime.GOMAXPROCS(0) {
+		return 0
+	}
+	runtime.GOMAXPROCS(g)
+	return g
+}
+
 // launchEnv is what InitFromEnv read.
 type launchEnv struct {
 	launcher              string // "torchrun", "mpirun", "srun"
 	rank, size, localRank int
+	localSize             int // ranks on this host, 0 when unknown
 	addr                  string
 	secret                bootstrap.Secret
 }
 
-// listenAddr is where rank 0 listens for a store dialled at addr: the port
-// on every interface, or on HCOMM_SOCKET_IFNAME's.
+// listenAddr is where rank 0 listens for a store dialled at addr: on
+// HCOMM_SOCKET_IFNAME's interface, else on addr's host when it is an address
+// of this host, else on every interface.
 func listenAddr(c Config, addr string) (string, error) {
-	_, port, err := net.SplitHostPort(addr)
+	host, port, err := net.SplitHostPort(addr)
 	if err != nil {
 		return "", err
 	}
-	if c.SocketIfname == "" {
-		return ":" + port, nil
+	if c.SocketIfname != "" {
+		ifc, err := bootstrap.PickIface(c.SocketIfname)
+		if err != nil {
+			return "", err
+		}
+		return net.JoinHostPort(ifc.IP.String(), port), nil
 	}
-	ifc, err := bootstrap.PickIface(c.SocketIfname)
+	if ip := localAddr(host); ip != nil {
+		return net.JoinHostPort(ip.String(), port), nil
+	}
+	return ":" + port, nil
+}
+
+// localAddr returns the address of this host that host names: an IP
+// literal of this host (loopback included: every rank then runs here),
+// "localhost", or a name that resolves to a non-loopback address of this
+// host; nil otherwise — a name that resolves only to loopback here may
+// resolve to the host's real address elsewhere.
+func localAddr(host string) net.IP {
+	if host == "localhost" {
+		return net.IPv4(127, 0, 0, 1)
+	}
+	mine := func(ip net.IP) bool {
+		addrs, err := net.InterfaceAddrs()
+		if err != nil {
+			return false
+		}
+		for _, a := range addrs {
+			if n, ok := a.(*net.IPNet); ok && n.IP.Equal(ip) {
+				return true
+			}
+		}
+		return false
+	}
+	if ip := net.ParseIP(host); ip != nil {
+		if ip.IsLoopback() || mine(ip) {
+			return ip
+		}
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	ips, err := net.DefaultResolver.LookupIP(ctx, "ip", host)
 	if err != nil {
-		return "", err
+		return nil
 	}
-	return net.JoinHostPort(ifc.IP.String(), port), nil
+	for _, ip := range ips {
+		if !ip.IsLoopback() && mine(ip) {
+			return ip
+		}
+	}
+	return nil
 }
 
 func parseLaunchEnv(getenv func(string) string) (launchEnv, error) {
@@ -107,13 +194,13 @@ func parseLaunchEnv(getenv func(string) string) (launchEnv, error) {
 		}
 		return num(name, 0)
 	}
-	var rankVar, sizeVar, localVar, job string
+	var rankVar, sizeVar, localVar, localSizeVar, job string
 	switch {
 	case getenv("RANK") != "":
-		le.launcher, rankVar, sizeVar, localVar = "torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK"
+		le.launcher, rankVar, sizeVar, localVar, localSizeVar = "torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"
 		job = getenv("TORCHELASTIC_RUN_ID")
 	case getenv("OMPI_COMM_WORLD_RANK") != "":
-		le.launcher, rankVar, sizeVar, localVar = "mpirun", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"
+		le.launcher, rankVar, sizeVar, localVar, localSizeVar = "mpirun", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"
 		job = getenv("OMPI_MCA_ess_base_jobid") + getenv("OMPI_MCA_orte_ess_jobid")
 	case getenv("SLURM_PROCID") != "":
 		le.launcher, rankVar, sizeVar, localVar = "srun", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"
@@ -138,19 +225,75 @@ func parseLaunchEnv(getenv func(string) string) (launchEnv, error) {
 	if le.localRank, err = optNum(localVar); err != nil {
 		return le, err
 	}
-	if le.addr, err = rootAddrFromEnv(getenv, le.launcher); err != nil {
+	if localSizeVar != "" {
+		n, err := optNum(localSizeVar)
+		if err != nil {
+			return le, err
+		}
+		le.localSize = max(n, 0)
+	} else {
+		le.localSize = slurmLocalTasks(getenv)
+	}
+	if le.addr, err = rootAddrFromEnv(getenv, le); err != nil {
 		return le, err
 	}
 	if s := getenv("HCOMM_SECRET"); s != "" {
 		le.secret = bootstrap.DeriveSecret(s)
 	} else {
-		le.secret = bootstrap.DeriveSecret(fmt.Sprintf("env\x00%s\x00%d\x00%s\x00%s", le.launcher, le.size, le.addr, job))
+		le.secret = bootstrap.DeriveSecret(fmt.Sprintf("env\x00%s\x00%s\x00%s", le.launcher, le.addr, job))
 	}
 	return le, nil
 }
 
+// slurmLocalTasks returns how many tasks of the step run on this node:
+// SLURM_STEP_TASKS_PER_NODE (else SLURM_TASKS_PER_NODE; "4(x2),3" means 4,
+// 4, 3) at index SLURM_NODEID, or the one count when every node has the
+// same; else SLURM_NTASKS_PER_NODE; 0 when unknown.
+func slurmLocalTasks(getenv func(string) string) int {
+	list := getenv("SLURM_STEP_TASKS_PER_NODE")
+	if list == "" {
+		list = getenv("SLURM_TASKS_PER_NODE")
+	}
+	var counts []int
+	for _, part := range strings.Split(list, ",") {
+		if part == "" {
+			continue
+		}
+		num, rep := part, "1"
+		if i := strings.IndexByte(part, '('); i >= 0 && strings.HasPrefix(part[i:], "(x") && strings.HasSuffix(part, ")") {
+			num, rep = part[:i], part[i+2:len(part)-1]
+		}
+		n, err1 := strconv.Atoi(num)
+		r, err2 := strconv.Atoi(rep)
+		if err1 != nil || err2 != nil || n < 0 || r < 1 || r > MaxRanks {
+			counts = nil
+			break
+		}
+		for ; r > 0; r-- {
+			counts = append(counts, n)
+		}
+	}
+	if len(counts) > 0 {
+		same := true
+		for _, n := range counts {
+			same = same && n == counts[0]
+		}
+		if same {
+			return counts[0]
+		}
+		if id, err := strconv.Atoi(getenv("SLURM_NODEID")); err == nil && id >= 0 && id < len(counts) {
+			return counts[id]
+		}
+	}
+	if n, err := strconv.Atoi(getenv("SLURM_NTASKS_PER_NODE")); err == nil && n > 0 {
+		return n
+	}
+	return 0
+}
+
 // rootAddrFromEnv finds rank 0's store address (see InitFromEnv).
-func rootAddrFromEnv(getenv func(string) string, launcher string) (string, error) {
+func rootAddrFromEnv(getenv func(string) string, le launchEnv) (string, error) {
+	launcher := le.launcher
 	if a := getenv("HCOMM_MASTER_ADDR"); a != "" {
 		return checkHostPort("HCOMM_MASTER_ADDR", a)
 	}
@@ -182,6 +325,9 @@ func rootAddrFromEnv(getenv func(string) string, launcher string) (string, error
 			return "", fmt.Errorf("%v: set MASTER_ADDR (or HCOMM_MASTER_ADDR=host:port)", err)
 		}
 		host = h
+	}
+	if host == "" && launcher == "mpirun" && le.localSize == le.size {
+		host = "127.0.0.1" // every rank runs on this host
 	}
 	if host == "" {
 		return "", fmt.Errorf("%s gives no address for rank 0's bootstrap store: set MASTER_ADDR (and MASTER_PORT), or HCOMM_MASTER_ADDR=host:port", launcher)

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/hcomm-dev/hcomm/channel/inproc"
@@ -26,8 +27,12 @@ import (
 //  1. Rank 0 serves the bootstrap store (a small TCP key/value store,
 //     internal/bootstrap) at that address; every rank, rank 0 included,
 //     connects to it, proves it knows the secret (HMAC challenge-response;
-//     the secret never crosses the wire), claims its rank and publishes where
-//     it runs (host id, process, address).
+//     the secret never crosses the wire), claims its rank of a job of n
+//     ranks, and publishes where it runs (host id, process, address). The
+//     store checks the claims as they come: a rank count other than rank 0's
+//     or a rank two processes claim fails every rank at once, naming them;
+//     once all n have joined, a newcomer (another job on the port) is
+//     refused alone.
 //  2. Rank 0 gathers the n descriptions and publishes the list; every rank
 //     checks it (same rank count, no rank claimed twice).
 //  3. Channels are then set up pairwise through the store (ChannelAcquire):
@@ -246,13 +251,14 @@ func resolveAll(cfg *Config) (Config, error) {
 }
 
 // bootLogger is where the bootstrap logs refused connections: the
-// communicator's logger, else slog's default — a stranger knocking is worth a
-// warning even when HCOMM_DEBUG is off.
+// communicator's logger (Config.Logger, else HCOMM_DEBUG's); with neither,
+// nothing — a library that writes to slog's default logger unasked lands its
+// lines in the middle of its program's output (a benchmark's table).
 func (c Config) bootLogger() *slog.Logger {
 	if c.logger != nil {
 		return c.logger
 	}
-	return slog.Default()
+	return slog.New(slog.DiscardHandler)
 }
 
 // join runs the rendezvous, bounded by ctx and c.ConnectTimeout, and makes
@@ -278,15 +284,23 @@ func join(ctx context.Context, op string, c Config, js joinSpec) (*Comm, error) 
 	if js.rank == 0 {
 		if srv = claimRoot(js.secret); srv == nil {
 			srv, err = bootstrap.Listen(js.listen, js.secret, bootstrap.ServerOptions{Logger: c.bootLogger(), OnLost: publishLoss, IdleTimeout: c.livenessTimeout()})
+			if errors.Is(err, syscall.EADDRINUSE) {
+				return fail(ErrTCPConnect, err, "rank 0 starting the bootstrap store: address %s in use: another job on this port (MASTER_PORT)?", js.listen)
+			}
 			if err != nil {
 				return fail(ErrTCPConnect, err, "rank 0 starting the bootstrap store")
 			}
 		}
+		srv.Expect(js.nRanks) // a rank that claims another count, or a taken rank, fails the job at once
 	}
-	cli, err := bootstrap.Dial(ctx, js.addr, js.secret, js.rank)
+	cli, err := bootstrap.Dial(ctx, js.addr, js.secret, bootstrap.Claim{Rank: js.rank, NRanks: js.nRanks})
 	if err != nil {
-		if srv != nil {
-			srv.Close()
+		closeStore(srv, c.ConnectTimeout)
+		switch {
+		case errors.Is(err, bootstrap.ErrJobFailed):
+			return fail(ErrPara, err, "")
+		case errors.Is(err, bootstrap.ErrAuth):
+			return fail(ErrTCPConnect, err, "")
 		}
 		code, err := ended(ctx, ErrTCPConnect, err)
 		return fail(code, err, "joining the bootstrap within HCCL_CONNECT_TIMEOUT %v", c.ConnectTimeout)
@@ -301,8 +315,13 @@ func join(ctx context.Context, op string, c Config, js joinSpec) (*Comm, error) 
 	}
 	peers, code, err := rendezvous(ctx, cli, js, ifc)
 	if err != nil {
-		release()
-		code, err = ended(ctx, code, err)
+		cli.Close()
+		closeStore(srv, c.ConnectTimeout)
+		if errors.Is(err, bootstrap.ErrJobFailed) {
+			code = ErrPara // another rank's claim did not fit: the store says which
+		} else {
+			code, err = ended(ctx, code, err)
+		}
 		return fail(code, err, "")
 	}
 	boot := &bootState{store: bootstrap.Prefix(cli, "c"), client: cli, peers: peers, fabric: inproc.Default, iface: ifc,
@@ -317,6 +336,27 @@ func join(ctx context.Context, op string, c Config, js joinSpec) (*Comm, error) 
 	}
 	cm.watch()
 	return cm, nil
+}
+
+// failLinger bounds how long the store of a job whose rendezvous failed
+// outlives rank 0's init call, so that ranks that dial late learn why.
+const failLinger = 3 * time.Second
+
+// closeStore closes rank 0's store (srv; nil: none) after a failed
+// rendezvous: at once, unless the store failed the job (a rank that did not
+// fit) — then it keeps refusing late ranks with the reason for failLinger
+// (at most timeout) before it closes by itself, rather than leave them to
+// wait out HCCL_CONNECT_TIMEOUT for a store that is gone. (The process's
+// exit ends it sooner; a launcher stops the late ranks then.)
+func closeStore(srv *bootstrap.Server, timeout time.Duration) {
+	if srv == nil {
+		return
+	}
+	if srv.Failed() == "" {
+		srv.Close()
+		return
+	}
+	time.AfterFunc(min(failLinger, timeout), func() { srv.Close() })
 }
 
 // peerList is what rank 0 publishes: every rank's description, or why the

@@ -184,7 +184,7 @@ func TestWrongSecretStrangerRefused(t *testing.T) {
 	wrong[15] ^= 0x80
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if c, err := bootstrap.Dial(ctx, root.Addr, bootstrap.Secret(wrong), 1); !errors.Is(err, bootstrap.ErrAuth) {
+	if c, err := bootstrap.Dial(ctx, root.Addr, bootstrap.Secret(wrong), bootstrap.Claim{Rank: 1, NRanks: 2}); !errors.Is(err, bootstrap.ErrAuth) {
 		if c != nil {
 			c.Close()
 		}

@@ -65,8 +65,8 @@ func loggerFromEnv() (*slog.Logger, error) {
 	return envLogger, envLoggerErr
 }
 
-// resolveObs fills the resolved logger and metrics of c: Config.Logger wins
-// over HCOMM_DEBUG; Config.Metrics (nil = none) gets hcomm's collectors.
+// resolveObs fills the resolved logger of c: Config.Logger wins over
+// HCOMM_DEBUG. (The metrics are a rank's: withMetrics.)
 func (c Config) resolveObs() (Config, error) {
 	c.logger = c.Logger
 	if c.logger == nil {
@@ -76,12 +76,33 @@ func (c Config) resolveObs() (Config, error) {
 		}
 		c.logger = l
 	}
-	m, err := metrics.New(c.Metrics)
+	return c, nil
+}
+
+// withMetrics fills the resolved metrics of rank's communicator: hcomm's
+// collectors on Config.Metrics (nil = none), labelled with the rank, with
+// errors_total's series for the codes a data-plane task fails with at zero
+// from the start. A sub-communicator (parent not nil) on its parent's
+// registry reports with its parent's, under the parent's rank: the series
+// stay one per process's rank.
+func (c Config) withMetrics(rank int, parent *Comm) (Config, error) {
+	if parent != nil && c.Metrics == parent.cfg.Metrics {
+		c.metrics = parent.cfg.metrics
+		return c, nil
+	}
+	m, err := metrics.New(c.Metrics, rank, taskErrorCodes()...)
 	if err != nil {
 		return c, fmt.Errorf("Config.Metrics: %w", err)
 	}
 	c.metrics = m
 	return c, nil
+}
+
+// taskErrorCodes are the errors_total labels of the codes a data-plane task
+// fails with (taskFailed: a device error's code, a lost peer's).
+func taskErrorCodes() []string {
+	return []string{resultLabel(ErrTimeout), resultLabel(ErrRemote), resultLabel(ErrUnavail),
+		resultLabel(ErrPara), resultLabel(ErrPtr), resultLabel(ErrRuntime)}
 }
 
 // logEnabled reports whether the communicator logs at lvl.

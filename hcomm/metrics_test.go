@@ -69,8 +69,8 @@ func TestMetricsDataPlane(t *testing.T) {
 	want := strings.NewReader(`
 # HELP hcomm_transport_bytes_total Bytes moved by one-sided writes and reads (write-reduce and read-reduce included), by transport and direction.
 # TYPE hcomm_transport_bytes_total counter
-hcomm_transport_bytes_total{direction="read",transport="` + tr + `"} 1234
-hcomm_transport_bytes_total{direction="write",transport="` + tr + `"} 3000
+hcomm_transport_bytes_total{direction="read",rank="0",transport="` + tr + `"} 1234
+hcomm_transport_bytes_total{direction="write",rank="0",transport="` + tr + `"} 3000
 `)
 	if err := testutil.GatherAndCompare(reg, want, "hcomm_transport_bytes_total"); err != nil {
 		t.Error(err)

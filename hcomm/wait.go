@@ -121,21 +121,22 @@ func (c *Comm) setProgress(where string) {
 	c.boot.store.Set(ctx, progressKey(c.rank), []byte(where))
 }
 
-// whereAreThey reads every peer's published position (briefly: a peer
-// without an entry is not waiting in hcomm) and describes them.
+// whereAreThey reads every peer's published position (without waiting: a
+// peer without an entry is not waiting in hcomm, and a wait that timed out
+// returns on time) and describes them.
 func (c *Comm) whereAreThey() string {
 	if c.boot == nil || c.boot.store == nil || c.size < 2 {
 		return ""
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond) // round trips to rank 0's store
 	defer cancel()
 	var parts []string
 	for p := 0; p < c.size; p++ {
 		if p == c.rank {
 			continue
 		}
-		v, err := c.boot.store.Get(ctx, progressKey(p))
-		if err != nil || len(v) == 0 {
+		v, ok, err := c.boot.store.TryGet(ctx, progressKey(p))
+		if err != nil || !ok || len(v) == 0 {
 			parts = append(parts, fmt.Sprintf("rank %d reports no wait (busy outside hcomm, not calling this collective, or lost)", p))
 			continue
 		}

@@ -238,7 +238,7 @@ func (d *Dialer) acceptLoop() {
 		}
 		if len(d.inflight) >= maxHandshakes {
 			d.mu.Unlock()
-			d.log.Warn("tcp: refused connection: too many handshakes in progress", "remote", c.RemoteAddr().String(), "limit", maxHandshakes)
+			d.log.Warn("tcp: refused connection: too many handshakes in progress", "listener", d.ln.Addr().String(), "remote", c.RemoteAddr().String(), "limit", maxHandshakes)
 			c.Close()
 			continue
 		}
@@ -258,7 +258,7 @@ func (d *Dialer) handshake(c net.Conn) {
 	delete(d.inflight, c)
 	d.mu.Unlock()
 	if err != nil {
-		d.log.Warn("tcp: refused connection", "remote", c.RemoteAddr().String(), "err", err)
+		d.log.Warn("tcp: refused connection", "listener", d.ln.Addr().String(), "remote", c.RemoteAddr().String(), "err", err)
 		c.Close()
 	}
 }

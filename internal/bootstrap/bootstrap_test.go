@@ -73,7 +73,7 @@ func stores(t *testing.T, f func(t *testing.T, get func(rank int) Store)) {
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
-			c, err := Dial(ctx, srv.Addr().String(), sec, rank)
+			c, err := Dial(ctx, srv.Addr().String(), sec, Claim{Rank: rank, NRanks: 16})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -194,14 +194,14 @@ func TestWrongSecretRefused(t *testing.T) {
 	srv, logs := newServer(t, sec)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	good, err := Dial(ctx, srv.Addr().String(), sec, 0)
+	good, err := Dial(ctx, srv.Addr().String(), sec, Claim{Rank: 0, NRanks: 16})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer good.Close()
 	wrong := sec
 	wrong[0] ^= 1
-	if c, err := Dial(ctx, srv.Addr().String(), wrong, 7); !errors.Is(err, ErrAuth) {
+	if c, err := Dial(ctx, srv.Addr().String(), wrong, Claim{Rank: 7, NRanks: 16}); !errors.Is(err, ErrAuth) {
 		if c != nil {
 			c.Close()
 		}
@@ -238,7 +238,7 @@ func TestWrongSecretRefused(t *testing.T) {
 	}
 	// A server that does not know the secret cannot fool a client either.
 	fake, _ := newServer(t, wrong)
-	if c, err := Dial(ctx, fake.Addr().String(), sec, 1); !errors.Is(err, ErrAuth) {
+	if c, err := Dial(ctx, fake.Addr().String(), sec, Claim{Rank: 1, NRanks: 16}); !errors.Is(err, ErrAuth) {
 		if c != nil {
 			c.Close()
 		}
@@ -263,7 +263,7 @@ func TestDialRetriesUntilServerUp(t *testing.T) {
 	}
 	done := make(chan res, 1)
 	go func() {
-		c, err := Dial(ctx, addr, sec, 1)
+		c, err := Dial(ctx, addr, sec, Claim{Rank: 1, NRanks: 16})
 		done <- res{c, err}
 	}()
 	time.Sleep(150 * time.Millisecond)
@@ -282,7 +282,7 @@ func TestDialRetriesUntilServerUp(t *testing.T) {
 	short, c2 := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer c2()
 	srv.Close()
-	if _, err := Dial(short, addr, sec, 3); err == nil || !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), addr) {
+	if _, err := Dial(short, addr, sec, Claim{Rank: 3, NRanks: 16}); err == nil || !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), addr) {
 		t.Fatalf("Dial with no server = %v", err)
 	}
 }
@@ -294,11 +294,11 @@ func TestCloseUnblocks(t *testing.T) {
 	srv, _ := newServer(t, sec)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	c1, err := Dial(ctx, srv.Addr().String(), sec, 1)
+	c1, err := Dial(ctx, srv.Addr().String(), sec, Claim{Rank: 1, NRanks: 16})
 	if err != nil {
 		t.Fatal(err)
 	}
-	c2, err := Dial(ctx, srv.Addr().String(), sec, 2)
+	c2, err := Dial(ctx, srv.Addr().String(), sec, Claim{Rank: 2, NRanks: 16})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -423,7 +423,7 @@ func TestOnLost(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	dial := func(r int) *Client {
-		c, err := Dial(ctx, srv.Addr().String(), sec, r)
+		c, err := Dial(ctx, srv.Addr().String(), sec, Claim{Rank: r, NRanks: 16})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -472,13 +472,13 @@ func TestIdleTimeout(t *testing.T) {
 	defer srv.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	alive, err := Dial(ctx, srv.Addr().String(), sec, 1)
+	alive, err := Dial(ctx, srv.Addr().String(), sec, Claim{Rank: 1, NRanks: 16})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer alive.Close()
 	alive.KeepAlive(50 * time.Millisecond)
-	quiet, err := Dial(ctx, srv.Addr().String(), sec, 2)
+	quiet, err := Dial(ctx, srv.Addr().String(), sec, Claim{Rank: 2, NRanks: 16})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -509,7 +509,7 @@ func TestClientLost(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	srv, _ := newServer(t, sec)
-	c, err := Dial(ctx, srv.Addr().String(), sec, 1)
+	c, err := Dial(ctx, srv.Addr().String(), sec, Claim{Rank: 1, NRanks: 16})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -521,7 +521,7 @@ func TestClientLost(t *testing.T) {
 	}
 
 	srv2, _ := newServer(t, sec)
-	c2, err := Dial(ctx, srv2.Addr().String(), sec, 1)
+	c2, err := Dial(ctx, srv2.Addr().String(), sec, Claim{Rank: 1, NRanks: 16})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -535,7 +535,7 @@ func TestClientLost(t *testing.T) {
 	if !c2.Lost() {
 		t.Fatal("a cut connection did not count as a loss")
 	}
-	c3, err := Dial(ctx, srv2.Addr().String(), sec, 2)
+	c3, err := Dial(ctx, srv2.Addr().String(), sec, Claim{Rank: 2, NRanks: 16})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"sync"
 	"syscall"
 	"time"
@@ -21,7 +22,7 @@ import (
 type Client struct {
 	conn net.Conn
 	addr string
-	rank int32
+	rank int
 
 	wmu     sync.Mutex
 	mu      sync.Mutex
@@ -41,11 +42,24 @@ type result struct {
 	body []byte
 }
 
-// Dial connects rank to the store at addr and proves it knows secret. While
-// the store is not up yet (connection refused, unreachable, reset) it retries
-// with backoff until ctx ends — ranks start in any order. A refused proof is
-// not retried: the error wraps ErrAuth.
-func Dial(ctx context.Context, addr string, secret Secret, rank int) (*Client, error) {
+// Dial connects a rank to the store at addr, proves it knows secret and
+// claims its rank of a job of claim.NRanks ranks (claim.PID and claim.Host
+// default to this process's). While the store is not up yet (connection
+// refused, unreachable, reset) it retries with backoff until ctx ends — ranks
+// start in any order. A refused proof is not retried: the error wraps ErrAuth
+// (the store serves another communicator); nor is a claim the store's job
+// refuses: the error wraps ErrJobFailed and says why.
+func Dial(ctx context.Context, addr string, secret Secret, claim Claim) (*Client, error) {
+	if claim.PID == 0 {
+		claim.PID = os.Getpid()
+	}
+	if claim.Host == "" {
+		claim.Host, _ = os.Hostname()
+	}
+	if len(claim.Host) > 255 {
+		claim.Host = claim.Host[:255]
+	}
+	rank := claim.Rank
 	backoff := 10 * time.Millisecond
 	var last error
 	for attempt := 0; ; attempt++ {
@@ -53,12 +67,12 @@ func Dial(ctx context.Context, addr string, secret Secret, rank int) (*Client, e
 		conn, err := d.DialContext(ctx, "tcp", addr)
 		if err == nil {
 			var c *Client
-			c, err = handshake(ctx, conn, addr, secret, int32(rank))
+			c, err = handshake(ctx, conn, addr, secret, claim)
 			if err == nil {
 				return c, nil
 			}
 			conn.Close()
-			if errors.Is(err, ErrAuth) {
+			if errors.Is(err, ErrAuth) || errors.Is(err, ErrJobFailed) {
 				return nil, err
 			}
 		}
@@ -99,7 +113,7 @@ func retryable(err error) bool {
 	return errors.As(err, &ne) && ne.Timeout()
 }
 
-func handshake(ctx context.Context, conn net.Conn, addr string, secret Secret, rank int32) (*Client, error) {
+func handshake(ctx context.Context, conn net.Conn, addr string, secret Secret, claim Claim) (*Client, error) {
 	if dl, ok := ctx.Deadline(); ok {
 		conn.SetDeadline(dl)
 	}
@@ -117,12 +131,14 @@ func handshake(ctx context.Context, conn net.Conn, addr string, secret Secret, r
 	if _, err := rand.Read(cNonce); err != nil {
 		return nil, err
 	}
-	msg := make([]byte, 0, clientHello)
+	cb := claimBytes(claim)
+	msg := make([]byte, 0, clientHello+len(claim.Host))
 	msg = append(msg, magicClient[:]...)
 	msg = append(msg, version)
-	msg = binary.BigEndian.AppendUint32(msg, uint32(rank))
+	msg = append(msg, cb[:13]...)
 	msg = append(msg, cNonce...)
-	msg = append(msg, clientMAC(secret, sNonce, cNonce, rank)...)
+	msg = append(msg, clientMAC(secret, sNonce, cNonce, cb)...)
+	msg = append(msg, claim.Host...)
 	if _, err := conn.Write(msg); err != nil {
 		return nil, fmt.Errorf("bootstrap: answering the challenge of the store at %s: %w", addr, err)
 	}
@@ -130,17 +146,31 @@ func handshake(ctx context.Context, conn net.Conn, addr string, secret Secret, r
 	if _, err := io.ReadFull(conn, verdict); err != nil {
 		return nil, fmt.Errorf("bootstrap: reading the verdict of the store at %s: %w", addr, err)
 	}
-	if verdict[0] != 1 {
-		return nil, fmt.Errorf("bootstrap: the store at %s refused rank %d's proof of the secret (wrong root info or HCOMM_SECRET?): %w", addr, rank, ErrAuth)
+	reason := make([]byte, binary.BigEndian.Uint16(verdict[1+macLen:]))
+	if len(reason) > maxReason {
+		return nil, fmt.Errorf("bootstrap: the store at %s sent a reason of %d bytes", addr, len(reason))
 	}
-	if !hmac.Equal(verdict[1:], serverMAC(secret, sNonce, cNonce, rank)) {
-		return nil, fmt.Errorf("bootstrap: the store at %s could not prove it knows the secret: %w", addr, ErrAuth)
+	if _, err := io.ReadFull(conn, reason); err != nil {
+		return nil, fmt.Errorf("bootstrap: reading the verdict of the store at %s: %w", addr, err)
+	}
+	mac := verdict[1 : 1+macLen]
+	switch verdict[0] {
+	case verdictAdmitted, verdictJob:
+		if !hmac.Equal(mac, serverMAC(secret, sNonce, cNonce, cb, verdict[0], string(reason))) {
+			return nil, fmt.Errorf("bootstrap: the store at %s could not prove it knows the secret: %w", addr, ErrAuth)
+		}
+	default:
+		return nil, fmt.Errorf("bootstrap: the store at %s refused rank %d's proof of the secret — it serves another communicator: "+
+			"another job on this port (MASTER_PORT), or a wrong root info or HCOMM_SECRET: %w", addr, claim.Rank, ErrAuth)
+	}
+	if verdict[0] == verdictJob {
+		return nil, fmt.Errorf("bootstrap: the store at %s refused %s: %s: %w", addr, claim, reason, ErrJobFailed)
 	}
 	if !stop() || ctx.Err() != nil {
 		return nil, fmt.Errorf("bootstrap: handshake with the store at %s: %w", addr, context.Cause(ctx))
 	}
 	conn.SetDeadline(time.Time{})
-	c := &Client{conn: conn, addr: addr, rank: rank, pending: make(map[uint64]chan result), done: make(chan struct{}), closing: make(chan struct{})}
+	c := &Client{conn: conn, addr: addr, rank: claim.Rank, pending: make(map[uint64]chan result), done: make(chan struct{}), closing: make(chan struct{})}
 	c.wg.Add(1)
 	go c.read()
 	return c, nil
@@ -161,6 +191,14 @@ func (c *Client) read() {
 			c.byeSeen = true
 			c.mu.Unlock()
 			continue
+		}
+		if h.op() == opAbort {
+			c.mu.Lock()
+			if c.err == nil {
+				c.err = fmt.Errorf("bootstrap: the store at %s failed the job's rendezvous: %s: %w", c.addr, body, ErrJobFailed)
+			}
+			c.mu.Unlock()
+			break
 		}
 		if h.op() != opOK && h.op() != opErr {
 			err = fmt.Errorf("unknown reply op %#x", h.op())
@@ -208,6 +246,11 @@ func (c *Client) call(ctx context.Context, op byte, body ...[]byte) ([]byte, err
 	dl, _ := ctx.Deadline()
 	if err := c.send(dl, frame(op, id, body...)); err != nil {
 		forget()
+		c.mu.Lock()
+		if c.err != nil { // the connection ended first (an ABORT, Close): say why
+			err = c.err
+		}
+		c.mu.Unlock()
 		return nil, err
 	}
 	select {
@@ -262,6 +305,24 @@ func (c *Client) Get(ctx context.Context, key string) ([]byte, error) {
 		return nil, fmt.Errorf("bootstrap: waiting for key %q: %w", key, ctx.Err())
 	}
 	return v, err
+}
+
+// TryGet implements Store.
+func (c *Client) TryGet(ctx context.Context, key string) ([]byte, bool, error) {
+	if err := checkKV(key, nil); err != nil {
+		return nil, false, err
+	}
+	v, err := c.call(ctx, opTryGet, []byte(key))
+	if err != nil {
+		return nil, false, err
+	}
+	if len(v) == 0 || v[0] > 1 {
+		return nil, false, fmt.Errorf("bootstrap: store at %s answered try-get with a malformed reply", c.addr)
+	}
+	if v[0] == 0 {
+		return nil, false, nil
+	}
+	return v[1:], true, nil
 }
 
 // Add implements Store.

@@ -9,8 +9,10 @@
 // Every TCP store connection proves, before its first request, that it knows
 // the communicator's 128-bit secret (an HMAC-SHA256 challenge-response in both
 // directions; the secret never crosses the wire). A connection that fails the
-// proof is refused, logged, and has no effect on the store. The wire format is
-// in spec.md.
+// proof is refused, logged, and has no effect on the store. It also claims a
+// rank of a job of some rank count: the server checks the claims as one job
+// (Server.Expect) and fails the whole rendezvous at once, with the reason,
+// when they do not fit (ErrJobFailed). The wire format is in spec.md.
 package bootstrap
 
 import (
@@ -30,6 +32,9 @@ type Store interface {
 	// Get returns the value under key, waiting until some rank sets it or ctx
 	// ends (the error then wraps ctx.Err()).
 	Get(ctx context.Context, key string) ([]byte, error)
+	// TryGet is Get's twin that does not wait: it returns the value under
+	// key and true, or false when no rank has set it (yet).
+	TryGet(ctx context.Context, key string) ([]byte, bool, error)
 	// Add adds delta to the counter named key and returns the new value.
 	// Counters are a namespace apart from Set's keys; a new counter is 0.
 	Add(ctx context.Context, key string, delta int64) (int64, error)
@@ -119,6 +124,17 @@ func (s *kv) get(done, done2 <-chan struct{}, key string) ([]byte, bool, error) 
 	}
 }
 
+// lookup returns the value under key without waiting.
+func (s *kv) lookup(key string) ([]byte, bool, error) {
+	if err := checkKV(key, nil); err != nil {
+		return nil, false, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	v, ok := s.vals[key]
+	return v, ok, nil
+}
+
 func (s *kv) add(key string, delta int64) (int64, error) {
 	if err := checkKV(key, nil); err != nil {
 		return 0, err
@@ -180,6 +196,18 @@ func (m *MemStore) Get(ctx context.Context, key string) ([]byte, error) {
 	return append([]byte{}, v...), nil
 }
 
+// TryGet implements Store.
+func (m *MemStore) TryGet(_ context.Context, key string) ([]byte, bool, error) {
+	if m.s.isClosed() {
+		return nil, false, ErrClosed
+	}
+	v, ok, err := m.s.lookup(key)
+	if !ok || err != nil {
+		return nil, false, err
+	}
+	return append([]byte{}, v...), true, nil
+}
+
 // Add implements Store.
 func (m *MemStore) Add(_ context.Context, key string, delta int64) (int64, error) {
 	if m.s.isClosed() {
@@ -222,6 +250,10 @@ func (p *prefixStore) Set(ctx context.Context, key string, value []byte) error {
 
 func (p *prefixStore) Get(ctx context.Context, key string) ([]byte, error) {
 	return p.s.Get(ctx, p.prefix+key)
+}
+
+func (p *prefixStore) TryGet(ctx context.Context, key string) ([]byte, bool, error) {
+	return p.s.TryGet(ctx, p.prefix+key)
 }
 
 func (p *prefixStore) Add(ctx context.Context, key string, delta int64) (int64, error) {

@@ -42,17 +42,26 @@ func DeriveSecret(s string) Secret {
 func (s Secret) String() string { return hex.EncodeToString(s[:]) }
 
 // ErrAuth is wrapped by Dial's error when the server refused this client's
-// proof of the secret, or the server could not prove it knows the secret.
+// proof of the secret (the store serves another communicator), or the server
+// could not prove it knows the secret.
 var ErrAuth = errors.New("bootstrap: secret proof refused")
+
+// ErrJobFailed is wrapped by the errors of a client whose store refused the
+// ranks it serves as one job: this client's claim did not fit the job (a rank
+// count that differs, a rank another process holds), or another rank's claim
+// made the rendezvous fail for every rank (the reason says which). Dial does
+// not retry it.
+var ErrJobFailed = errors.New("bootstrap: the job's ranks do not fit together")
 
 // Wire constants (spec.md).
 const (
-	version       = 1
+	version       = 2
 	nonceLen      = 32
 	macLen        = sha256.Size
 	serverHello   = 4 + 1 + nonceLen
-	clientHello   = 4 + 1 + 4 + nonceLen + macLen
-	serverVerdict = 1 + macLen
+	clientHello   = 4 + 1 + 4 + 4 + 4 + 1 + nonceLen + macLen // then the host name
+	serverVerdict = 1 + macLen + 2                            // then the reason
+	maxReason     = 1 << 10
 	headerLen     = 4 + 1 + 8
 	maxBody       = MaxKeyLen + MaxValueLen + 16
 
@@ -63,8 +72,14 @@ const (
 	opCancel = 5
 	opBye    = 6
 	opPing   = 7
+	opTryGet = 8
+	opAbort  = 9
 	opOK     = 0x81
 	opErr    = 0x82
+
+	verdictRefused  = 0 // the proof of the secret failed
+	verdictAdmitted = 1
+	verdictJob      = 2 // the proof holds, the claim does not fit the job
 )
 
 var (
@@ -72,22 +87,67 @@ var (
 	magicClient = [4]byte{'H', 'C', 'B', 'C'}
 )
 
-func clientMAC(s Secret, sNonce, cNonce []byte, rank int32) []byte {
+// Claim is what a connecting client says of itself: its rank, the rank
+// count of its job, and where it runs (for the messages that name two
+// processes claiming one rank).
+type Claim struct {
+	Rank, NRanks int
+	PID          int    // 0: this process's
+	Host         string // "": this host's name; at most 255 bytes are sent
+}
+
+func (c Claim) String() string {
+	return fmt.Sprintf("rank %d (pid %d on %s)", c.Rank, c.PID, c.Host)
+}
+
+// claimBytes is the claim as the MACs cover it: rank, nranks, pid, host
+// length, host.
+func claimBytes(c Claim) []byte {
+	b := binary.BigEndian.AppendUint32(nil, uint32(int32(c.Rank)))
+	b = binary.BigEndian.AppendUint32(b, uint32(int32(c.NRanks)))
+	b = binary.BigEndian.AppendUint32(b, uint32(c.PID))
+	b = append(b, byte(len(c.Host)))
+	return append(b, c.Host...)
+}
+
+func clientMAC(s Secret, sNonce, cNonce []byte, claim []byte) []byte {
 	m := hmac.New(sha256.New, s[:])
 	m.Write([]byte("hcomm/bootstrap/client\x00"))
 	m.Write(sNonce)
 	m.Write(cNonce)
-	binary.Write(m, binary.BigEndian, rank)
+	m.Write(claim)
 	return m.Sum(nil)
 }
 
-func serverMAC(s Secret, sNonce, cNonce []byte, rank int32) []byte {
+func serverMAC(s Secret, sNonce, cNonce []byte, claim []byte, verdict byte, reason string) []byte {
 	m := hmac.New(sha256.New, s[:])
 	m.Write([]byte("hcomm/bootstrap/server\x00"))
 	m.Write(cNonce)
 	m.Write(sNonce)
-	binary.Write(m, binary.BigEndian, rank)
+	m.Write(claim)
+	m.Write([]byte{verdict})
+	m.Write([]byte(reason))
 	return m.Sum(nil)
+}
+
+// clipReason cuts a verdict's reason to what the wire carries (before the
+// MAC covers it).
+func clipReason(r string) string {
+	if len(r) > maxReason {
+		return r[:maxReason]
+	}
+	return r
+}
+
+// verdictBytes is the server's answer to a hello (spec.md); reason is
+// clipped.
+func verdictBytes(verdict byte, mac []byte, reason string) []byte {
+	b := append([]byte{verdict}, mac...)
+	if len(mac) == 0 {
+		b = append(b, make([]byte, macLen)...)
+	}
+	b = binary.BigEndian.AppendUint16(b, uint16(len(reason)))
+	return append(b, reason...)
 }
 
 // header is a frame header: body length, op, request id (spec.md).
@@ -158,7 +218,7 @@ func decodeAdd(body []byte) (string, int64, error) {
 // ServerOptions tune a Server. The zero value is usable.
 type ServerOptions struct {
 	// Logger receives refused connections (Warn) and protocol errors; nil
-	// means slog.Default().
+	// means none (a library does not write to slog's default logger unasked).
 	Logger *slog.Logger
 	// HandshakeTimeout bounds a new connection's proof of the secret
 	// (default 10 s): a connection that says nothing is closed after it.
@@ -188,12 +248,28 @@ type Server struct {
 	pending chan struct{}
 	refused atomic.Int64
 
-	mu     sync.Mutex
-	conns  map[net.Conn]*srvConn
-	closed bool
-	wg     sync.WaitGroup
-	once   sync.Once
+	mu       sync.Mutex
+	conns    map[net.Conn]*srvConn
+	closed   bool
+	members  map[int]*member // admitted live connections by rank; guarded by mu
+	nranks   int             // the job's rank count, 0 until Expect; guarded by mu
+	complete bool            // every rank of the job has joined; guarded by mu
+	failed   string          // why the job's rendezvous failed; guarded by mu
+	wg       sync.WaitGroup
+	once     sync.Once
 }
+
+// member is an admitted rank's claim and connection.
+type member struct {
+	Claim
+	sc   *srvConn
+	gone chan struct{} // closed when the connection has left
+}
+
+// rejoinGrace is how long a claim of a rank whose holder is leaving (its
+// client closed and dials again: the server may not have seen the end yet)
+// waits for it before it counts as a second process claiming the rank.
+const rejoinGrace = 200 * time.Millisecond
 
 // Listen starts a store on addr ("host:port"; port 0 picks one) that admits
 // the connections proving they know secret.
@@ -208,7 +284,7 @@ func Listen(addr string, secret Secret, opts ServerOptions) (*Server, error) {
 // Serve is Listen over a listener the caller made; the Server owns ln.
 func Serve(ln net.Listener, secret Secret, opts ServerOptions) *Server {
 	if opts.Logger == nil {
-		opts.Logger = slog.Default()
+		opts.Logger = slog.New(slog.DiscardHandler)
 	}
 	if opts.HandshakeTimeout <= 0 {
 		opts.HandshakeTimeout = 10 * time.Second
@@ -217,7 +293,8 @@ func Serve(ln net.Listener, secret Secret, opts ServerOptions) *Server {
 		opts.MaxPending = 256
 	}
 	s := &Server{ln: ln, secret: secret, opts: opts, log: opts.Logger, store: newKV(),
-		pending: make(chan struct{}, opts.MaxPending), conns: make(map[net.Conn]*srvConn)}
+		pending: make(chan struct{}, opts.MaxPending), conns: make(map[net.Conn]*srvConn),
+		members: make(map[int]*member)}
 	s.wg.Add(1)
 	go s.accept()
 	return s
@@ -230,6 +307,93 @@ func (s *Server) Local() Store { return localStore{&MemStore{s: s.store}} }
 type localStore struct{ *MemStore }
 
 func (localStore) Close() error { return nil }
+
+// Expect tells the server the rank count of its job (rank 0 knows it): from
+// then on, and for the ranks admitted before, a claim of another rank count
+// fails the job. Until every rank has joined, a claim that does not fit —
+// another rank count, a rank another live process holds — makes the
+// rendezvous fail for every rank: the offender is refused and every admitted
+// client's calls fail with the reason (ErrJobFailed), so that nobody waits
+// out its timeout for a job that cannot form. Once every rank has joined, a
+// newcomer is refused alone (another job on the same port, say) and the job
+// goes on. Without Expect only claims of different rank counts and duplicate
+// ranks among live connections are caught. Safe for concurrent use.
+func (s *Server) Expect(nranks int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.nranks != 0 || nranks <= 0 {
+		return
+	}
+	s.nranks = nranks
+	for _, m := range s.members {
+		if m.NRanks != nranks || m.Rank >= nranks {
+			s.failLocked(fmt.Sprintf("%s joined a job of %d ranks; this job has %d (WORLD_SIZE, or InitRootInfo's nRanks, differs between ranks)", m.Claim, m.NRanks, nranks))
+			return
+		}
+	}
+	s.complete = len(s.members) == nranks
+}
+
+// admitLocked decides on the claim c of a connection that proved the secret:
+// "" admits it; otherwise the reason it is refused, and whether the job
+// fails with it. s.mu is held.
+func (s *Server) admitLocked(c Claim) (reason string, fatal bool) {
+	if s.failed != "" {
+		return "the job's rendezvous has failed: " + s.failed, false
+	}
+	held := s.members[c.Rank]
+	if s.complete {
+		if held != nil {
+			return fmt.Sprintf("%s claims a rank of a job of %d ranks, but all %d ranks of this store's job have joined and pid %d on %s holds rank %d: is another job using this port (MASTER_PORT), or was the rank launched twice?",
+				c, c.NRanks, s.nranks, held.PID, held.Host, c.Rank), false
+		}
+		return fmt.Sprintf("%s claims a rank of a job of %d ranks, but all %d ranks of this store's job have joined: is another job using this port (MASTER_PORT)?",
+			c, c.NRanks, s.nranks), false
+	}
+	if s.nranks > 0 && (c.NRanks != s.nranks || c.Rank >= s.nranks) {
+		return fmt.Sprintf("%s joined a job of %d ranks; this job has %d (WORLD_SIZE, or InitRootInfo's nRanks, differs between ranks)", c, c.NRanks, s.nranks), true
+	}
+	if s.nranks == 0 {
+		for _, m := range s.members {
+			if m.NRanks != c.NRanks {
+				return fmt.Sprintf("ranks disagree on the rank count: %s says %d ranks, %s says %d (WORLD_SIZE, or InitRootInfo's nRanks, differs between ranks)",
+					m.Claim, m.NRanks, c, c.NRanks), true
+			}
+		}
+	}
+	if held != nil {
+		return fmt.Sprintf("two processes claim rank %d (pid %d on %s, pid %d on %s): give each process its own rank",
+			c.Rank, held.PID, held.Host, c.PID, c.Host), true
+	}
+	return "", false
+}
+
+// failLocked records why the job failed and tells every admitted client.
+// s.mu is held.
+func (s *Server) failLocked(reason string) {
+	if s.failed != "" {
+		return
+	}
+	s.failed = reason
+	s.log.Warn("hcomm bootstrap: the job's rendezvous failed", "store", s.ln.Addr().String(), "reason", reason)
+	for c, sc := range s.conns {
+		sc.wmu.Lock()
+		if sc.admitted {
+			c.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
+			if _, err := c.Write(frame(opAbort, 0, []byte(reason))); err != nil {
+				c.Close()
+			}
+		}
+		sc.wmu.Unlock()
+	}
+}
+
+// Failed returns why the job's rendezvous failed ("" while it has not).
+func (s *Server) Failed() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.failed
+}
 
 // Addr returns the address the store listens on.
 func (s *Server) Addr() net.Addr { return s.ln.Addr() }
@@ -334,8 +498,9 @@ func (s *Server) refuse(c net.Conn, reason string, args ...any) {
 		append([]any{"store", s.ln.Addr().String(), "remote", c.RemoteAddr().String()}, args...)...)
 }
 
-// handshake runs the server's side of the proof; it returns the client's rank.
-func (s *Server) handshake(c net.Conn) (int32, bool) {
+// handshake runs the server's side of the proof and the job's check of the
+// claim; it returns the admitted client's claim.
+func (s *Server) handshake(c net.Conn, sc *srvConn) (Claim, bool) {
 	defer func() { <-s.pending }()
 	c.SetDeadline(time.Now().Add(s.opts.HandshakeTimeout))
 	defer c.SetDeadline(time.Time{})
@@ -345,48 +510,107 @@ func (s *Server) handshake(c net.Conn) (int32, bool) {
 	sNonce := make([]byte, nonceLen)
 	if _, err := rand.Read(sNonce); err != nil {
 		s.log.Error("hcomm bootstrap: random nonce", "err", err)
-		return 0, false
+		return Claim{}, false
 	}
 	hello = append(hello, sNonce...)
 	if _, err := c.Write(hello); err != nil {
 		s.refuse(c, "could not send the challenge", "err", err)
-		return 0, false
+		return Claim{}, false
 	}
 	ch := make([]byte, clientHello)
-	if _, err := io.ReadFull(c, ch); err != nil {
+	if _, err := io.ReadFull(c, ch[:5]); err != nil {
 		s.refuse(c, "no answer to the challenge", "err", err)
-		return 0, false
+		return Claim{}, false
 	}
 	if [4]byte(ch[0:4]) != magicClient || ch[4] != version {
 		s.refuse(c, "not an hcomm bootstrap client of this version", "hello", fmt.Sprintf("%x", ch[:5]))
-		return 0, false
+		if [4]byte(ch[0:4]) == magicClient {
+			c.Write(verdictBytes(verdictRefused, nil, fmt.Sprintf("the store speaks version %d of the bootstrap protocol, the client %d", version, ch[4])))
+		}
+		return Claim{}, false
 	}
-	rank := int32(binary.BigEndian.Uint32(ch[5:9]))
-	cNonce := ch[9 : 9+nonceLen]
-	mac := ch[9+nonceLen:]
-	if !hmac.Equal(mac, clientMAC(s.secret, sNonce, cNonce, rank)) {
-		s.refuse(c, "wrong secret (HMAC proof does not match)", "claimed_rank", rank)
-		c.Write(make([]byte, serverVerdict)) // verdict 0: refused
-		return 0, false
+	if _, err := io.ReadFull(c, ch[5:]); err != nil {
+		s.refuse(c, "no answer to the challenge", "err", err)
+		return Claim{}, false
 	}
-	verdict := append([]byte{1}, serverMAC(s.secret, sNonce, cNonce, rank)...)
-	if _, err := c.Write(verdict); err != nil {
-		return 0, false
+	host := make([]byte, ch[17])
+	if _, err := io.ReadFull(c, host); err != nil {
+		s.refuse(c, "no answer to the challenge", "err", err)
+		return Claim{}, false
 	}
-	return rank, true
+	cl := Claim{Rank: int(int32(binary.BigEndian.Uint32(ch[5:9]))), NRanks: int(int32(binary.BigEndian.Uint32(ch[9:13]))),
+		PID: int(binary.BigEndian.Uint32(ch[13:17])), Host: string(host)}
+	claim := ch[5 : 5+13]
+	claim = append(claim[:13:13], host...)
+	cNonce := ch[18 : 18+nonceLen]
+	mac := ch[18+nonceLen:]
+	if !hmac.Equal(mac, clientMAC(s.secret, sNonce, cNonce, claim)) {
+		s.refuse(c, "wrong secret (HMAC proof does not match)", "claimed_rank", cl.Rank, "pid", cl.PID, "host", cl.Host)
+		c.Write(verdictBytes(verdictRefused, nil, "this store serves another communicator"))
+		return Claim{}, false
+	}
+	if cl.Rank < 0 || cl.NRanks <= 0 || cl.Rank >= cl.NRanks {
+		reason := clipReason(fmt.Sprintf("%s of %d ranks is no rank", cl, cl.NRanks))
+		s.refuse(c, reason)
+		c.Write(verdictBytes(verdictJob, serverMAC(s.secret, sNonce, cNonce, claim, verdictJob, reason), reason))
+		return Claim{}, false
+	}
+	s.mu.Lock()
+	reason, fatal := s.admitLocked(cl)
+	if held := s.members[cl.Rank]; reason != "" && held != nil && !s.complete && s.failed == "" {
+		s.mu.Unlock()
+		select {
+		case <-held.gone:
+		case <-time.After(rejoinGrace):
+		}
+		s.mu.Lock()
+		reason, fatal = s.admitLocked(cl)
+	}
+	if reason == "" {
+		s.members[cl.Rank] = &member{Claim: cl, sc: sc, gone: make(chan struct{})}
+		s.complete = s.nranks > 0 && len(s.members) == s.nranks
+		sc.wmu.Lock()
+		sc.admitted = true
+		_, err := c.Write(verdictBytes(verdictAdmitted, serverMAC(s.secret, sNonce, cNonce, claim, verdictAdmitted, ""), ""))
+		sc.wmu.Unlock()
+		s.mu.Unlock()
+		if err != nil {
+			s.leave(cl.Rank, sc)
+			return Claim{}, false
+		}
+		return cl, true
+	}
+	if fatal {
+		s.failLocked(reason)
+	}
+	s.mu.Unlock()
+	s.refuse(c, reason)
+	reason = clipReason(reason)
+	c.Write(verdictBytes(verdictJob, serverMAC(s.secret, sNonce, cNonce, claim, verdictJob, reason), reason))
+	return Claim{}, false
+}
+
+// leave forgets rank's connection sc when it ends: a rank that joins again
+// (a retried dial) is no duplicate.
+func (s *Server) leave(rank int, sc *srvConn) {
+	s.mu.Lock()
+	if m := s.members[rank]; m != nil && m.sc == sc {
+		delete(s.members, rank)
+		close(m.gone)
+	}
+	s.mu.Unlock()
 }
 
 func (s *Server) serve(c net.Conn, sc *srvConn) {
 	defer s.wg.Done()
 	defer s.untrack(c)
-	rank, ok := s.handshake(c)
+	cl, ok := s.handshake(c, sc)
 	if !ok {
 		return
 	}
-	sc.wmu.Lock()
-	sc.admitted = true
-	sc.wmu.Unlock()
-	s.log.Debug("hcomm bootstrap: rank connected", "store", s.ln.Addr().String(), "rank", rank, "remote", c.RemoteAddr().String())
+	rank := cl.Rank
+	defer s.leave(rank, sc)
+	s.log.Debug("hcomm bootstrap: rank connected", "store", s.ln.Addr().String(), "rank", rank, "pid", cl.PID, "host", cl.Host, "remote", c.RemoteAddr().String())
 	var (
 		wmu     = &sc.wmu
 		reqs    sync.WaitGroup
@@ -400,10 +624,10 @@ func (s *Server) serve(c net.Conn, sc *srvConn) {
 		close(done)
 		c.Close() // unblocks writers
 		reqs.Wait()
-		if !bye && s.opts.OnLost != nil && !s.store.isClosed() {
+		if !bye && s.opts.OnLost != nil && !s.store.isClosed() && s.Failed() == "" {
 			s.log.Warn("hcomm bootstrap: rank lost: its connection ended without a goodbye",
 				"store", s.ln.Addr().String(), "rank", rank, "err", why)
-			s.opts.OnLost(s.Local(), int(rank), fmt.Sprintf("its bootstrap connection to rank 0 ended without a goodbye (%v)", why))
+			s.opts.OnLost(s.Local(), rank, fmt.Sprintf("its bootstrap connection to rank 0 ended without a goodbye (%v)", why))
 		}
 	}()
 	reply := func(id uint64, op byte, body []byte) {
@@ -484,6 +708,17 @@ func (s *Server) serve(c net.Conn, sc *srvConn) {
 				continue
 			}
 			reply(id, opOK, binary.BigEndian.AppendUint64(nil, uint64(v)))
+		case opTryGet:
+			v, ok, err := s.store.lookup(string(body))
+			if err != nil {
+				fail(id, err)
+				continue
+			}
+			if !ok {
+				reply(id, opOK, []byte{0})
+				continue
+			}
+			reply(id, opOK, append([]byte{1}, v...))
 		case opDel:
 			if err := s.store.del(string(body)); err != nil {
 				fail(id, err)
@@ -492,6 +727,7 @@ func (s *Server) serve(c net.Conn, sc *srvConn) {
 			reply(id, opOK, nil)
 		case opBye:
 			bye = true
+			s.leave(rank, sc) // before the connection ends: the rank may dial again at once
 		case opPing:
 		case opCancel:
 			cmu.Lock()

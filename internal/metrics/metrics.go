@@ -1,23 +1,29 @@
 // Package metrics holds hcomm's Prometheus collectors. A library takes a
 // prometheus.Registerer (nil = no metrics) and never registers globally: New
-// registers the collectors on the Registerer it is given, and a second New on
-// the same Registerer (another communicator of the same process) shares the
-// collectors already there.
+// registers the collectors of one rank on the Registerer it is given, and a
+// second New on the same Registerer for the same rank (another communicator
+// of the same process) shares the collectors already there.
 //
 // Series, every label from a small fixed set:
 //
-//	hcomm_transport_bytes_total{transport,direction}    counter   bytes moved by one-sided writes and reads
-//	hcomm_notify_wait_seconds{transport}                histogram channel notify waits, from start to signal
-//	hcomm_collective_duration_seconds{op,algorithm}     histogram a collective's time on its stream
-//	hcomm_errors_total{code}                            counter   failed data-plane tasks, by HcclResult name
+//	hcomm_transport_bytes_total{rank,transport,direction}  counter   bytes moved by one-sided writes and reads
+//	hcomm_notify_wait_seconds{rank,transport}              histogram channel notify waits, from start to signal
+//	hcomm_collective_duration_seconds{rank,op,algorithm}   histogram a collective's time on its stream
+//	hcomm_errors_total{rank,code}                          counter   failed data-plane tasks, by HcclResult name
 //
-// transport is inproc, shm, tcp or other; direction is write or read; op is
-// a collective's name in lower case; algorithm is the schedule's name; code is
-// an HcclResult name such as "timeout".
+// rank is the communicator's rank, a constant label of every series: the
+// ranks of one process share a registry, and the ranks of a job scraped by one
+// Prometheus are told apart without relabelling. transport is inproc, shm, tcp
+// or other; direction is write or read; op is a collective's name in lower
+// case; algorithm is the schedule's name; code is an HcclResult name such as
+// "timeout". hcomm_errors_total has its series for the codes New is given
+// from the start, at zero, so that a rate or an alert sees them before the
+// first failure.
 package metrics
 
 import (
 	"errors"
+	"strconv"
 	"strings"
 	"time"
 
@@ -42,12 +48,14 @@ type Set struct {
 // latencyBuckets span 1 µs to about a minute, ×4 apart.
 var latencyBuckets = prometheus.ExponentialBuckets(1e-6, 4, 14)
 
-// New registers hcomm's collectors on reg, or finds those a previous New put
-// there. A nil reg gives a nil Set.
-func New(reg prometheus.Registerer) (*Set, error) {
+// New registers the collectors of rank on reg, every series labelled with
+// rank, or finds those a previous New for the same rank put there; the
+// errors_total series of errorCodes start at zero. A nil reg gives a nil Set.
+func New(reg prometheus.Registerer, rank int, errorCodes ...string) (*Set, error) {
 	if reg == nil {
 		return nil, nil
 	}
+	reg = prometheus.WrapRegistererWith(prometheus.Labels{"rank": strconv.Itoa(rank)}, reg)
 	s := &Set{
 		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "hcomm", Name: "transport_bytes_total",
@@ -80,6 +88,9 @@ func New(reg prometheus.Registerer) (*Set, error) {
 	}
 	if s.errors, err = register(reg, s.errors); err != nil {
 		return nil, err
+	}
+	for _, code := range errorCodes {
+		s.errors.WithLabelValues(code)
 	}
 	return s, nil
 }

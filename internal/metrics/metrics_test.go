@@ -14,7 +14,7 @@ import (
 func TestMain(m *testing.M) { leakcheck.Main(m) }
 
 func TestNilSetRecordsNothing(t *testing.T) {
-	s, err := New(nil)
+	s, err := New(nil, 0)
 	if s != nil || err != nil {
 		t.Fatalf("New(nil) = %v, %v", s, err)
 	}
@@ -26,11 +26,11 @@ func TestNilSetRecordsNothing(t *testing.T) {
 
 func TestSharedAndLabelled(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	a, err := New(reg)
+	a, err := New(reg, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := New(reg) // a second communicator: the same collectors
+	b, err := New(reg, 0) // a second communicator of rank 0: the same collectors
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,8 +42,8 @@ func TestSharedAndLabelled(t *testing.T) {
 	want := `
 # HELP hcomm_transport_bytes_total Bytes moved by one-sided writes and reads (write-reduce and read-reduce included), by transport and direction.
 # TYPE hcomm_transport_bytes_total counter
-hcomm_transport_bytes_total{direction="read",transport="other"} 7
-hcomm_transport_bytes_total{direction="write",transport="inproc"} 123
+hcomm_transport_bytes_total{direction="read",rank="0",transport="other"} 7
+hcomm_transport_bytes_total{direction="write",rank="0",transport="inproc"} 123
 `
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "hcomm_transport_bytes_total"); err != nil {
 		t.Error(err)
@@ -60,7 +60,53 @@ hcomm_transport_bytes_total{direction="write",transport="inproc"} 123
 func TestConflictIsAnError(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(prometheus.NewCounter(prometheus.CounterOpts{Name: "hcomm_errors_total", Help: "not ours"}))
-	if _, err := New(reg); err == nil {
+	if _, err := New(reg, 0); err == nil {
 		t.Error("a conflicting hcomm_errors_total was accepted")
+	}
+}
+
+// Two ranks on one registry are told apart by their rank label, and the
+// error counters given to New exist from the start, at zero.
+func TestRanksApartErrorsFromZero(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	r0, err := New(reg, 0, "timeout", "remote_error")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r1, err := New(reg, 1, "timeout", "remote_error")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `
+# HELP hcomm_errors_total Data-plane tasks that failed, by HcclResult name.
+# TYPE hcomm_errors_total counter
+hcomm_errors_total{code="remote_error",rank="0"} 0
+hcomm_errors_total{code="remote_error",rank="1"} 0
+hcomm_errors_total{code="timeout",rank="0"} 0
+hcomm_errors_total{code="timeout",rank="1"} 0
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "hcomm_errors_total"); err != nil {
+		t.Error(err)
+	}
+	r0.AddBytes("shm", Write, 5)
+	r1.AddBytes("shm", Write, 7)
+	r1.CountError("timeout")
+	want = `
+# HELP hcomm_transport_bytes_total Bytes moved by one-sided writes and reads (write-reduce and read-reduce included), by transport and direction.
+# TYPE hcomm_transport_bytes_total counter
+hcomm_transport_bytes_total{direction="write",rank="0",transport="shm"} 5
+hcomm_transport_bytes_total{direction="write",rank="1",transport="shm"} 7
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "hcomm_transport_bytes_total"); err != nil {
+		t.Error(err)
+	}
+	if got := testutil.ToFloat64(r1.errors.WithLabelValues("timeout")); got != 1 {
+		t.Errorf("rank 1's timeouts = %g, want 1", got)
+	}
+	if got := testutil.ToFloat64(r0.errors.WithLabelValues("timeout")); got != 0 {
+		t.Errorf("rank 0's timeouts = %g, want 0", got)
+	}
+	if problems, err := testutil.GatherAndLint(reg); err != nil || len(problems) != 0 {
+		t.Errorf("lint: %v %v", problems, err)
 	}
 }

@@ -367,8 +367,9 @@ func TestMetricsAddr(t *testing.T) {
 	if !strings.Contains(errs, "serving metrics on http://127.0.0.1:") {
 		t.Errorf("stderr does not say where: %q", errs)
 	}
-	for _, s := range []string{`hcomm_collective_duration_seconds_count{algorithm="`, `op="allreduce"}`,
-		`hcomm_transport_bytes_total{direction="write",transport="inproc"}`, "hcomm_notify_wait_seconds_bucket", "go_goroutines"} {
+	for _, s := range []string{`hcomm_collective_duration_seconds_count{algorithm="`, `op="allreduce",rank="1"}`,
+		`hcomm_transport_bytes_total{direction="write",rank="0",transport="inproc"}`, `hcomm_errors_total{code="timeout",rank="1"} 0`,
+		"hcomm_notify_wait_seconds_bucket", "go_goroutines"} {
 		if !strings.Contains(body, s) {
 			t.Errorf("scrape lacks %q:\n%s", s, body)
 		}
@@ -392,7 +393,8 @@ func TestLauncherWithoutPeers(t *testing.T) {
 		return ""
 	}
 	code, _, errs := bench(t, Hooks{Getenv: env}, "allreduce", "-b", "8", "-e", "8")
-	if code != 1 || !strings.Contains(errs, "WORLD_SIZE is set, so this process is one rank of a launch") || !strings.Contains(errs, "-g N") {
+	if code != 1 || !strings.Contains(errs, "WORLD_SIZE is set but RANK is not") || !strings.Contains(errs, "-g N") ||
+		strings.Contains(errs, "rank -1") {
 		t.Errorf("exit %d, stderr %q", code, errs)
 	}
 	// -g wins over the launcher's variables.

@@ -27,15 +27,25 @@ func launchedBy(getenv func(string) string) string {
 	return ""
 }
 
+// rankVarOf names the rank variable that goes with each of launchedBy's
+// size variables.
+var rankVarOf = map[string]string{"WORLD_SIZE": "RANK", "OMPI_COMM_WORLD_SIZE": "OMPI_COMM_WORLD_RANK", "SLURM_NTASKS": "SLURM_PROCID"}
+
 // openComms returns the communicators of this process: -g ranks, or the one
 // rank a launcher started this process as.
 func openComms(o Options, cfg *hcomm.Config, getenv func(string) string, ranksSet bool) ([]*hcomm.Comm, error) {
 	if v := launchedBy(getenv); v != "" && !ranksSet {
 		c, err := initFromEnv(cfg)
-		if err != nil {
-			return nil, fmt.Errorf("%s is set, so this process is one rank of a launch, but it could not join the others (pass -g N to run N ranks in this process instead): %w", v, err)
+		if err == nil {
+			return []*hcomm.Comm{c}, nil
 		}
-		return []*hcomm.Comm{c}, nil
+		// The hint to run in one process helps only a process that no
+		// launcher started as a rank (a size variable left in a shell);
+		// a rank of a real launch needs the reason alone.
+		if rv := rankVarOf[v]; getenv(rv) == "" {
+			return nil, fmt.Errorf("%s is set but %s is not, so no launcher started this process as one rank of a launch (pass -g N to run N ranks in this process): %w", v, rv, err)
+		}
+		return nil, fmt.Errorf("this process is one rank of a launch (%s is set) and could not join the others: %w", v, err)
 	}
 	return hcomm.InitAll(o.Ranks, cfg)
 }

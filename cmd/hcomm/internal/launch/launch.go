@@ -23,6 +23,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/hcomm-dev/hcomm/internal/procs"
 )
 
 // DefaultGrace is how long stopped ranks get between SIGTERM and SIGKILL.
@@ -221,17 +223,15 @@ func FreePort() (int, error) {
 }
 
 // gomaxprocs is the GOMAXPROCS a rank gets when the caller did not set one:
-// the host's processors shared out among the n ranks, at least one each
-// (mpirun binds ranks to cores for the same reason). A Go process otherwise
-// runs as many threads as the host has processors; n of them on the same
-// processors wake and preempt each other, and small collectives, which hand
-// off between ranks every few microseconds, slow down about twofold when
-// ranks outnumber processors. "" leaves the variable alone.
+// the processors of this process shared out among the n ranks, at least one
+// each (procs.PerRank, which InitFromEnv applies under mpirun and srun too).
+// "" leaves the variable alone.
 func gomaxprocs(env []string, n int) string {
-	if lookupVar(env, "GOMAXPROCS") != "" || n <= 1 {
+	g, ok := procs.PerRank(func(k string) string { return lookupVar(env, k) }, n, runtime.NumCPU())
+	if !ok {
 		return ""
 	}
-	return strconv.Itoa(max(1, runtime.NumCPU()/n))
+	return strconv.Itoa(g)
 }
 
 // lookupVar returns name's value in env ("" when unset).

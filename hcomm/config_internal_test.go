@@ -1,0 +1,51 @@
+package hcomm
+
+import (
+	"math"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// A size or duration variable whose value overflows once scaled (MB to
+// bytes, seconds to a Duration) is refused naming the variable and value,
+// never wrapped into a small or negative size; the largest value that fits is
+// taken as it is.
+func TestEnvScaledOverflow(t *testing.T) {
+	maxMB := int64(math.MaxInt64/2) >> 20
+	maxS := int64(math.MaxInt64 / int64(time.Second))
+	for _, tc := range []struct {
+		name, val string
+		ok        bool
+	}{
+		{"HCCL_BUFFSIZE", "9007199254740993", false}, // 2^53+1: wrapped to 2 MiB
+		{"HCCL_BUFFSIZE", "8796093022208", false},    // 2^43: a negative byte count
+		{"HCCL_BUFFSIZE", strconv.FormatInt(maxMB+1, 10), false},
+		{"HCCL_BUFFSIZE", strconv.FormatInt(maxMB, 10), true},
+		{"HCCL_CONNECT_TIMEOUT", "9223372037", false}, // > 2^63 ns
+		{"HCCL_CONNECT_TIMEOUT", strconv.FormatInt(maxS, 10), true},
+		{"HCCL_EXEC_TIMEOUT", "18446744073", false},
+		{"HCCL_EXEC_TIMEOUT", strconv.FormatInt(maxS, 10), true},
+	} {
+		t.Run(tc.name+"="+tc.val, func(t *testing.T) {
+			t.Setenv(tc.name, tc.val)
+			c, err := Config{}.resolve()
+			if !tc.ok {
+				if err == nil || !strings.Contains(err.Error(), tc.name) || !strings.Contains(err.Error(), tc.val) {
+					t.Fatalf("resolve = %+v, %v; want an error naming %s=%s", c, err, tc.name, tc.val)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.BufferSize <= 0 || 2*c.BufferSize <= 0 || c.ExecTimeout <= 0 || c.ConnectTimeout <= 0 {
+				t.Fatalf("resolve = %+v: a size or timeout wrapped", c)
+			}
+		})
+	}
+	if _, err := (Config{BufferSize: math.MaxInt64/2 + 1}).resolve(); err == nil || !strings.Contains(err.Error(), "BufferSize") {
+		t.Errorf("Config.BufferSize whose buffer overflows: %v", err)
+	}
+}
