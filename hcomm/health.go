@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/hcomm-dev/hcomm/channel"
 	"github.com/hcomm-dev/hcomm/internal/bootstrap"
 )
 
@@ -170,7 +171,9 @@ func (c *Comm) unwatch(chs map[chanKey]*Channel) {
 	failing := c.lostErr() != nil
 	for _, ch := range chs {
 		for _, n := range ch.notifies {
-			if n.Broken() != nil {
+			// A peer that closed the channel in order (ChannelDestroy) is
+			// no failure.
+			if err := n.Broken(); err != nil && !errors.Is(err, channel.ErrPeerClosed) {
 				failing = true
 				break
 			}
