@@ -19,7 +19,8 @@ import (
 // Guarantees, on every transport:
 //
 //  1. Operations on one thread execute in issue order; operations on different
-//     threads run concurrently.
+//     threads run concurrently. Two writes (or write-reduces) of one thread
+//     to the same bytes of a peer land in issue order, on every transport.
 //  2. A write (or write-reduce) followed by a ChannelNotifyRecordOnThread on the
 //     same thread and channel is visible to the peer once its matching
 //     ChannelNotifyWaitOnThread returns.
