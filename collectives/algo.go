@@ -33,16 +33,8 @@ func (s *sched) write(peer int, dst, src device.Ptr, n int64) {
 	}
 }
 
-// launch enqueues a local task of the schedule (the handshake's header
-// writing and checking).
-func (s *sched) launch(name string, fn func() error) {
-	if s.ok() {
-		s.do(s.t.Stream().Launch(name, func(<-chan struct{}) error { return fn() }))
-	}
-}
-
-// launchStop is launch for a task that waits: fn gets the task's stop
-// channel, for the immediate calls it makes.
+// launchStop enqueues a local task of the schedule (the handshake): fn gets
+// the task's stop channel, for the immediate calls it makes.
 func (s *sched) launchStop(name string, fn func(stop <-chan struct{}) error) {
 	if s.ok() {
 		s.do(s.t.Stream().Launch(name, fn))

@@ -2,6 +2,7 @@ package collectives
 
 import (
 	"fmt"
+	"math"
 
 	"github.com/hcomm-dev/hcomm/device"
 	"github.com/hcomm-dev/hcomm/hcomm"
@@ -20,8 +21,13 @@ func algoOf(o *Options) Algorithm {
 	return o.Algorithm
 }
 
+// collErr makes a collective's error; c may be nil (rank -1).
 func collErr(c *hcomm.Comm, op string, code hcomm.Result, err error, format string, args ...any) error {
-	return &hcomm.Error{Op: op, Comm: c.Name(), Rank: c.Rank(), Peer: -1, Code: code, Msg: fmt.Sprintf(format, args...), Err: err}
+	e := &hcomm.Error{Op: op, Rank: -1, Peer: -1, Code: code, Msg: fmt.Sprintf(format, args...), Err: err}
+	if c != nil {
+		e.Comm, e.Rank = c.Name(), c.Rank()
+	}
+	return e
 }
 
 // checkArgs validates what every rank can check alone.
@@ -32,6 +38,10 @@ func checkArgs(c *hcomm.Comm, op string, count int64, dt hcomm.DataType, rop hco
 	switch {
 	case count < 0:
 		return collErr(c, op, hcomm.ErrPara, nil, "count %d is negative", count)
+	case dt.Valid() && count > math.MaxInt64/int64(dt.Size()*c.Size()):
+		// Every byte count a collective computes is at most count x
+		// element size x ranks: checked once here, so that none wraps.
+		return collErr(c, op, hcomm.ErrPara, nil, "count %d is too large: %d of %d-byte %v for %d ranks overflow a 64-bit byte count", count, count, dt.Size(), dt, c.Size())
 	case !dt.Valid():
 		return collErr(c, op, hcomm.ErrNotSupport, nil, "data type %v is not supported", dt)
 	case !rop.Valid():
@@ -48,8 +58,23 @@ func checkBuf(c *hcomm.Comm, op, what string, p device.Ptr, n int64) error {
 	if n == 0 {
 		return nil
 	}
-	if _, err := c.Device().Bytes(p, n); err != nil {
+	if err := c.Device().CheckRange(p, n); err != nil {
 		return collErr(c, op, hcomm.ErrPara, err, "%s buffer", what)
+	}
+	return nil
+}
+
+// checkAlgo checks a chosen algorithm (not AlgoAuto) against the collective
+// and the message of n bytes per rank.
+func checkAlgo(c *hcomm.Comm, name string, k kind, algo Algorithm, n int64, lay layout) error {
+	if algo == AlgoAuto {
+		return nil
+	}
+	if !has(k, algo) {
+		return collErr(c, name, hcomm.ErrNotSupport, nil, "%v has no %v algorithm (it has %v)", k, algo, algorithms[k])
+	}
+	if algo == AlgoOneShot && n > lay.inline() {
+		return collErr(c, name, hcomm.ErrPara, nil, "oneshot takes at most %d bytes per rank with this HCCL buffer, got %d", lay.inline(), n)
 	}
 	return nil
 }
@@ -105,24 +130,26 @@ func issue(c *hcomm.Comm, name string, k kind, s *device.Stream, o *Options, n i
 // buffers lie in a window: windowed (called once, with st.mu held, before
 // body) says whether they do, for the selector.
 func issueWindowed(c *hcomm.Comm, name string, k kind, s *device.Stream, o *Options, n int64, windowed func(st *state) bool, body func(sc *sched, algo Algorithm) error) error {
-	st, err := lockState(c)
+	st, err := lockLocal(c)
 	if err != nil {
-		return collErr(c, name, hcomm.ResultOf(err), err, "setting up the collective channels")
+		return collErr(c, name, hcomm.ResultOf(err), err, "setting up the collectives")
 	}
 	defer st.mu.Unlock()
-	inWin := windowed != nil && windowed(st) // always: the schedule uses what it finds
+	// A call this rank can tell is wrong fails here, before the channels
+	// are set up: at once, and with the communicator still usable.
 	algo := algoOf(o)
 	if algo == AlgoAuto {
 		algo = st.forced[k]
 	}
+	if err := checkAlgo(c, name, k, algo, n, st.lay); err != nil {
+		return err
+	}
+	if err := st.connect(); err != nil {
+		return collErr(c, name, hcomm.ResultOf(err), err, "setting up the collective channels")
+	}
+	inWin := windowed != nil && windowed(st) // always: the schedule uses what it finds
 	if algo == AlgoAuto {
 		algo = choose(k, n, c.Size(), st.lay, st.mapped, st.multiHost, inWin)
-	}
-	if !has(k, algo) {
-		return collErr(c, name, hcomm.ErrNotSupport, nil, "%v has no %v algorithm (it has %v)", k, algo, algorithms[k])
-	}
-	if algo == AlgoOneShot && n > st.lay.inline() {
-		return collErr(c, name, hcomm.ErrPara, nil, "oneshot takes at most %d bytes per rank with this HCCL buffer, got %d", st.lay.inline(), n)
 	}
 	t, err := st.begin(s)
 	if err != nil {
@@ -171,24 +198,28 @@ func reduceInline(x *helloCall) error {
 	if r.count == 0 {
 		return nil
 	}
-	dst, err := x.dev.Bytes(r.recv, x.n)
+	// The kernels run on the host, over host views: recv's is the memory
+	// itself on the host backend, a copy flushed below on an accelerator's.
+	out, err := x.dev.Map(r.recv, x.n)
 	if err != nil {
 		return err
 	}
+	defer out.Unmap()
+	dst := out.Bytes()
 	n := x.s.st.comm.Size()
 	if n == 1 {
 		copy(dst, x.payload(0))
-		return nil
-	}
-	if err := reduce.Reduce3(dst, x.payload(0), x.payload(1), int(r.count), r.dt, r.op); err != nil {
-		return err
-	}
-	for p := 2; p < n; p++ {
-		if err := reduce.Reduce(dst, x.payload(p), int(r.count), r.dt, r.op); err != nil {
+	} else {
+		if err := reduce.Reduce3(dst, x.payload(0), x.payload(1), int(r.count), r.dt, r.op); err != nil {
 			return err
 		}
+		for p := 2; p < n; p++ {
+			if err := reduce.Reduce(dst, x.payload(p), int(r.count), r.dt, r.op); err != nil {
+				return err
+			}
+		}
 	}
-	return nil
+	return out.Flush(0, x.n)
 }
 
 // allReduceRing: a ring reduce-scatter, then an all-gather in which every

@@ -72,6 +72,36 @@
 // that disagree get ErrMismatch before any byte is read. `hcomm bench -R 1`
 // measures it; BENCHMARKS.md has the figures.
 //
+// # Device memory and the host
+//
+// Schedules move data only through hcomm's data plane and device copies; the
+// few places where this package's own host code reads or writes device
+// memory go through device.Device.Map and keep its view contract (fetch
+// before reading what device work wrote, flush before device work reads what
+// the host wrote), so that they hold on a backend whose memory the host
+// cannot address:
+//
+//   - the handshake (handshake.go) maps the hello slots of the HCCL buffer
+//     once; each hello task writes its header and inline payload into its own
+//     slot and flushes it before the writes to the peers, and fetches each
+//     peer's slot once that peer's notify has arrived, before checking it;
+//   - the one-shot all-reduce's reduction (reduceInline) runs the reduction
+//     kernels on the host, over the fetched hello slots, into a view of recv
+//     that it flushes;
+//   - the count tables of AlltoAll(V) and BatchSendRecv are stream copies from
+//     host memory (MemcpyHtoDAsync);
+//   - the host-slice layer (AllReduceSlice, …) stages the caller's slices in a
+//     device buffer with MemcpyHtoD and copies results back with MemcpyDtoH;
+//     device memory never aliases a Go slice;
+//   - buffer arguments are checked with CheckRange, which touches nothing.
+//
+// What still assumes host-addressable memory lies below this package:
+// hcomm's data plane (LocalCopy, LocalReduce and the channel reads and writes
+// run with the processor over device.Device.Bytes) and the transports under
+// it; the device package's documentation lists them. HCOMM_DEVICE_VIEW=copy
+// makes every view a copy, as on an accelerator, and the tests run the
+// collectives that way too (views_test.go).
+//
 // # The caller's duties
 //
 //  1. Every rank calls the same collectives in the same order with the same

@@ -306,6 +306,12 @@ func (x *helloCall) run(stop <-chan struct{}) error {
 		if err := hcomm.CollectiveNotifyWait(stop, st.chans[p], nHello+int(x.par[p]), 0, x.h.kind.String(), x.opSeq, x.h.algo.String()); err != nil {
 			return err
 		}
+		// The peer's hello has landed in device memory: make it visible
+		// to the host's view of the slot (nothing to move on the host
+		// backend, a copy on an accelerator's).
+		if err := st.hello.Fetch(x.slotOff(p), headerSize+x.n); err != nil {
+			return err
+		}
 	}
 	return x.verify()
 }
@@ -340,17 +346,22 @@ type reduceArgs struct {
 	op    hcomm.ReduceOp
 }
 
-// slot returns the hello slot that rank's hello arrives in (for this rank:
-// the one it writes from), from the hello region resolved at setup.
-func (x *helloCall) slot(rank int) []byte {
-	st := x.s.st
-	var off int64
+// slotOff returns the offset of the hello slot that rank's hello arrives in
+// (for this rank: the one it writes from) in the hello region.
+func (x *helloCall) slotOff(rank int) int64 {
 	if int32(rank) == x.h.from {
-		off = st.lay.helloOff(rank, 0)
-	} else {
-		off = st.lay.helloOff(rank, x.par[rank])
+		return x.s.st.lay.helloOff(rank, 0)
 	}
-	return st.hello[off : off+st.lay.helloSlot : off+st.lay.helloSlot]
+	return x.s.st.lay.helloOff(rank, x.par[rank])
+}
+
+// slot returns rank's hello slot in the host's view of the hello region,
+// mapped at setup. Its bytes are the device's as of the last Fetch of the
+// slot (run fetches each peer's once its hello has arrived); bytes written to
+// it reach the device at Flush (prepare flushes this rank's).
+func (x *helloCall) slot(rank int) []byte {
+	off, n := x.slotOff(rank), x.s.st.lay.helloSlot
+	return x.s.st.hello.Bytes()[off : off+n : off+n]
 }
 
 // payload returns rank's inline payload, as slot does its hello.
@@ -369,16 +380,18 @@ func (x *helloCall) at(rank int) device.Ptr {
 // prepare (a stream task) writes the header and inline payload into this
 // rank's own hello slot, from which they are written to every peer.
 func (x *helloCall) prepare() error {
-	b := x.slot(int(x.h.from))[:headerSize+x.n]
+	me := int(x.h.from)
+	b := x.slot(me)[:headerSize+x.n]
 	x.h.encode(b)
 	if x.n > 0 {
-		in, err := x.dev.Bytes(x.src, x.n)
+		in, err := x.dev.Map(x.src, x.n)
 		if err != nil {
 			return err
 		}
-		copy(b[headerSize:], in)
+		copy(b[headerSize:], in.Bytes())
+		in.Unmap()
 	}
-	return nil
+	return x.s.st.hello.Flush(x.slotOff(me), headerSize+x.n)
 }
 
 // verify (a stream task, after every peer's hello arrived) checks the
@@ -413,7 +426,7 @@ func (x *helloCall) verify() error {
 					me, h.call(), h.seq, p, got.call(), got.seq)}
 		}
 		if x.extra != nil {
-			if err := x.extra(p, b[headerSize:]); err != nil {
+			if err := x.extra(p, x.payload(p)); err != nil {
 				return &hcomm.Error{Op: h.kind.String(), Comm: comm.Name(), Rank: me, Peer: p, Code: hcomm.ErrPara, Err: ErrMismatch,
 					Msg: fmt.Sprintf("collective mismatch at #%d (%s): %v", h.seq, h.call(), err)}
 			}

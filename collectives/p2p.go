@@ -3,6 +3,7 @@ package collectives
 import (
 	"encoding/binary"
 	"fmt"
+	"math"
 
 	"github.com/hcomm-dev/hcomm/device"
 	"github.com/hcomm-dev/hcomm/hcomm"
@@ -61,6 +62,8 @@ func BatchSendRecv(items []SendRecvItem, c *hcomm.Comm, s *device.Stream) error 
 			return collErr(c, name, hcomm.ErrPara, nil, "item %d: remote rank %d is outside [0, %d) or this rank", i, it.RemoteRank, n)
 		case it.Count < 0 || !it.DataType.Valid():
 			return collErr(c, name, hcomm.ErrPara, nil, "item %d: count %d of %v", i, it.Count, it.DataType)
+		case it.Count > math.MaxInt64/int64(it.DataType.Size()):
+			return collErr(c, name, hcomm.ErrPara, nil, "item %d: count %d is too large: %d-byte %v overflow a 64-bit byte count", i, it.Count, it.DataType.Size(), it.DataType)
 		}
 		b := it.Count * int64(it.DataType.Size())
 		if err := checkBuf(c, name, fmt.Sprintf("item %d", i), it.Buf, b); err != nil {
@@ -83,31 +86,33 @@ func BatchSendRecv(items []SendRecvItem, c *hcomm.Comm, s *device.Stream) error 
 	if len(peers) == 0 {
 		return nil
 	}
-	st, err := getState(c)
+	st, err := lockLocal(c)
 	if err != nil {
+		return collErr(c, name, hcomm.ResultOf(err), err, "setting up the collectives")
+	}
+	defer st.mu.Unlock()
+	// The hello carries, per rank, digests of the sizes of the items this
+	// rank sends to it and expects from it, in order; the peer checks them
+	// against its own items, so that items matched in order have the same
+	// size. Whether they fit is known before any channel is set up.
+	const per = 2
+	if 8*per*n > int(st.lay.inline()) {
+		return collErr(c, name, hcomm.ErrPara, nil, "%d ranks need %d bytes of hello, the HCCL buffer's slots hold %d", n, 8*per*n, st.lay.inline())
+	}
+	if err := st.connect(); err != nil {
 		return collErr(c, name, hcomm.ResultOf(err), err, "setting up the collective channels")
 	}
-	st.mu.Lock()
-	defer st.mu.Unlock()
 	t, err := st.begin(s)
 	if err != nil {
 		return collErr(c, name, hcomm.ResultOf(err), err, "")
 	}
 	_, endOp := c.BeginOp(t, name, AlgoPairwise.String())
 	sc := &sched{st: st, t: t}
-	// The hello carries, per rank, digests of the sizes of the items this
-	// rank sends to it and expects from it, in order; the peer checks them
-	// against its own items, so that items matched in order have the same
-	// size.
-	const per = 2
 	table := make([]int64, per*n)
 	for p := 0; p < n; p++ {
 		table[per*p], table[per*p+1] = int64(digest(sendSizes[p])), int64(digest(recvSizes[p]))
 	}
 	h := header{kind: kSendRecv, dt: hcomm.Int8, algo: AlgoPairwise}
-	if 8*per*n > int(st.lay.inline()) {
-		return collErr(c, name, hcomm.ErrPara, nil, "%d ranks need %d bytes of hello, the HCCL buffer's slots hold %d", n, 8*per*n, st.lay.inline())
-	}
 	sc.hello(h, peers, sc.countTable(table), int64(8*per*n), func(p int, payload []byte) error {
 		if len(payload) < 8*per*n {
 			return fmt.Errorf("rank %d's hello carries %d bytes, want %d", p, len(payload), 8*per*n)

@@ -62,9 +62,20 @@ func asBytes[T Number](s []T) []byte {
 	return unsafe.Slice((*byte)(unsafe.Pointer(&s[0])), len(s)*int(unsafe.Sizeof(z)))
 }
 
+// part is a host slice of the slice layer and where it is staged in the
+// device buffer.
+type part struct {
+	off int64
+	b   []byte
+}
+
 // hostRun stages host data through device memory and runs one collective on
-// the communicator's own stream, waiting for it within ctx.
-func hostRun(ctx context.Context, c *hcomm.Comm, op string, in, out []byte, run func(dev device.Ptr, s *device.Stream) error) error {
+// the communicator's own stream, waiting for it within ctx: in is copied to
+// a device buffer of size bytes (MemcpyHtoD), run enqueues the collective on
+// it, and out is copied back (MemcpyDtoH) once the stream is done. The host
+// slices are only ever reached through those copies, never aliased by device
+// memory.
+func hostRun(ctx context.Context, c *hcomm.Comm, op string, size int64, in, out part, run func(dev device.Ptr, s *device.Stream) error) error {
 	st, err := getState(c)
 	if err != nil {
 		return collErr(c, op, hcomm.ResultOf(err), err, "setting up the collective channels")
@@ -77,23 +88,22 @@ func hostRun(ctx context.Context, c *hcomm.Comm, op string, in, out []byte, run 
 			return collErr(c, op, hcomm.ErrRuntime, err, "")
 		}
 	}
-	need := int64(max(len(in), len(out)))
-	if need > st.stagingN {
+	if size > st.stagingN {
 		if st.staging != 0 {
 			c.Device().Free(st.staging)
 		}
 		st.staging, st.stagingN = 0, 0
-		if p, err := c.Device().Malloc(need); err != nil {
+		if p, err := c.Device().Malloc(size); err != nil {
 			st.mu.Unlock()
-			return collErr(c, op, hcomm.ErrMemory, err, "staging %d bytes", need)
+			return collErr(c, op, hcomm.ErrMemory, err, "staging %d bytes", size)
 		} else {
-			st.staging, st.stagingN = p, need
+			st.staging, st.stagingN = p, size
 		}
 	}
 	s, buf := st.own, st.staging
 	st.mu.Unlock()
-	if len(in) > 0 {
-		if err := c.Device().MemcpyHtoD(buf, in); err != nil {
+	if len(in.b) > 0 {
+		if err := c.Device().MemcpyHtoD(buf.Add(in.off), in.b); err != nil {
 			return collErr(c, op, hcomm.ErrRuntime, err, "")
 		}
 	}
@@ -103,12 +113,20 @@ func hostRun(ctx context.Context, c *hcomm.Comm, op string, in, out []byte, run 
 	if err := s.Synchronize(ctx); err != nil {
 		return collErr(c, op, hcomm.ResultOf(err), err, "")
 	}
-	if len(out) > 0 {
-		if err := c.Device().MemcpyDtoH(out, buf); err != nil {
+	if len(out.b) > 0 {
+		if err := c.Device().MemcpyDtoH(out.b, buf.Add(out.off)); err != nil {
 			return collErr(c, op, hcomm.ErrRuntime, err, "")
 		}
 	}
 	return nil
+}
+
+// nilComm is the error of a slice-layer call on a nil communicator.
+func nilComm(c *hcomm.Comm, op string) error {
+	if c != nil {
+		return nil
+	}
+	return collErr(c, op, hcomm.ErrPtr, nil, "nil communicator")
 }
 
 // AllReduceSlice reduces send across all ranks into recv (len(recv) must equal
@@ -116,11 +134,15 @@ func hostRun(ctx context.Context, c *hcomm.Comm, op string, in, out []byte, run 
 // ends. A collective cut short by ctx leaves the communicator out of step with
 // its peers: Abort it.
 func AllReduceSlice[T Number](ctx context.Context, c *hcomm.Comm, send, recv []T, op hcomm.ReduceOp, o *Options) error {
+	if err := nilComm(c, "AllReduce"); err != nil {
+		return err
+	}
 	if len(send) != len(recv) {
 		return collErr(c, "AllReduce", hcomm.ErrPara, nil, "send has %d elements, recv %d", len(send), len(recv))
 	}
 	dt := DataTypeOf[T]()
-	return hostRun(ctx, c, "AllReduce", asBytes(send), asBytes(recv), func(p device.Ptr, s *device.Stream) error {
+	in := asBytes(send)
+	return hostRun(ctx, c, "AllReduce", int64(len(in)), part{b: in}, part{b: asBytes(recv)}, func(p device.Ptr, s *device.Stream) error {
 		return AllReduce(p, p, int64(len(send)), dt, op, c, s, o)
 	})
 }
@@ -128,12 +150,16 @@ func AllReduceSlice[T Number](ctx context.Context, c *hcomm.Comm, send, recv []T
 // BroadcastSlice copies root's buf into every rank's buf and returns when done
 // or when ctx ends.
 func BroadcastSlice[T Number](ctx context.Context, c *hcomm.Comm, buf []T, root int, o *Options) error {
+	if err := nilComm(c, "Broadcast"); err != nil {
+		return err
+	}
 	dt := DataTypeOf[T]()
 	var in []byte
 	if c.Rank() == root {
 		in = asBytes(buf)
 	}
-	return hostRun(ctx, c, "Broadcast", in, asBytes(buf), func(p device.Ptr, s *device.Stream) error {
+	out := asBytes(buf)
+	return hostRun(ctx, c, "Broadcast", int64(len(out)), part{b: in}, part{b: out}, func(p device.Ptr, s *device.Stream) error {
 		return Broadcast(p, int64(len(buf)), dt, root, c, s, o)
 	})
 }
@@ -141,6 +167,9 @@ func BroadcastSlice[T Number](ctx context.Context, c *hcomm.Comm, buf []T, root 
 // AllGatherSlice gathers every rank's send into recv, rank r's at
 // recv[r*len(send):]; len(recv) must be Size()*len(send).
 func AllGatherSlice[T Number](ctx context.Context, c *hcomm.Comm, send, recv []T, o *Options) error {
+	if err := nilComm(c, "AllGather"); err != nil {
+		return err
+	}
 	n := c.Size()
 	if len(recv) != n*len(send) {
 		return collErr(c, "AllGather", hcomm.ErrPara, nil, "recv has %d elements, want %d ranks x %d", len(recv), n, len(send))
@@ -148,9 +177,9 @@ func AllGatherSlice[T Number](ctx context.Context, c *hcomm.Comm, send, recv []T
 	dt := DataTypeOf[T]()
 	es := int64(dt.Size())
 	// Staging: [recv | send] in one device buffer.
-	in := make([]byte, int64(len(recv))*es+int64(len(send))*es)
-	copy(in[int64(len(recv))*es:], asBytes(send))
-	return hostRun(ctx, c, "AllGather", in, asBytes(recv), func(p device.Ptr, s *device.Stream) error {
+	rn := int64(len(recv)) * es
+	in := part{off: rn, b: asBytes(send)}
+	return hostRun(ctx, c, "AllGather", rn+int64(len(in.b)), in, part{b: asBytes(recv)}, func(p device.Ptr, s *device.Stream) error {
 		return AllGather(p.Add(int64(len(recv))*es), p, int64(len(send)), dt, c, s, o)
 	})
 }
@@ -158,12 +187,16 @@ func AllGatherSlice[T Number](ctx context.Context, c *hcomm.Comm, send, recv []T
 // ReduceScatterSlice reduces send (Size()*len(recv) elements) across all
 // ranks; rank r receives the reduced elements [r*len(recv), (r+1)*len(recv)).
 func ReduceScatterSlice[T Number](ctx context.Context, c *hcomm.Comm, send, recv []T, op hcomm.ReduceOp, o *Options) error {
+	if err := nilComm(c, "ReduceScatter"); err != nil {
+		return err
+	}
 	n := c.Size()
 	if len(send) != n*len(recv) {
 		return collErr(c, "ReduceScatter", hcomm.ErrPara, nil, "send has %d elements, want %d ranks x %d", len(send), n, len(recv))
 	}
 	dt := DataTypeOf[T]()
-	return hostRun(ctx, c, "ReduceScatter", asBytes(send), asBytes(recv), func(p device.Ptr, s *device.Stream) error {
+	in := asBytes(send)
+	return hostRun(ctx, c, "ReduceScatter", int64(len(in)), part{b: in}, part{b: asBytes(recv)}, func(p device.Ptr, s *device.Stream) error {
 		// In place: rank r's result lands over its own part of the input,
 		// then is copied out from the start of the staging buffer.
 		es := int64(dt.Size())
@@ -181,6 +214,9 @@ func ReduceScatterSlice[T Number](ctx context.Context, c *hcomm.Comm, send, recv
 // ReduceSlice reduces send across all ranks into root's recv (recv is only
 // written on root; other ranks may pass nil).
 func ReduceSlice[T Number](ctx context.Context, c *hcomm.Comm, send, recv []T, op hcomm.ReduceOp, root int, o *Options) error {
+	if err := nilComm(c, "Reduce"); err != nil {
+		return err
+	}
 	if c.Rank() == root && len(recv) != len(send) {
 		return collErr(c, "Reduce", hcomm.ErrPara, nil, "send has %d elements, recv %d", len(send), len(recv))
 	}
@@ -189,7 +225,8 @@ func ReduceSlice[T Number](ctx context.Context, c *hcomm.Comm, send, recv []T, o
 	if c.Rank() == root {
 		out = asBytes(recv)
 	}
-	return hostRun(ctx, c, "Reduce", asBytes(send), out, func(p device.Ptr, s *device.Stream) error {
+	in := asBytes(send)
+	return hostRun(ctx, c, "Reduce", int64(len(in)), part{b: in}, part{b: out}, func(p device.Ptr, s *device.Stream) error {
 		return Reduce(p, p, int64(len(send)), dt, op, root, c, s, o)
 	})
 }
@@ -197,29 +234,30 @@ func ReduceSlice[T Number](ctx context.Context, c *hcomm.Comm, send, recv []T, o
 // AlltoAllSlice sends block p of send (len(send)/Size() elements) to rank p,
 // which stores it as block r of its recv.
 func AlltoAllSlice[T Number](ctx context.Context, c *hcomm.Comm, send, recv []T, o *Options) error {
+	if err := nilComm(c, "AlltoAll"); err != nil {
+		return err
+	}
 	n := c.Size()
 	if len(send) != len(recv) || len(send)%n != 0 {
 		return collErr(c, "AlltoAll", hcomm.ErrPara, nil, "send has %d elements and recv %d: want equal lengths divisible by %d ranks", len(send), len(recv), n)
 	}
 	dt := DataTypeOf[T]()
 	es := int64(dt.Size())
-	in := make([]byte, 2*int64(len(send))*es)
-	copy(in, asBytes(send))
-	out := make([]byte, 2*int64(len(send))*es)
-	if err := hostRun(ctx, c, "AlltoAll", in, out, func(p device.Ptr, s *device.Stream) error {
+	// Staging: [send | recv] in one device buffer.
+	sn := int64(len(send)) * es
+	return hostRun(ctx, c, "AlltoAll", 2*sn, part{b: asBytes(send)}, part{off: sn, b: asBytes(recv)}, func(p device.Ptr, s *device.Stream) error {
 		bl := int64(len(send) / n)
-		return AlltoAll(p, bl, dt, p.Add(int64(len(send))*es), bl, dt, c, s, o)
-	}); err != nil {
-		return err
-	}
-	copy(asBytes(recv), out[int64(len(send))*es:])
-	return nil
+		return AlltoAll(p, bl, dt, p.Add(sn), bl, dt, c, s, o)
+	})
 }
 
 // BarrierContext returns once every rank has reached the barrier, or when
 // ctx ends.
 func BarrierContext(ctx context.Context, c *hcomm.Comm) error {
-	return hostRun(ctx, c, "Barrier", nil, nil, func(_ device.Ptr, s *device.Stream) error {
+	if err := nilComm(c, "Barrier"); err != nil {
+		return err
+	}
+	return hostRun(ctx, c, "Barrier", 0, part{}, part{}, func(_ device.Ptr, s *device.Stream) error {
 		return Barrier(c, s)
 	})
 }

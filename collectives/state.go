@@ -81,7 +81,7 @@ type state struct {
 	comm    *hcomm.Comm
 	lay     layout
 	buf     device.Ptr
-	hello   []byte           // the hello slots of buf, resolved once (handshake.go)
+	hello   device.View      // the host's view of buf's hello slots, mapped once (handshake.go)
 	chans   []*hcomm.Channel // by peer rank; nil for self
 	peerBuf []device.Ptr     // peers' HCCL buffers
 	threads map[*device.Stream]*hcomm.Thread
@@ -128,6 +128,21 @@ func getState(c *hcomm.Comm) (*state, error) {
 // when it fails): a collective issues its schedule under the lock, so it
 // takes it once.
 func lockState(c *hcomm.Comm) (*state, error) {
+	st, err := lockLocal(c)
+	if err != nil {
+		return nil, err
+	}
+	if err := st.connect(); err != nil {
+		st.mu.Unlock()
+		return nil, err
+	}
+	return st, nil
+}
+
+// lockLocal is lockState without the channels: what a rank knows alone
+// (layout, HCCL_ALGO), so that a call can be checked against it before any
+// peer is involved.
+func lockLocal(c *hcomm.Comm) (*state, error) {
 	if err := c.Check(); err != nil {
 		return nil, err
 	}
@@ -136,23 +151,26 @@ func lockState(c *hcomm.Comm) (*state, error) {
 		return nil, fmt.Errorf("communicator is destroyed")
 	}
 	st.mu.Lock()
+	if st.err == nil && st.threads == nil {
+		st.init1()
+	}
 	if st.err != nil {
 		err := st.err
 		st.mu.Unlock()
 		return nil, err
 	}
-	if st.chans != nil || c.Size() == 1 {
-		if st.threads == nil {
-			st.init1()
-		}
-		return st, nil
-	}
-	if st.err = st.setup(); st.err != nil {
-		err := st.err
-		st.mu.Unlock()
-		return nil, err
-	}
 	return st, nil
+}
+
+// connect acquires the collective channels at the first collective that
+// needs them (st.mu held). A failure is kept: every later collective
+// returns it.
+func (st *state) connect() error {
+	if st.chans != nil || st.comm.Size() == 1 {
+		return nil
+	}
+	st.err = st.setup()
+	return st.err
 }
 
 func (st *state) init1() {
@@ -170,21 +188,17 @@ func (st *state) init1() {
 	st.noCheck = os.Getenv("HCOMM_COLL_CHECK") == "0"
 	st.forced, st.err = envAlgo()
 	if st.err == nil && st.lay.helloSlot > 0 {
-		// The buffer stays mapped until the communicator is destroyed,
+		// The buffer stays allocated until the communicator is destroyed,
 		// after its streams' work: the handshake's tasks read and write
-		// its hello slots through this slice, without a lookup each.
-		st.hello, st.err = c.Device().Bytes(buf, st.lay.helloSlot*int64(2*c.Size()))
+		// its hello slots through this view, without a lookup each.
+		st.hello, st.err = c.Device().Map(buf, st.lay.helloSlot*int64(2*c.Size()))
 	}
 }
 
 // setup acquires a channel to every peer (collective: every rank calls it at
-// its first collective).
+// its first collective), after init1.
 func (st *state) setup() error {
 	c := st.comm
-	st.init1()
-	if st.err != nil {
-		return st.err
-	}
 	if _, err := newLayout(c.Size(), st.lay.bufSize); err != nil {
 		return err
 	}

@@ -47,12 +47,18 @@ type Window struct {
 // allocated until Deregister.
 func RegisterWindow(c *hcomm.Comm, p device.Ptr, size int64) (*Window, error) {
 	const name = "RegisterWindow"
-	st, err := getState(c)
-	if err != nil {
-		return nil, collErr(c, name, hcomm.ResultOf(err), err, "setting up the collective channels")
+	if err := c.Check(); err != nil {
+		return nil, collErr(c, name, hcomm.ResultOf(err), err, "")
 	}
 	if size <= 0 {
 		return nil, collErr(c, name, hcomm.ErrPara, nil, "window size %d: want a positive size", size)
+	}
+	if err := c.Device().CheckRange(p, size); err != nil {
+		return nil, collErr(c, name, hcomm.ErrPara, err, "window [%#x, +%d) is not live device memory of this rank", uintptr(p), size)
+	}
+	st, err := getState(c)
+	if err != nil {
+		return nil, collErr(c, name, hcomm.ResultOf(err), err, "setting up the collective channels")
 	}
 	st.mu.Lock()
 	st.windows++

@@ -19,6 +19,9 @@ type backend interface {
 	free(mem []byte, fd int) error
 	// copy moves len(src) bytes; dst and src are checked ranges of live allocations.
 	copy(dst, src []byte)
+	// mapped reports whether the host addresses device memory directly, so
+	// that Map's views need no copy.
+	mapped() bool
 }
 
 // hostBackend keeps "device" memory in shared mappings of memory files
@@ -28,6 +31,8 @@ type backend interface {
 type hostBackend struct{}
 
 func (hostBackend) name() string { return "host" }
+
+func (hostBackend) mapped() bool { return true }
 
 func (hostBackend) alloc(size int64, _ bool) ([]byte, int, error) { return hostAlloc(size) }
 

@@ -68,9 +68,14 @@ func resolveDesc(op string, d *Device, stream int64, desc Ptr) (region, error) {
 // (aclrtMemcpyAsyncWithDesc). The descriptor is read when the task runs, not
 // now: a descriptor rewritten in between is honoured, and one that is not valid
 // then (never set, wrong kind, addresses freed) fails the stream with
-// ErrInvalidValue and raises the exception callback.
+// ErrInvalidValue and raises the exception callback. A nil s is the default
+// stream of desc's device.
 func (s *Stream) MemcpyAsyncWithDesc(desc Ptr, kind MemcpyKind) error {
 	const op = "MemcpyAsyncWithDesc"
+	s, err := s.orDefault(op, ownerOf(desc))
+	if err != nil {
+		return err
+	}
 	if err := s.usable(op); err != nil {
 		return err
 	}

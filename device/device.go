@@ -19,8 +19,9 @@ const MaxDevices = 1024
 //
 // All methods are safe for concurrent use. Close is idempotent.
 type Device struct {
-	id int
-	be backend
+	id        int
+	be        backend
+	copyViews bool // Map copies instead of mapping (view.go)
 
 	mu      sync.Mutex
 	closed  bool
@@ -42,7 +43,8 @@ func Open(id int) (*Device, error) {
 	if id < 0 || id >= MaxDevices {
 		return nil, newErr("Open", id, -1, ErrInvalidDeviceID, "device id %d is outside [0, %d)", id, MaxDevices)
 	}
-	return &Device{id: id, be: hostBackend{}, streams: make(map[*Stream]struct{})}, nil
+	be := hostBackend{}
+	return &Device{id: id, be: be, copyViews: !be.mapped() || copyViewsFromEnv(), streams: make(map[*Stream]struct{})}, nil
 }
 
 // ID returns the device id given to Open.

@@ -16,9 +16,16 @@
 // The caller's duties:
 //
 //  1. Memory touched by queued work stays allocated until that work completes
-//     (synchronize before Free). A slice from Bytes must not outlive the memory.
-//  2. Handles belong to the device context they came from; mixing contexts is an
-//     ErrInvalidHandle error.
+//     (synchronize before Free). A slice from Bytes, or a View from Map, must
+//     not outlive the memory.
+//  2. Handles (streams, events) belong to the device context they came from;
+//     mixing contexts is an ErrInvalidHandle error. Memory belongs to the
+//     context that allocated it, as on ACL: Free, Share, Memset(Async), Map,
+//     Bytes, CheckRange, the Go-slice copies and copy descriptors take only the
+//     context's own memory (ErrInvalidValue for another's), and Memcpy and
+//     MemcpyAsync are the explicit copies that may name memory of any context
+//     of the process (MemcpyInterDeviceToDevice, MemcpyDeviceToDevice,
+//     MemcpyDefault).
 //  3. Every Stream is destroyed, and every Device closed, by whoever made it:
 //     Close and Destroy wait for the goroutines they started and are idempotent.
 //  4. Errors of queued tasks surface at the stream's next Synchronize and
@@ -41,6 +48,29 @@
 // process's memory cgroup do, and the error says which and how to change it.
 // Each allocation holds one file descriptor until Free (the limit is ulimit
 // -n). Nothing is left behind when a process dies.
+//
+// The default stream: every context has one (DefaultStream, ACL's and CUDA's
+// NULL stream), made at its first use and destroyed by Close. A nil *Stream
+// means it wherever the call's other arguments name the context — Event.Record
+// and Event.Reset (the event's), Stream.WaitEvent (the event's),
+// MemcpyAsync, MemcpyHtoDAsync, MemcpyDtoHAsync, MemsetAsync and
+// MemcpyAsyncWithDesc (the memory's). Where nothing does (Launch,
+// LaunchCallback, Synchronize, Query, SubscribeReport, ...) a nil stream is an
+// ErrInvalidHandle error at the call.
+//
+// Host views (Map): the host backend's memory is host memory, and Bytes hands
+// it out as a slice. Code that must also run on an accelerator, whose memory
+// the processor cannot address, goes through Map instead: a View is the memory
+// itself on the host backend (zero copy, no allocation) and a host copy
+// elsewhere, and its Fetch and Flush say where bytes cross (see View for the
+// contract). HCOMM_DEVICE_VIEW=copy, read when a context is opened, makes the
+// host backend copy too, so that tests catch a missing Fetch or Flush. What
+// still assumes host-addressable memory: Bytes and its users — hcomm's data
+// plane (LocalCopy, LocalReduce and the reads and writes of a channel) and the
+// transports (inproc and shm copy with the processor between mapped memories,
+// tcp receives into memory with read(2)) — which an accelerator backend would
+// replace with device copies and DMA; and the backend interface itself, whose
+// memory is a []byte.
 //
 // Timeouts: calls that block take a context.Context; their ...WithTimeout twins
 // take ACL's convention as a time.Duration (negative waits forever, zero polls).

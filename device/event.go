@@ -72,6 +72,21 @@ type capture struct {
 
 func (c *capture) done() bool { return c.s.completed.Load() >= c.seq }
 
+// failure is the error of a completed capture whose work did not all run: a
+// task at or before the captured one failed (and the stream skipped what
+// followed it) and no Synchronize of the stream has reported it yet. The
+// failure stays on the stream for its Synchronize, as CUDA's sticky errors
+// are returned by every synchronize until reported.
+func (c *capture) failure(op string) error {
+	err := c.s.failedBy(c.seq)
+	if err == nil {
+		return nil
+	}
+	e := newErr(op, c.s.dev.id, c.s.id, CodeOf(err), "the captured work failed")
+	e.Err = err
+	return e
+}
+
 var epoch = time.Now()
 
 // CreateEvent creates an event with timing on (aclrtCreateEvent).
@@ -106,9 +121,16 @@ func (e *Event) live(op string) error {
 
 // Record captures the work enqueued on s so far (aclrtRecordEvent /
 // cuEventRecord): the event completes when that work has. s must belong to the
-// event's device.
+// event's device; a nil s is that device's default stream (DefaultStream), as
+// ACL and CUDA take a NULL stream.
 func (e *Event) Record(s *Stream) error {
 	const op = "Event.Record"
+	if s == nil && e != nil {
+		var err error
+		if s, err = s.orDefault(op, e.dev); err != nil {
+			return err
+		}
+	}
 	if err := s.usable(op); err != nil {
 		return err
 	}
@@ -178,19 +200,27 @@ func (e *Event) QueryStatus() (EventRecordedStatus, error) {
 // Synchronize blocks until the captured work is complete or ctx is done
 // (aclrtSynchronizeEvent / cuEventSynchronize). Without EventBlockingSync the
 // caller spins briefly before it sleeps. On expiry it returns
-// ErrEventSyncTimeout, which matches context.DeadlineExceeded.
+// ErrEventSyncTimeout, which matches context.DeadlineExceeded. When a task
+// at or before the captured one failed (so the stream skipped the rest of
+// the captured work) and no Stream.Synchronize has reported that failure yet,
+// it returns an error wrapping the failure, whose code is the failure's; the
+// failure stays for the stream's Synchronize. A waiter on an event therefore
+// never mistakes skipped work for done work.
 func (e *Event) Synchronize(ctx context.Context) error {
 	const op = "Event.Synchronize"
 	c, err := e.snapshot(op)
-	if err != nil || c == nil || c.done() {
+	if err != nil || c == nil {
 		return err
+	}
+	if c.done() {
+		return c.failure(op)
 	}
 	spinFor := spin.Default
 	if e.flags&EventBlockingSync != 0 {
 		spinFor = 0
 	}
 	if ctx.Err() == nil && c.s.awaitProgress(c.seq, spinFor, nil, ctx.Done()) == reached {
-		return nil
+		return c.failure(op)
 	}
 	er := newErr(op, e.dev.id, c.s.id, ErrEventSyncTimeout, "captured task %d not complete", c.seq)
 	er.Err = ctx.Err()
@@ -241,9 +271,16 @@ func (start *Event) ElapsedTime(end *Event) (float32, error) {
 }
 
 // Reset enqueues on s the return of the event to the never-recorded state
-// (aclrtResetEvent). Waits enqueued before it are not affected.
+// (aclrtResetEvent). Waits enqueued before it are not affected. A nil s is the
+// event's device's default stream.
 func (e *Event) Reset(s *Stream) error {
 	const op = "Event.Reset"
+	if s == nil && e != nil {
+		var err error
+		if s, err = s.orDefault(op, e.dev); err != nil {
+			return err
+		}
+	}
 	if err := s.usable(op); err != nil {
 		return err
 	}
@@ -285,6 +322,7 @@ func (e *Event) Destroy() error {
 // WaitEvent makes the tasks enqueued on s after this call wait until the work
 // e holds now is complete (aclrtStreamWaitEvent / cuStreamWaitEvent). A never
 // recorded event adds no wait. A later Record of e does not change this wait.
+// A nil s is the default stream of e's device.
 func (s *Stream) WaitEvent(e *Event) error { return s.WaitEventWithTimeout(e, -1) }
 
 // WaitEventWithTimeout is WaitEvent with a bound (aclrtStreamWaitEventWithTimeout):
@@ -292,6 +330,12 @@ func (s *Stream) WaitEvent(e *Event) error { return s.WaitEventWithTimeout(e, -1
 // with ErrWaitTimeout. A negative timeout waits forever.
 func (s *Stream) WaitEventWithTimeout(e *Event, timeout time.Duration) error {
 	const op = "Stream.WaitEvent"
+	if s == nil && e != nil {
+		var err error
+		if s, err = s.orDefault(op, e.dev); err != nil {
+			return err
+		}
+	}
 	if err := s.usable(op); err != nil {
 		return err
 	}

@@ -298,28 +298,30 @@ func (d *Device) Free(p Ptr) error {
 	return nil
 }
 
-// Bytes returns the n bytes at p as a slice, after checking the range: the
-// host backend's zero-copy view of device memory, which the layers above use to
-// move data without a staging copy. The slice is valid until the memory is
-// freed. On a backend without host-visible memory it returns
-// ErrFeatureNotSupported.
+// Bytes returns the n bytes at p, memory of d, as a slice, after checking the
+// range: the host backend's memory itself. The slice is valid until the memory
+// is freed. It exists for the host backend's transports and data plane, which
+// move bytes with the processor; code meant to run on any backend uses Map,
+// whose views say when bytes must be fetched and flushed. On a backend without
+// host-visible memory it returns ErrFeatureNotSupported.
 func (d *Device) Bytes(p Ptr, n int64) ([]byte, error) {
 	if err := d.check("Bytes"); err != nil {
 		return nil, err
 	}
-	r, err := resolve("Bytes", d, -1, "range", p, n)
+	r, err := resolveOwn("Bytes", d, -1, "range", p, n)
 	if err != nil {
 		return nil, err
 	}
 	return r.mem, nil
 }
 
-// Memset sets n bytes at p to value and returns when done (aclrtMemset).
+// Memset sets n bytes at p, memory of d, to value and returns when done
+// (aclrtMemset).
 func (d *Device) Memset(p Ptr, n int64, value byte) error {
 	if err := d.check("Memset"); err != nil {
 		return err
 	}
-	r, err := resolve("Memset", d, -1, "dst", p, n)
+	r, err := resolveOwn("Memset", d, -1, "dst", p, n)
 	if err != nil {
 		return err
 	}
@@ -401,7 +403,8 @@ func firstErr(errs ...error) error {
 }
 
 // Memcpy copies n bytes from src to dst and returns when done (aclrtMemcpy).
-// The kind must match where dst and src live (MemcpyDefault infers it).
+// The kind must match where dst and src live (MemcpyDefault infers it); the
+// ranges may be memory of any context of the process (an inter-device copy).
 // Overlapping ranges are copied as by memmove.
 func (d *Device) Memcpy(dst, src Ptr, n int64, kind MemcpyKind) error {
 	if err := d.check("Memcpy"); err != nil {
@@ -415,13 +418,13 @@ func (d *Device) Memcpy(dst, src Ptr, n int64, kind MemcpyKind) error {
 	return nil
 }
 
-// MemcpyHtoD copies the Go slice src to device (or pinned host) memory at dst
-// and returns when done.
+// MemcpyHtoD copies the Go slice src to d's device (or pinned host) memory at
+// dst and returns when done.
 func (d *Device) MemcpyHtoD(dst Ptr, src []byte) error {
 	if err := d.check("MemcpyHtoD"); err != nil {
 		return err
 	}
-	dr, err := resolve("MemcpyHtoD", d, -1, "dst", dst, int64(len(src)))
+	dr, err := resolveOwn("MemcpyHtoD", d, -1, "dst", dst, int64(len(src)))
 	if err != nil {
 		return err
 	}
@@ -429,13 +432,13 @@ func (d *Device) MemcpyHtoD(dst Ptr, src []byte) error {
 	return nil
 }
 
-// MemcpyDtoH copies len(dst) bytes at src into the Go slice dst and returns
-// when done.
+// MemcpyDtoH copies len(dst) bytes at src, memory of d, into the Go slice dst
+// and returns when done.
 func (d *Device) MemcpyDtoH(dst []byte, src Ptr) error {
 	if err := d.check("MemcpyDtoH"); err != nil {
 		return err
 	}
-	sr, err := resolve("MemcpyDtoH", d, -1, "src", src, int64(len(dst)))
+	sr, err := resolveOwn("MemcpyDtoH", d, -1, "src", src, int64(len(dst)))
 	if err != nil {
 		return err
 	}

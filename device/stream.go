@@ -31,6 +31,7 @@ type Stream struct {
 	nsub      atomic.Uint64 // submitted, for lock-free polls
 	completed atomic.Uint64 // tasks finished (run, skipped or failed)
 	err       error         // first failure not yet reported by Synchronize
+	errSeq    uint64        // the task that failed with err
 	abortTo   uint64        // tasks with seq <= abortTo are dropped
 	stop      chan struct{} // closed when the running task must give up
 	stopErr   error
@@ -86,15 +87,53 @@ func (s *Stream) errf(op string, code Code, format string, args ...any) *Error {
 // (copies between peers, reductions, notify waits) on a stream. fn must return
 // promptly once stop is closed (the stream was aborted or its device closed).
 // A non-nil error fails the stream; name says what the task was in errors.
+//
+// A nil s is an ErrInvalidHandle error (nothing in the call names a device
+// whose default stream it could mean: pass Device.DefaultStream), a nil fn an
+// ErrInvalidValue error, both at the call.
 func (s *Stream) Launch(name string, fn func(stop <-chan struct{}) error) error {
+	if s != nil && fn == nil {
+		return s.errf(name, ErrInvalidValue, "nil task function")
+	}
 	_, err := s.enqueue(name, fn)
 	return err
+}
+
+// orDefault returns s, or, when s is nil, the default stream of d: ACL and
+// CUDA take a NULL stream as the current context's default stream, and Go has
+// no current context, so d is the device the call's other arguments name (the
+// event's, the memory's). A nil s with no such device is an ErrInvalidHandle
+// error.
+func (s *Stream) orDefault(op string, d *Device) (*Stream, error) {
+	if s != nil {
+		return s, nil
+	}
+	if d == nil {
+		return nil, newErr(op, -1, -1, ErrInvalidHandle, "nil stream, and nothing else in the call names a device context whose default stream it could mean (pass Device.DefaultStream())")
+	}
+	ds, err := d.DefaultStream()
+	if err != nil {
+		var e *Error
+		if errors.As(err, &e) {
+			e.Op = op
+		}
+		return nil, err
+	}
+	return ds, nil
+}
+
+// ownerOf returns the device context that allocated the memory at p, or nil.
+func ownerOf(p Ptr) *Device {
+	if a := allocs.find(p, 0); a != nil {
+		return a.dev
+	}
+	return nil
 }
 
 // enqueue appends a task and returns its sequence number.
 func (s *Stream) enqueue(name string, fn func(stop <-chan struct{}) error) (uint64, error) {
 	if s == nil {
-		return 0, newErr(name, -1, -1, ErrInvalidHandle, "nil stream")
+		return 0, newErr(name, -1, -1, ErrInvalidHandle, "nil stream (pass Device.DefaultStream() for the default stream)")
 	}
 	s.mu.Lock()
 	if s.destroyed {
@@ -228,7 +267,7 @@ func (s *Stream) finish(t *task, err error) {
 	}
 	s.mu.Lock()
 	if err != nil && s.err == nil {
-		s.err = err
+		s.err, s.errSeq = err, t.seq
 	}
 	c := s.completed.Add(1)
 	if len(s.waiters) > 0 {
@@ -324,9 +363,20 @@ func (s *Stream) Synchronize(ctx context.Context) error {
 	}
 	s.mu.Lock()
 	err := s.err
-	s.err = nil
+	s.err, s.errSeq = nil, 0
 	s.mu.Unlock()
 	return err
+}
+
+// failedBy returns the stream's unreported failure when it happened at or
+// before task seq: the work an event captured did not all run.
+func (s *Stream) failedBy(seq uint64) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.err != nil && s.errSeq <= seq {
+		return s.err
+	}
+	return nil
 }
 
 func (s *Stream) syncTimeout(ctx context.Context, target uint64) error {
@@ -433,9 +483,21 @@ func (s *Stream) stopError(op string) error {
 // MemcpyAsync enqueues a copy of n bytes from src to dst (aclrtMemcpyAsync).
 // Both ranges are checked now; kind must match where they live
 // (MemcpyDefault infers it). Neither range may be freed or written by others
-// until the copy completes.
+// until the copy completes. A nil s is the default stream of the device that
+// owns dst (or, when dst is not device memory of this process, src); the
+// ranges may be memory of any context of the process (an inter-device copy).
 func (s *Stream) MemcpyAsync(dst, src Ptr, n int64, kind MemcpyKind) error {
 	const op = "MemcpyAsync"
+	if s == nil {
+		d := ownerOf(dst)
+		if d == nil {
+			d = ownerOf(src)
+		}
+		var err error
+		if s, err = s.orDefault(op, d); err != nil {
+			return err
+		}
+	}
 	if err := s.usable(op); err != nil {
 		return err
 	}
@@ -446,41 +508,56 @@ func (s *Stream) MemcpyAsync(dst, src Ptr, n int64, kind MemcpyKind) error {
 	return s.Launch(op, func(<-chan struct{}) error { return s.copyTask(op, dr, sr, nil) })
 }
 
-// MemcpyHtoDAsync enqueues a copy of the Go slice src to dst. src must not be
-// modified until the copy completes.
+// MemcpyHtoDAsync enqueues a copy of the Go slice src to dst, memory of s's
+// device. src must not be modified until the copy completes. A nil s is the
+// default stream of dst's device.
 func (s *Stream) MemcpyHtoDAsync(dst Ptr, src []byte) error {
 	const op = "MemcpyHtoDAsync"
+	s, err := s.orDefault(op, ownerOf(dst))
+	if err != nil {
+		return err
+	}
 	if err := s.usable(op); err != nil {
 		return err
 	}
-	dr, err := resolve(op, s.dev, s.id, "dst", dst, int64(len(src)))
+	dr, err := resolveOwn(op, s.dev, s.id, "dst", dst, int64(len(src)))
 	if err != nil {
 		return err
 	}
 	return s.Launch(op, func(<-chan struct{}) error { return s.copyTask(op, dr, region{mem: src}, nil) })
 }
 
-// MemcpyDtoHAsync enqueues a copy of len(dst) bytes at src into the Go slice
-// dst, which must not be read until the copy completes.
+// MemcpyDtoHAsync enqueues a copy of len(dst) bytes at src, memory of s's
+// device, into the Go slice dst, which must not be read until the copy
+// completes. A nil s is the default stream of src's device.
 func (s *Stream) MemcpyDtoHAsync(dst []byte, src Ptr) error {
 	const op = "MemcpyDtoHAsync"
+	s, err := s.orDefault(op, ownerOf(src))
+	if err != nil {
+		return err
+	}
 	if err := s.usable(op); err != nil {
 		return err
 	}
-	sr, err := resolve(op, s.dev, s.id, "src", src, int64(len(dst)))
+	sr, err := resolveOwn(op, s.dev, s.id, "src", src, int64(len(dst)))
 	if err != nil {
 		return err
 	}
 	return s.Launch(op, func(<-chan struct{}) error { return s.copyTask(op, region{mem: dst}, sr, nil) })
 }
 
-// MemsetAsync enqueues setting n bytes at p to value (aclrtMemsetAsync).
+// MemsetAsync enqueues setting n bytes at p, memory of s's device, to value
+// (aclrtMemsetAsync). A nil s is the default stream of p's device.
 func (s *Stream) MemsetAsync(p Ptr, n int64, value byte) error {
 	const op = "MemsetAsync"
+	s, err := s.orDefault(op, ownerOf(p))
+	if err != nil {
+		return err
+	}
 	if err := s.usable(op); err != nil {
 		return err
 	}
-	r, err := resolve(op, s.dev, s.id, "dst", p, n)
+	r, err := resolveOwn(op, s.dev, s.id, "dst", p, n)
 	if err != nil {
 		return err
 	}

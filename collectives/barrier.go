@@ -1,0 +1,21 @@
+package collectives
+
+import (
+	"github.com/hcomm-dev/hcomm/device"
+	"github.com/hcomm-dev/hcomm/hcomm"
+)
+
+// Barrier enqueues on s a barrier: no task after it on s runs before every
+// rank has reached it (HcclBarrier).
+func Barrier(c *hcomm.Comm, s *device.Stream) error {
+	const name = "Barrier"
+	if err := checkArgs(c, name, 0, hcomm.Int8, hcomm.Sum, s); err != nil {
+		return err
+	}
+	h := header{kind: kBarrier, dt: hcomm.Int8}
+	return issue(c, name, kBarrier, s, nil, 0, func(sc *sched, algo Algorithm) error {
+		h.algo = AlgoOneShot
+		sc.hello(h, sc.others(), 0, 0, nil)
+		return nil
+	})
+}
