@@ -77,7 +77,8 @@ type conn struct {
 	pmu      sync.Mutex
 	pend     []*ordered
 	npend    atomic.Int32
-	pcond    *sync.Cond   // on pmu: a reader blocked on an ordered data frame (awaitApplied)
+	amu      sync.Mutex   // pcond's lock (not pmu: fail, which wakes the readers, may run under pmu)
+	pcond    *sync.Cond   // a reader blocked on an ordered data frame (awaitApplied)
 	nblocked atomic.Int32 // readers blocked in awaitApplied
 
 	dmu   sync.Mutex // the data log of order.go, sent data frames not yet ordered
@@ -103,7 +104,7 @@ func newConn(d *Dialer, local *channel.Local, name string, notifies []*notify.No
 		hccl: local.HCCLBuf, notifies: notifies, peerNN: peerNN, chunk: d.opts.ChunkSize, timeout: d.opts.PeerTimeout,
 		dead: make(chan struct{}), reads: make(map[uint64]*pendingRead), fences: make(map[uint64]chan struct{}),
 		qsig: make(chan struct{}, 1)}
-	c.pcond = sync.NewCond(&c.pmu)
+	c.pcond = sync.NewCond(&c.amu)
 	c.drecs, c.dover, c.dsync = make([][]drec, len(ncs)), make([]drec, len(ncs)), make([][]uint64, len(ncs))
 	for i := range c.dsync {
 		c.dsync[i] = make([]uint64, len(ncs))
@@ -197,9 +198,9 @@ func (c *conn) fail(err error, tell bool) {
 	for _, n := range c.notifies {
 		n.Break(err)
 	}
-	c.pmu.Lock()
+	c.amu.Lock()
 	c.pcond.Broadcast() // readers in awaitApplied
-	c.pmu.Unlock()
+	c.amu.Unlock()
 }
 
 // tellPeer sends an ERROR frame on every socket free at once (so that each

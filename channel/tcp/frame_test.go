@@ -93,7 +93,7 @@ func FuzzFrame(f *testing.F) {
 			timeout: time.Second, dead: make(chan struct{}), reads: make(map[uint64]*pendingRead),
 			fences: make(map[uint64]chan struct{}), qsig: make(chan struct{}, 1)}
 		c.socks = []*sock{{idx: 0, nc: nullConn{}}, {idx: 1, nc: nullConn{}}}
-		c.pcond = sync.NewCond(&c.pmu)
+		c.pcond = sync.NewCond(&c.amu)
 		// A data frame ordered after socket 1's frames waits for them; none
 		// come, so the channel fails as a peer timeout would fail it.
 		stall := time.AfterFunc(20*time.Millisecond, func() { c.fail(errors.New("fuzz: stalled"), false) })

@@ -304,8 +304,8 @@ func (c *conn) awaitApplied(vec []uint64) bool {
 	if c.satisfied(vec) {
 		return true
 	}
-	c.pmu.Lock()
-	defer c.pmu.Unlock()
+	c.amu.Lock()
+	defer c.amu.Unlock()
 	c.nblocked.Add(1)
 	defer c.nblocked.Add(-1)
 	for !c.satisfied(vec) {

@@ -142,9 +142,9 @@ func (c *conn) readLoop(s *sock) {
 			c.runPending()
 		}
 		if c.nblocked.Load() > 0 {
-			c.pmu.Lock()
+			c.amu.Lock()
 			c.pcond.Broadcast()
-			c.pmu.Unlock()
+			c.amu.Unlock()
 		}
 		if done {
 			return
