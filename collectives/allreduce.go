@@ -1,6 +1,7 @@
 package collectives
 
 import (
+	"context"
 	"fmt"
 	"math"
 
@@ -144,7 +145,7 @@ func issueWindowed(c *hcomm.Comm, name string, k kind, s *device.Stream, o *Opti
 	if err := checkAlgo(c, name, k, algo, n, st.lay); err != nil {
 		return err
 	}
-	if err := st.connect(); err != nil {
+	if err := st.connect(context.Background()); err != nil {
 		return collErr(c, name, hcomm.ResultOf(err), err, "setting up the collective channels")
 	}
 	inWin := windowed != nil && windowed(st) // always: the schedule uses what it finds

@@ -9,6 +9,7 @@ import (
 	"github.com/hcomm-dev/hcomm/collectives"
 	"github.com/hcomm-dev/hcomm/device"
 	"github.com/hcomm-dev/hcomm/hcomm"
+	"github.com/hcomm-dev/hcomm/hcommtest"
 	"github.com/hcomm-dev/hcomm/internal/memcopy"
 )
 
@@ -16,15 +17,7 @@ import (
 // enqueues b.N back-to-back calls on its stream and synchronizes once; time per
 // call = elapsed / b.N; algbw = size / time; busbw = algbw * factor.
 func benchColl(b *testing.B, n int, size int64, factor float64, call func(c *hcomm.Comm, s *device.Stream, send, recv device.Ptr, count int64) error) {
-	comms, err := hcomm.InitAll(n, nil)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer func() {
-		for _, c := range comms {
-			c.Destroy()
-		}
-	}()
+	comms := hcommtest.New(b, n, hcommtest.Auto)
 	type rank struct {
 		s          *device.Stream
 		send, recv device.Ptr
@@ -39,23 +32,17 @@ func benchColl(b *testing.B, n int, size int64, factor float64, call func(c *hco
 	}
 	count := size / 4
 	iter := func(iters int) {
-		var wg sync.WaitGroup
-		for i, c := range comms {
-			wg.Add(1)
-			go func(i int, c *hcomm.Comm) {
-				defer wg.Done()
-				for k := 0; k < iters; k++ {
-					if err := call(c, rs[i].s, rs[i].send, rs[i].recv, count); err != nil {
-						b.Error(err)
-						return
-					}
+		hcommtest.Each(b, comms, func(t testing.TB, c *hcomm.Comm) {
+			r := rs[c.Rank()]
+			for k := 0; k < iters; k++ {
+				if err := call(c, r.s, r.send, r.recv, count); err != nil {
+					t.Fatal(err)
 				}
-				if err := rs[i].s.SynchronizeWithTimeout(-1); err != nil {
-					b.Error(err)
-				}
-			}(i, c)
-		}
-		wg.Wait()
+			}
+			if err := r.s.SynchronizeWithTimeout(-1); err != nil {
+				t.Fatal(err)
+			}
+		})
 	}
 	// Warm-up: channel setup, page faults, and the kernel settling after the
 	// previous benchmark freed its memory (without it the first

@@ -6,40 +6,33 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sync/errgroup"
-
 	"github.com/hcomm-dev/hcomm/collectives"
 	"github.com/hcomm-dev/hcomm/hcomm"
+	"github.com/hcomm-dev/hcomm/hcommtest"
 	"github.com/hcomm-dev/hcomm/internal/leakcheck"
 	"github.com/hcomm-dev/hcomm/internal/reduce"
 )
 
 func TestMain(m *testing.M) { leakcheck.Main(m) }
 
-// run calls fn once per rank, concurrently, and fails on the first error.
+// run calls fn once per rank, concurrently (hcommtest.Each), and fails on
+// the first error, naming the rank; a failing rank aborts the others, so that
+// those waiting for it return.
 func run(t *testing.T, comms []*hcomm.Comm, fn func(c *hcomm.Comm) error) {
 	t.Helper()
-	var g errgroup.Group
-	for _, c := range comms {
-		g.Go(func() error { return fn(c) })
-	}
-	if err := g.Wait(); err != nil {
-		t.Fatal(err)
-	}
-}
-
-func initAll(t *testing.T, n int, cfg *hcomm.Config) []*hcomm.Comm {
-	t.Helper()
-	comms, err := hcomm.InitAll(n, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		for _, c := range comms {
-			c.Destroy()
+	hcommtest.Each(t, comms, func(t testing.TB, c *hcomm.Comm) {
+		if err := fn(c); err != nil {
+			t.Fatal(err)
 		}
 	})
-	return comms
+}
+
+// initAll makes n ranks in this process (hcommtest.New), over cfg.Transport
+// (hcomm's choice when empty), destroyed and checked for leaks when the test
+// ends.
+func initAll(t *testing.T, n int, cfg *hcomm.Config) []*hcomm.Comm {
+	t.Helper()
+	return hcommtest.Options{Config: cfg}.New(t, n, hcommtest.Auto)
 }
 
 // input is rank r's element i: small integers, so that every partial sum and

@@ -1,6 +1,7 @@
 package collectives
 
 import (
+	"context"
 	"encoding/binary"
 	"fmt"
 	"math"
@@ -99,7 +100,7 @@ func BatchSendRecv(items []SendRecvItem, c *hcomm.Comm, s *device.Stream) error 
 	if 8*per*n > int(st.lay.inline()) {
 		return collErr(c, name, hcomm.ErrPara, nil, "%d ranks need %d bytes of hello, the HCCL buffer's slots hold %d", n, 8*per*n, st.lay.inline())
 	}
-	if err := st.connect(); err != nil {
+	if err := st.connect(context.Background()); err != nil {
 		return collErr(c, name, hcomm.ResultOf(err), err, "setting up the collective channels")
 	}
 	t, err := st.begin(s)

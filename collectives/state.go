@@ -1,6 +1,7 @@
 package collectives
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"sync"
@@ -116,7 +117,13 @@ type state struct {
 type stateKey struct{}
 
 func getState(c *hcomm.Comm) (*state, error) {
-	st, err := lockState(c)
+	return getStateContext(context.Background(), c)
+}
+
+// getStateContext is getState whose first call's channel setup is bounded
+// by ctx as well (the host-slice layer's ctx).
+func getStateContext(ctx context.Context, c *hcomm.Comm) (*state, error) {
+	st, err := lockStateContext(ctx, c)
 	if err != nil {
 		return nil, err
 	}
@@ -128,11 +135,17 @@ func getState(c *hcomm.Comm) (*state, error) {
 // when it fails): a collective issues its schedule under the lock, so it
 // takes it once.
 func lockState(c *hcomm.Comm) (*state, error) {
+	return lockStateContext(context.Background(), c)
+}
+
+// lockStateContext is lockState whose channel setup (the first
+// collective's) ends with ctx too.
+func lockStateContext(ctx context.Context, c *hcomm.Comm) (*state, error) {
 	st, err := lockLocal(c)
 	if err != nil {
 		return nil, err
 	}
-	if err := st.connect(); err != nil {
+	if err := st.connect(ctx); err != nil {
 		st.mu.Unlock()
 		return nil, err
 	}
@@ -164,13 +177,20 @@ func lockLocal(c *hcomm.Comm) (*state, error) {
 
 // connect acquires the collective channels at the first collective that
 // needs them (st.mu held). A failure is kept: every later collective
-// returns it.
-func (st *state) connect() error {
+// returns it — except a setup that ctx ended on a usable communicator,
+// which the next collective starts again (the channel layer starts over
+// the pairs it gave up).
+func (st *state) connect(ctx context.Context) error {
 	if st.chans != nil || st.comm.Size() == 1 {
 		return nil
 	}
-	st.err = st.setup()
-	return st.err
+	err := st.setup(ctx)
+	if err != nil && ctx.Err() != nil && st.comm.Check() == nil {
+		st.chans = nil
+		return err
+	}
+	st.err = err
+	return err
 }
 
 func (st *state) init1() {
@@ -197,7 +217,7 @@ func (st *state) init1() {
 
 // setup acquires a channel to every peer (collective: every rank calls it at
 // its first collective), after init1.
-func (st *state) setup() error {
+func (st *state) setup(ctx context.Context) error {
 	c := st.comm
 	if _, err := newLayout(c.Size(), st.lay.bufSize); err != nil {
 		return err
@@ -212,7 +232,7 @@ func (st *state) setup() error {
 		descs[j].Tag = chanTag
 		j++
 	}
-	chs, err := c.ChannelAcquire(hcomm.EngineCPUTS, descs)
+	chs, err := c.ChannelAcquireContext(ctx, hcomm.EngineCPUTS, descs)
 	if err != nil {
 		return err
 	}

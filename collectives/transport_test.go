@@ -6,27 +6,23 @@ import (
 
 	"github.com/hcomm-dev/hcomm/collectives"
 	"github.com/hcomm-dev/hcomm/hcomm"
+	"github.com/hcomm-dev/hcomm/hcommtest"
 )
 
 // TestCollectivesOverEveryTransport runs the collective matrix with the
-// ranks' channels forced onto each transport (Config.Transport): inproc, shm
-// (shared mappings, as between processes of one host) and tcp (loopback
-// sockets, as between hosts). The schedules are the same on all three: they
+// ranks' channels forced onto each transport hcommtest runs as goroutines:
+// inproc, shm (shared mappings, as between processes of one host) and tcp
+// (loopback sockets, as between hosts). The schedules are the same on all three: they
 // see only the data-plane ops. The multi-process runs of hcomm's own tests
 // cover the same transports with ranks as separate processes.
 func TestCollectivesOverEveryTransport(t *testing.T) {
-	for _, tr := range []string{"inproc", "shm", "tcp"} {
+	for _, tr := range hcommtest.Transports() {
+		if tr.Processes {
+			continue // the matrix drives every rank's buffers from this goroutine
+		}
 		for _, n := range []int{2, 3} {
-			t.Run(fmt.Sprintf("%s/ranks=%d", tr, n), func(t *testing.T) {
-				comms, err := hcomm.InitAll(n, &hcomm.Config{Transport: tr, BufferSize: 64 << 10})
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer func() {
-					for _, c := range comms {
-						c.Destroy()
-					}
-				}()
+			t.Run(fmt.Sprintf("%v/ranks=%d", tr, n), func(t *testing.T) {
+				comms := hcommtest.Options{Config: &hcomm.Config{BufferSize: 64 << 10}}.New(t, n, tr)
 				inline := collectives.InlineBytes(comms[0])
 				types := []hcomm.DataType{hcomm.Int8, hcomm.BFloat16, hcomm.Float32, hcomm.Float64}
 				for _, dt := range types {

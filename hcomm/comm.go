@@ -33,8 +33,9 @@ type Comm struct {
 	// sharedDev: the device context is the parent communicator's (a
 	// sub-communicator); Destroy frees the HCCL buffer instead of closing it.
 	sharedDev bool
-	health    *health   // loss watcher of a multi-process communicator; nil for InitAll
-	async     *asyncErr // GetCommAsyncError's record; a sub-communicator's is its parent's
+	health    *health     // loss watcher of a multi-process communicator; nil for InitAll
+	async     *asyncErr   // GetCommAsyncError's record; a sub-communicator's is its parent's
+	revoke    *revocation // Revoke's state and its watch on the other ranks' (revoke.go)
 	// stopped ends when Abort or Destroy is called (stop): the blocking
 	// setups of the communicator (ChannelAcquire, Split) watch it.
 	stopped context.Context
@@ -154,6 +155,7 @@ func newCommOn(op string, c Config, rank, size, devID int, parent *Comm, boot *b
 		cm.async = &asyncErr{}
 		cm.watchAsync() // asyncerr.go
 	}
+	cm.watchRevoke() // revoke.go
 	cm.log(slog.LevelInfo, "communicator ready", "op", op, "size", size, "device", dev.ID(), "hccl_buffer_bytes", bufSize)
 	return cm, nil
 }
@@ -196,6 +198,9 @@ func (c *Comm) usable(op string) error {
 	}
 	if c.aborted {
 		return c.errorf(op, -1, ErrUnavail, ErrAborted, "")
+	}
+	if err := c.revokedCheck(op); err != nil {
+		return err
 	}
 	return c.lostCheck(op)
 }
@@ -298,6 +303,7 @@ func (c *Comm) Destroy() error {
 		t.Free()
 	}
 	c.unwatch(chs)
+	c.unwatchRevoke()
 	for _, ch := range chs {
 		ch.tr.Close()
 	}
@@ -313,15 +319,17 @@ func (c *Comm) Destroy() error {
 
 // setupCtx bounds a blocking setup call of c (ChannelAcquire, Split): it
 // ends with ctx, after Config.ConnectTimeout (HCCL_CONNECT_TIMEOUT), at Abort
-// or Destroy, and when c learns of a lost rank. Call done when the setup is
-// over.
+// or Destroy, when c learns of a lost rank, and when c is revoked. Call done
+// when the setup is over.
 func (c *Comm) setupCtx(ctx context.Context) (_ context.Context, done func()) {
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.ConnectTimeout)
 	unstop := context.AfterFunc(c.stopped, cancel)
 	unloss := c.stopOnLoss(cancel)
+	unrevoke := context.AfterFunc(c.revoke.ctx, cancel)
 	return ctx, func() {
 		unstop()
 		unloss()
+		unrevoke()
 		cancel()
 	}
 }

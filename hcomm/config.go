@@ -18,6 +18,9 @@ const (
 	DefaultBufferSize     = 200 << 20          // HCCL_BUFFSIZE: 200 MB
 	DefaultExecTimeout    = 1836 * time.Second // HCCL_EXEC_TIMEOUT: 1836 s
 	DefaultConnectTimeout = 120 * time.Second  // HCCL_CONNECT_TIMEOUT: 120 s
+	// DefaultLivenessTimeout is HCOMM_LIVENESS_TIMEOUT's default: a rank
+	// silent this long is lost (Config.LivenessTimeout).
+	DefaultLivenessTimeout = 10 * time.Second
 )
 
 // Config sets up a communicator (HcclCommConfig). The zero value of a field
@@ -34,6 +37,13 @@ type Config struct {
 	ExecTimeout time.Duration
 	// ConnectTimeout bounds channel setup (HCCL_CONNECT_TIMEOUT, seconds).
 	ConnectTimeout time.Duration
+	// LivenessTimeout is how long a rank may stay silent on its bootstrap
+	// connection — no keep-alive, or, for rank 0's store, no answer — before
+	// the other ranks take it for lost, "not responding (alive but
+	// stuck?)" (HCOMM_LIVENESS_TIMEOUT, seconds; default 10 s). It does not
+	// depend on ExecTimeout: a stopped rank, rank 0 included, is found
+	// within it however long the collectives may wait.
+	LivenessTimeout time.Duration
 
 	// Transport forces one transport on every channel: "inproc", "shm" or
 	// "tcp" (HCOMM_TRANSPORT). Empty lets each channel's protocol and the
@@ -93,6 +103,16 @@ func (c Config) resolve() (Config, error) {
 			return c, err
 		}
 		c.ConnectTimeout = time.Duration(s) * time.Second
+	}
+	if c.LivenessTimeout == 0 {
+		s, err := envScaled("HCOMM_LIVENESS_TIMEOUT", int64(DefaultLivenessTimeout/time.Second), 1, int64(time.Second), math.MaxInt64, "seconds")
+		if err != nil {
+			return c, err
+		}
+		c.LivenessTimeout = time.Duration(s) * time.Second
+	}
+	if c.LivenessTimeout < 0 {
+		return c, fmt.Errorf("Config.LivenessTimeout %v is negative", c.LivenessTimeout)
 	}
 	return c.resolveObs()
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/hcomm-dev/hcomm/device"
 	"github.com/hcomm-dev/hcomm/hcomm"
+	"github.com/hcomm-dev/hcomm/hcommtest"
 	"github.com/hcomm-dev/hcomm/internal/leakcheck"
 )
 
@@ -33,53 +34,38 @@ func newPair(t *testing.T, cfg *hcomm.Config) *pair {
 	if cfg == nil {
 		cfg = &hcomm.Config{BufferSize: 32 << 10, Name: "test"}
 	}
-	comms, err := hcomm.InitAll(2, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	comms := hcommtest.Options{Config: cfg}.New(t, 2, hcommtest.Auto)
 	p := &pair{}
 	copy(p.comms[:], comms)
-	t.Cleanup(func() {
+	t.Cleanup(func() { // before New's Destroy: stop what a test left pending
 		for _, c := range comms {
 			c.Abort()
-			c.Destroy()
 		}
 	})
-	var wg sync.WaitGroup
-	errs := make([]error, 2)
-	for r := 0; r < 2; r++ {
-		wg.Add(1)
-		go func(r int) {
-			defer wg.Done()
-			d := hcomm.ChannelDescInit(1)
-			d[0].RemoteRank = 1 - r
-			d[0].Protocol = hcomm.ProtocolHCCS
-			d[0].NotifyNum = 3
-			chs, err := comms[r].ChannelAcquire(hcomm.EngineCPUTS, d)
-			if err != nil {
-				errs[r] = err
-				return
-			}
-			p.ch[r] = chs[0]
-			ts, err := comms[r].ThreadAcquire(hcomm.EngineCPUTS, 1, 2)
-			if err != nil {
-				errs[r] = err
-				return
-			}
-			p.th[r] = ts[0]
-			var size int64
-			p.buf[r], size, errs[r] = comms[r].GetHcclBuffer()
-			if r == 0 {
-				p.size = size
-			}
-		}(r)
-	}
-	wg.Wait()
-	for _, err := range errs {
+	hcommtest.Each(t, comms, func(t testing.TB, c *hcomm.Comm) {
+		r := c.Rank()
+		d := hcomm.ChannelDescInit(1)
+		d[0].RemoteRank = 1 - r
+		d[0].Protocol = hcomm.ProtocolHCCS
+		d[0].NotifyNum = 3
+		chs, err := c.ChannelAcquire(hcomm.EngineCPUTS, d)
 		if err != nil {
 			t.Fatal(err)
 		}
-	}
+		p.ch[r] = chs[0]
+		ts, err := c.ThreadAcquire(hcomm.EngineCPUTS, 1, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.th[r] = ts[0]
+		var size int64
+		if p.buf[r], size, err = c.GetHcclBuffer(); err != nil {
+			t.Fatal(err)
+		}
+		if r == 0 {
+			p.size = size
+		}
+	})
 	return p
 }
 

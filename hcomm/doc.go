@@ -36,7 +36,12 @@
 // syntax); each is also a Config field. When a rank is lost, every other
 // rank's pending operations fail (ErrRankLost, or the transport's or
 // HCCL_EXEC_TIMEOUT's error naming the rank) and Destroy still returns
-// promptly. init.go, env.go, ranktable.go and transport.go say more.
+// promptly; a stopped rank, rank 0 included, is found within
+// HCOMM_LIVENESS_TIMEOUT. Revoke stops every rank's work on a communicator
+// (ErrRevoked); Shrink makes a new communicator of the survivors, rank 0 or
+// not among them, without a relaunch; LostRanks lists the ranks known lost
+// (shrink.md: the protocol). init.go, env.go, ranktable.go and transport.go
+// say more.
 //
 // Every call that blocks for other ranks has a form that takes a context
 // first, as net.Dialer.DialContext: InitRootInfoContext,
@@ -73,7 +78,8 @@
 // diagnosis), optag.go (BeginOp), errors.go (Error, Result), transport.go
 // (which transport carries a channel), init.go, env.go and ranktable.go
 // (joining across processes), subcomm.go (CreateSubComm, Split), health.go
-// (a lost rank), metrics.go and log.go (observability).
+// (a lost rank), revoke.go (Revoke), shrink.go and agree.go (Shrink),
+// metrics.go and log.go (observability).
 //
 // Names and values follow HCCL: HcclResult codes are Result, CommEngine is
 // Engine, CommProtocol is Protocol, HcclDataType is DataType, HcclReduceOp is
@@ -84,7 +90,8 @@
 //
 // Environment (code wins over each): HCCL_BUFFSIZE (MB, default 200; the HCCL
 // buffer is twice this), HCCL_EXEC_TIMEOUT (s, default 1836, 0 = never),
-// HCCL_CONNECT_TIMEOUT (s, default 120), HCOMM_TRANSPORT, HCOMM_SHM_DISABLE,
+// HCCL_CONNECT_TIMEOUT (s, default 120), HCOMM_LIVENESS_TIMEOUT (s, default
+// 10), HCOMM_TRANSPORT, HCOMM_SHM_DISABLE,
 // HCOMM_SOCKET_IFNAME; for InitFromEnv and InitClusterInfo also MASTER_ADDR,
 // MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK, HCOMM_MASTER_ADDR,
 // HCOMM_ROOT_PORT and HCOMM_SECRET.

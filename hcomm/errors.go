@@ -61,6 +61,10 @@ func (r Result) Is(target error) bool { return r == ErrTimeout && target == cont
 // ErrAborted is wrapped by every error of an operation that Abort ended.
 var ErrAborted = errors.New("communicator aborted")
 
+// ErrRevoked is wrapped by every error of an operation that failed because
+// its communicator was revoked (Revoke, Shrink) on this rank or another.
+var ErrRevoked = errors.New("communicator revoked")
+
 // Error is the error of every hcomm call: which communicator, rank and peer,
 // which operation, which HcclResult, and the cause.
 type Error struct {

@@ -4,6 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -23,39 +26,42 @@ import (
 // could make the failure look like that neighbour's. Afterwards the
 // communicator refuses new work (ErrRemote); Destroy still works.
 //
-// Every rank pings the store twice a second; a rank silent for half of
-// HCCL_EXEC_TIMEOUT (within [5 s, 30 s]) — its network went away, its host
-// froze — is reported lost the same way, before the waits on it time out.
-// Rank 0's own loss each rank learns from its store connection ending
-// without rank 0's goodbye (a store that rank 0 closes on purpose says
-// goodbye first). What it does not see: rank 0's network going silent while
-// its process lives — the transports' heartbeats and HCCL_EXEC_TIMEOUT end
-// those waits, naming the channel's peer.
+// Every rank pings the store twice a second; a rank silent for
+// Config.LivenessTimeout (HCOMM_LIVENESS_TIMEOUT, 10 s) — stopped, frozen,
+// its network gone — is reported lost the same way, "not responding (alive
+// but stuck?)", where a rank whose connection closed is "gone". Rank 0's
+// own loss each rank learns from its store connection ending without rank
+// 0's goodbye (a store that rank 0 closes on purpose says goodbye first),
+// and rank 0 stuck from its store not answering a request within the
+// liveness timeout (each rank asks once a second): neither depends on
+// HCCL_EXEC_TIMEOUT.
 
 // keepAliveInterval is how often a rank pings rank 0's store.
 const keepAliveInterval = 500 * time.Millisecond
 
 // livenessTimeout is how long rank 0's store waits for a word (a ping) from
-// a rank before it reports the rank lost: half of HCCL_EXEC_TIMEOUT, so that
-// a rank whose network went away is named before the waits on it time out,
-// within [5 s, 30 s] so that a loaded machine (a stalled process, a slow
-// scheduler) does not lose live ranks.
+// a rank, and a rank for an answer from rank 0's store, before it reports
+// the rank lost: Config.LivenessTimeout (HCOMM_LIVENESS_TIMEOUT, 10 s).
 func (c Config) livenessTimeout() time.Duration {
-	t := c.ExecTimeout / 2
-	if c.ExecTimeout < 0 || t > 30*time.Second {
-		t = 30 * time.Second
+	if c.LivenessTimeout <= 0 {
+		return DefaultLivenessTimeout
 	}
-	return max(t, 5*time.Second)
+	return c.LivenessTimeout
 }
 
 // ErrRankLost is wrapped by the errors of operations that failed because a
 // rank of the communicator was lost.
 var ErrRankLost = errors.New("rank lost")
 
+// Loss events, under the communicator's prefix "c" of rank 0's store: the
+// store numbers them in the counter "event-n" and sets each under
+// "event/<n>" (n from 1), so that every rank reads every loss, in order. A
+// rank is published once (the counter "lost/<rank>" keeps the first).
 const (
-	eventKey = "c/event"   // first loss, JSON lossEvent
-	eventCtr = "c/event-n" // first writer wins
-	ackCtr   = "event-ack" // (under the comm prefix) ranks that applied the loss
+	eventCtr = "event-n"   // losses published so far
+	eventPfx = "event/"    // + n: JSON lossEvent
+	lostPfx  = "lost/"     // + rank: first publisher wins
+	ackCtr   = "event-ack" // ranks that applied the first loss
 )
 
 type lossEvent struct {
@@ -63,15 +69,26 @@ type lossEvent struct {
 	Reason string `json:"reason"`
 }
 
-// publishLoss is rank 0's store hook: it publishes the first loss.
+// publishLoss is rank 0's store hook: it publishes the loss of rank.
 func publishLoss(local bootstrap.Store, rank int, reason string) {
+	postLoss(bootstrap.Prefix(local, "c"), rank, reason)
+}
+
+// postLoss publishes the loss of rank in s (a communicator's view of its
+// store): by the store's hook, or by a rank that fails during its setup.
+// It gives up after a second.
+func postLoss(s bootstrap.Store, rank int, reason string) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	if n, err := local.Add(ctx, eventCtr, 1); err != nil || n != 1 {
+	if n, err := s.Add(ctx, lostPfx+strconv.Itoa(rank), 1); err != nil || n != 1 {
+		return
+	}
+	n, err := s.Add(ctx, eventCtr, 1)
+	if err != nil {
 		return
 	}
 	b, _ := json.Marshal(lossEvent{Rank: rank, Reason: reason})
-	local.Set(ctx, eventKey, b)
+	s.Set(ctx, eventPfx+strconv.FormatInt(n, 10), b)
 }
 
 // health is a communicator's watch on its bootstrap's loss events.
@@ -83,51 +100,97 @@ type health struct {
 	lostCtx    context.Context
 	lostCancel context.CancelFunc
 
-	mu   sync.Mutex
-	lost *Error // set once
+	mu      sync.Mutex
+	lost    *Error         // the first loss; set once
+	lostSet map[int]string // every loss known, with its reason
 }
 
-// watch starts the watcher of c; Destroy stops it (unwatch).
+// watch starts the watcher of c; Destroy stops it (unwatch). It reads the
+// loss events one after the other for the communicator's life: an event
+// that does not parse, or names no rank of the communicator, is logged and
+// skipped — no message ends the watch.
 func (c *Comm) watch() {
 	ctx, cancel := context.WithCancel(context.Background())
 	lctx, lcancel := context.WithCancel(context.Background())
-	c.health = &health{cancel: cancel, done: make(chan struct{}), lostCtx: lctx, lostCancel: lcancel}
+	c.health = &health{cancel: cancel, done: make(chan struct{}), lostCtx: lctx, lostCancel: lcancel, lostSet: make(map[int]string)}
+	var wg sync.WaitGroup
+	if c.rank != 0 && c.boot.client != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c.watchRoot(ctx)
+		}()
+	}
 	go func() {
 		defer close(c.health.done)
-		b, err := c.boot.store.Get(ctx, "event")
-		if err != nil {
-			// Destroy; or rank 0 closed its store (it said goodbye); or the
-			// store went away without one: rank 0 is lost.
-			if cl := c.boot.client; ctx.Err() == nil && cl != nil && c.rank != 0 {
-				select {
-				case <-cl.Done():
-					if cl.Lost() {
-						c.rankLost(0, "its bootstrap store went away without a goodbye (its process died or its network failed)")
+		defer wg.Wait()
+		for i := 1; ; i++ {
+			b, err := c.boot.store.Get(ctx, eventPfx+strconv.Itoa(i))
+			if err != nil {
+				// Destroy; or rank 0 closed its store (it said goodbye); or
+				// the store went away without one: rank 0 is lost.
+				if cl := c.boot.client; ctx.Err() == nil && cl != nil && c.rank != 0 {
+					select {
+					case <-cl.Done():
+						if cl.Lost() {
+							c.rankLost(0, "it is gone: its bootstrap store went away without a goodbye (its process died or its network failed)")
+						}
+					case <-ctx.Done():
 					}
-				case <-ctx.Done():
 				}
+				return
 			}
-			return
+			var ev lossEvent
+			if err := json.Unmarshal(b, &ev); err != nil || ev.Rank < 0 || ev.Rank >= c.size {
+				c.cfg.bootLogger().Warn("hcomm: malformed loss event in the bootstrap; ignored", "comm", c.name, "rank", c.rank, "event", string(b))
+				continue
+			}
+			if c.rankLost(ev.Rank, ev.Reason) {
+				actx, acancel := context.WithTimeout(ctx, time.Second)
+				c.boot.store.Add(actx, ackCtr, 1)
+				acancel()
+			}
 		}
-		var ev lossEvent
-		if err := json.Unmarshal(b, &ev); err != nil || ev.Rank < 0 || ev.Rank >= c.size {
-			c.cfg.bootLogger().Warn("hcomm: malformed loss event in the bootstrap", "comm", c.name, "rank", c.rank, "event", string(b))
-			return
-		}
-		c.rankLost(ev.Rank, ev.Reason)
-		actx, acancel := context.WithTimeout(ctx, time.Second)
-		c.boot.store.Add(actx, ackCtr, 1)
-		acancel()
 	}()
 }
 
-// rankLost puts c in the failed state and breaks every channel's notifies.
-func (c *Comm) rankLost(rank int, reason string) {
+// watchRoot asks rank 0's store a question once a second until ctx ends or
+// the store goes: a store that gives no answer within the liveness timeout
+// means rank 0 is stuck (stopped, frozen: its sockets stay open, so no
+// connection ends to say so), and c learns rank 0 is lost.
+func (c *Comm) watchRoot(ctx context.Context) {
+	lt := c.cfg.livenessTimeout()
+	for {
+		tctx, tcancel := context.WithTimeout(ctx, lt)
+		_, _, err := c.boot.store.TryGet(tctx, "alive")
+		stuck := err != nil && ctx.Err() == nil && tctx.Err() != nil
+		tcancel()
+		if stuck {
+			c.rankLost(0, fmt.Sprintf("it is not responding (alive but stuck?): its bootstrap store answered nothing for %v", lt))
+			return
+		}
+		if err != nil {
+			return // Destroy, or the store went (watch tells a loss)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// rankLost records the loss of rank; at the first loss it puts c in the
+// failed state and breaks every channel's notifies, and reports true.
+func (c *Comm) rankLost(rank int, reason string) bool {
 	e := c.errorf("RankLost", rank, ErrRemote, ErrRankLost, "rank %d is lost: %s", rank, reason)
 	c.health.mu.Lock()
+	if _, ok := c.health.lostSet[rank]; !ok {
+		c.health.lostSet[rank] = reason
+	}
 	if c.health.lost != nil {
 		c.health.mu.Unlock()
-		return
+		return false
 	}
 	c.health.lost = e
 	c.unusable.Store(true)
@@ -147,6 +210,48 @@ func (c *Comm) rankLost(rank int, reason string) {
 			n.Break(e)
 		}
 	}
+	return true
+}
+
+// LostRanks returns the ranks this rank knows to be lost, sorted: those its
+// bootstrap reported (a process that died, a rank silent past the liveness
+// timeout, a rank that failed during its setup, rank 0's store gone) and
+// the peers of its channels whose transport saw them go (channel.ErrPeerLost:
+// a reset connection, a missing shm goodbye, a silent heartbeat). A rank
+// that closed its channels in order is not lost. nil when none is known.
+// Safe for concurrent use; valid on a destroyed communicator (then: what
+// it knew).
+func (c *Comm) LostRanks() []int {
+	if c == nil {
+		return nil
+	}
+	set := make(map[int]bool)
+	if c.health != nil {
+		c.health.mu.Lock()
+		for r := range c.health.lostSet {
+			set[r] = true
+		}
+		c.health.mu.Unlock()
+	}
+	c.mu.Lock()
+	for k, ch := range c.channels {
+		for _, n := range ch.notifies {
+			if err := n.Broken(); err != nil && errors.Is(err, channel.ErrPeerLost) {
+				set[k.remote] = true
+				break
+			}
+		}
+	}
+	c.mu.Unlock()
+	if len(set) == 0 {
+		return nil
+	}
+	out := make([]int, 0, len(set))
+	for r := range set {
+		out = append(out, r)
+	}
+	slices.Sort(out)
+	return out
 }
 
 // lostErr returns the loss c knows of, or nil.
@@ -184,7 +289,7 @@ func (c *Comm) unwatch(chs map[chanKey]*Channel) {
 		ctx, cancel := context.WithDeadline(context.Background(), deadline)
 		// Was the loss published? (The store may notice a moment after the
 		// transport did.) If not — rank 0 lost, a network loss — nobody acks.
-		_, err := c.boot.store.Get(ctx, "event")
+		_, err := c.boot.store.Get(ctx, eventPfx+"1")
 		for err == nil && time.Now().Before(deadline) {
 			n, err := c.boot.store.Add(ctx, ackCtr, 0)
 			if err != nil || n >= int64(c.size-1) {

@@ -306,15 +306,15 @@ func join(ctx context.Context, op string, c Config, js joinSpec) (*Comm, error) 
 		return fail(code, err, "joining the bootstrap within HCCL_CONNECT_TIMEOUT %v", c.ConnectTimeout)
 	}
 	cli.KeepAlive(keepAliveInterval)
-	release := func() error {
-		cli.Close()
-		if srv != nil {
-			srv.Close()
-		}
-		return nil
-	}
-	peers, code, err := rendezvous(ctx, cli, js, ifc)
+	sb, err := startStandby(c, ifc, js.secret)
 	if err != nil {
+		cli.Close()
+		closeStore(srv, c.ConnectTimeout)
+		return fail(ErrTCPConnect, err, "rank %d starting its standby store", js.rank)
+	}
+	peers, code, err := rendezvous(ctx, cli, js, ifc, sb.addr)
+	if err != nil {
+		sb.close()
 		cli.Close()
 		closeStore(srv, c.ConnectTimeout)
 		if errors.Is(err, bootstrap.ErrJobFailed) {
@@ -325,15 +325,37 @@ func join(ctx context.Context, op string, c Config, js joinSpec) (*Comm, error) 
 		return fail(code, err, "")
 	}
 	boot := &bootState{store: bootstrap.Prefix(cli, "c"), client: cli, peers: peers, fabric: inproc.Default, iface: ifc,
-		secret: js.secret, release: release}
+		secret: js.secret, standby: sb}
+	boot.release = func() error {
+		cli.Close()
+		if srv != nil {
+			srv.Close()
+		}
+		boot.takeStandby().close()
+		return nil
+	}
 	dev := js.localRank
 	if dev < 0 || dev >= device.MaxDevices {
 		dev = js.rank % device.MaxDevices
 	}
+	// join holds a reference of its own on boot: when newComm fails (the
+	// HCCL buffer cannot be reserved, say), this rank tells the others
+	// before its store connection closes — a loss event naming it, so that
+	// they fail their first channel setups at once instead of waiting out
+	// HCCL_CONNECT_TIMEOUT — and rank 0's store stays up for failLinger so
+	// that they can read it.
+	boot.refs = 1
 	cm, err := newComm(op, c, js.rank, js.nRanks, dev, boot)
 	if err != nil {
+		postLoss(boot.store, js.rank, fmt.Sprintf("it failed during its setup: %v", err))
+		if s := srv; s != nil {
+			srv = nil // release leaves it to the timer
+			time.AfterFunc(min(failLinger, c.ConnectTimeout), func() { s.Close() })
+		}
+		boot.unref()
 		return nil, err
 	}
+	boot.unref()
 	cm.watch()
 	return cm, nil
 }
@@ -366,7 +388,7 @@ type peerList struct {
 	Error string     `json:"error,omitempty"`
 }
 
-func rendezvous(ctx context.Context, s bootstrap.Store, js joinSpec, ifc bootstrap.Iface) ([]peerInfo, Result, error) {
+func rendezvous(ctx context.Context, s bootstrap.Store, js joinSpec, ifc bootstrap.Iface, standby string) ([]peerInfo, Result, error) {
 	n, err := s.Add(ctx, "claim/"+strconv.Itoa(js.rank), 1)
 	if err != nil {
 		return nil, ErrTCPConnect, err
@@ -374,7 +396,7 @@ func rendezvous(ctx context.Context, s bootstrap.Store, js joinSpec, ifc bootstr
 	if n != 1 {
 		return nil, ErrPara, fmt.Errorf("rank %d is claimed by %d processes: give each process its own rank", js.rank, n)
 	}
-	me := peerInfo{Rank: js.rank, NRanks: js.nRanks, Host: hostID(), ShmHost: shmHostID(), Proc: procToken, PID: os.Getpid(), Addr: ifc.IP.String()}
+	me := peerInfo{Rank: js.rank, NRanks: js.nRanks, Host: hostID(), ShmHost: shmHostID(), Proc: procToken, PID: os.Getpid(), Addr: ifc.IP.String(), Standby: standby}
 	me.Hostname, _ = os.Hostname()
 	b, _ := json.Marshal(me)
 	if err := s.Set(ctx, "info/"+strconv.Itoa(js.rank), b); err != nil {

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/hcomm-dev/hcomm/hcomm"
+	"github.com/hcomm-dev/hcomm/hcommtest"
 	"github.com/hcomm-dev/hcomm/internal/bootstrap"
 )
 
@@ -71,24 +72,14 @@ func initRanks(t *testing.T, n int, init func(rank int) (*hcomm.Comm, error)) []
 	return comms
 }
 
-// work runs rankWork on every rank concurrently.
+// work runs rankWork on every rank concurrently (hcommtest.Each).
 func work(t *testing.T, comms []*hcomm.Comm, transport string, collSizes []int) {
 	t.Helper()
-	errs := make([]error, len(comms))
-	var wg sync.WaitGroup
-	for r, c := range comms {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[r] = rankWork(c, transport, collSizes)
-		}()
-	}
-	wg.Wait()
-	for _, err := range errs {
-		if err != nil {
+	hcommtest.Each(t, comms, func(t testing.TB, c *hcomm.Comm) {
+		if err := rankWork(c, transport, collSizes); err != nil {
 			t.Fatal(err)
 		}
-	}
+	})
 }
 
 func testCfg() *hcomm.Config {
@@ -116,57 +107,31 @@ func TestInitRootInfoInProcess(t *testing.T) {
 // Every transport of this build, forced inside one process, carries the same
 // workload; and a ROCE channel is a tcp channel.
 func TestInitAllForcedTransports(t *testing.T) {
-	for _, tr := range hcomm.Transports() {
-		t.Run(tr, func(t *testing.T) {
-			cfg := testCfg()
-			cfg.Transport = tr
-			comms, err := hcomm.InitAll(3, cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer func() {
-				for _, c := range comms {
-					c.Destroy()
-				}
-			}()
-			work(t, comms, tr, []int{0, 1, 7, 1023, 70000})
+	for _, tr := range hcommtest.Transports() {
+		if tr.Processes {
+			continue
+		}
+		t.Run(tr.String(), func(t *testing.T) {
+			comms := hcommtest.Options{Config: testCfg()}.New(t, 3, tr)
+			work(t, comms, tr.Name, []int{0, 1, 7, 1023, 70000})
 		})
 	}
 	if !slices.Contains(hcomm.Transports(), hcomm.TransportTCP) {
 		t.Skip("this build has no tcp transport")
 	}
 
-	comms2, err := hcomm.InitAll(2, testCfg())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		for _, c := range comms2 {
-			c.Destroy()
+	comms2 := hcommtest.Options{Config: testCfg()}.New(t, 2, hcommtest.Auto)
+	hcommtest.Each(t, comms2, func(t testing.TB, c *hcomm.Comm) {
+		d := hcomm.ChannelDescInit(1)
+		d[0].RemoteRank, d[0].Protocol, d[0].NotifyNum = 1-c.Rank(), hcomm.ProtocolROCE, 1
+		out, err := c.ChannelAcquire(hcomm.EngineCPUTS, d)
+		if err != nil {
+			t.Fatalf("ROCE channel: %v", err)
 		}
-	}()
-	chs := make([]*hcomm.Channel, 2)
-	errs := make([]error, 2)
-	var wg sync.WaitGroup
-	for r := range 2 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			d := hcomm.ChannelDescInit(1)
-			d[0].RemoteRank, d[0].Protocol, d[0].NotifyNum = 1-r, hcomm.ProtocolROCE, 1
-			var out []*hcomm.Channel
-			out, errs[r] = comms2[r].ChannelAcquire(hcomm.EngineCPUTS, d)
-			if errs[r] == nil {
-				chs[r] = out[0]
-			}
-		}()
-	}
-	wg.Wait()
-	for r := range 2 {
-		if errs[r] != nil || chs[r].Transport() != hcomm.TransportTCP {
-			t.Fatalf("rank %d ROCE channel: %v, transport %v", r, errs[r], chs[r])
+		if out[0].Transport() != hcomm.TransportTCP {
+			t.Fatalf("ROCE channel on %v", out[0].Transport())
 		}
-	}
+	})
 }
 
 // A stranger with a wrong secret knocking at rank 0's store is refused and

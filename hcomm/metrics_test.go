@@ -16,6 +16,7 @@ import (
 
 	"github.com/hcomm-dev/hcomm/collectives"
 	"github.com/hcomm-dev/hcomm/hcomm"
+	"github.com/hcomm-dev/hcomm/hcommtest"
 )
 
 // family returns the gathered metric family name, failing if it is absent.
@@ -88,36 +89,20 @@ hcomm_transport_bytes_total{direction="write",rank="0",transport="` + tr + `"} 3
 // with sane values, and passes promlint.
 func TestMetricsAfterAllReduce(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	comms, err := hcomm.InitAll(3, &hcomm.Config{BufferSize: 1 << 20, Name: "m", Metrics: reg})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		for _, c := range comms {
-			c.Destroy()
-		}
-	}()
+	comms := hcommtest.Options{Config: &hcomm.Config{BufferSize: 1 << 20, Name: "m", Metrics: reg}}.New(t, 3, hcommtest.Auto)
 	const n = 1000
-	var wg sync.WaitGroup
-	errs := make([]error, len(comms))
-	for i, c := range comms {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			in := make([]float32, n)
-			for j := range in {
-				in[j] = float32(c.Rank())
-			}
-			errs[i] = collectives.AllReduceSlice(context.Background(), c, in, in, hcomm.Sum, nil)
-			if errs[i] == nil && in[n-1] != 3 {
-				errs[i] = errors.New("wrong sum")
-			}
-		}()
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		t.Fatal(err)
-	}
+	hcommtest.Each(t, comms, func(t testing.TB, c *hcomm.Comm) {
+		in := make([]float32, n)
+		for j := range in {
+			in[j] = float32(c.Rank())
+		}
+		if err := collectives.AllReduceSlice(context.Background(), c, in, in, hcomm.Sum, nil); err != nil {
+			t.Fatal(err)
+		}
+		if in[n-1] != 3 {
+			t.Fatalf("element %d = %v, want 3", n-1, in[n-1])
+		}
+	})
 	// Every rank's allreduce is one observation of op="allreduce".
 	colls := family(t, reg, "hcomm_collective_duration_seconds").GetMetric()
 	var count uint64
@@ -278,32 +263,18 @@ func TestSlowWaitIsLogged(t *testing.T) {
 	var logs bytes.Buffer
 	var mu sync.Mutex
 	logger := slog.New(slog.NewTextHandler(&lockedWriter{mu: &mu, w: &logs}, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	comms, err := hcomm.InitAll(2, &hcomm.Config{BufferSize: 1 << 20, Name: "slow", Logger: logger})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		for _, c := range comms {
-			c.Destroy()
-		}
-	}()
-	var wg sync.WaitGroup
-	for _, c := range comms {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			x := []int32{1}
-			for i := 0; i < 2; i++ { // the first sets the channels up
-				if i == 1 && c.Rank() == 1 {
-					time.Sleep(1200 * time.Millisecond) // rank 0 waits for this rank
-				}
-				if err := collectives.AllReduceSlice(context.Background(), c, x, x, hcomm.Sum, nil); err != nil {
-					t.Error(err)
-				}
+	comms := hcommtest.Options{Config: &hcomm.Config{BufferSize: 1 << 20, Name: "slow", Logger: logger}}.New(t, 2, hcommtest.Auto)
+	hcommtest.Each(t, comms, func(t testing.TB, c *hcomm.Comm) {
+		x := []int32{1}
+		for i := 0; i < 2; i++ { // the first sets the channels up
+			if i == 1 && c.Rank() == 1 {
+				time.Sleep(1200 * time.Millisecond) // rank 0 waits for this rank
 			}
-		}()
-	}
-	wg.Wait()
+			if err := collectives.AllReduceSlice(context.Background(), c, x, x, hcomm.Sum, nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
 	mu.Lock()
 	out := logs.String()
 	mu.Unlock()

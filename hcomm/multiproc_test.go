@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -18,6 +17,7 @@ import (
 
 	"github.com/hcomm-dev/hcomm/collectives"
 	"github.com/hcomm-dev/hcomm/hcomm"
+	"github.com/hcomm-dev/hcomm/hcommtest"
 )
 
 // Multi-process tests re-execute this test binary once per rank, with the
@@ -31,6 +31,10 @@ func TestHelperRank(t *testing.T) {
 	role := os.Getenv(roleEnv)
 	if role == "" {
 		t.Skip("a rank of the multi-process tests; runs only when they start it")
+	}
+	if role == "fault" {
+		faultRank(t) // fault_test.go: it joins by itself, to count what it leaves behind
+		return
 	}
 	var c *hcomm.Comm
 	var err error
@@ -59,15 +63,9 @@ func TestHelperRank(t *testing.T) {
 	}()
 	switch role {
 	case "work":
-		sz := sizes
-		if v := os.Getenv("HCOMM_TEST_SIZES"); v != "" {
-			n, _ := strconv.Atoi(v)
-			sz = []int{n}
-		}
-		if err := rankWork(c, os.Getenv("HCOMM_TEST_WANT_TRANSPORT"), sz); err != nil {
+		if err := rankWork(c, "", sizes); err != nil { // the transport is hcomm's choice
 			t.Fatal(err)
 		}
-		fmt.Println("WORK-OK")
 	case "loop":
 		// Allreduce until an operation fails (a peer is lost), then report the
 		// error; the parent checks it names the lost rank.
@@ -101,11 +99,6 @@ func TestHelperRank(t *testing.T) {
 		if err := hierWork(c); err != nil {
 			t.Fatal(err)
 		}
-	case "colls":
-		if err := collsWork(c); err != nil {
-			t.Fatal(err)
-		}
-		fmt.Println("COLLS-OK")
 	default:
 		t.Fatalf("unknown %s=%q", roleEnv, role)
 	}
@@ -139,7 +132,8 @@ func (l *lineLog) Write(p []byte) (int, error) {
 		}
 		line := string(l.part[:i])
 		l.part = l.part[i+1:]
-		if strings.HasPrefix(line, "READY") || strings.HasPrefix(line, "OPERROR") || strings.HasPrefix(line, "DESTROYED") || strings.HasPrefix(line, "TCPBYTES") {
+		if strings.HasPrefix(line, "READY") || strings.HasPrefix(line, "OPERROR") || strings.HasPrefix(line, "DESTROYED") || strings.HasPrefix(line, "TCPBYTES") ||
+			strings.HasPrefix(line, "SHRUNK") || strings.HasPrefix(line, "DECIDING") {
 			select {
 			case l.lines <- markLine{line, time.Now()}:
 			default:
@@ -273,35 +267,43 @@ func crossProcessTransports(t *testing.T) []string {
 	return out
 }
 
-// Three processes join with InitFromEnv and run the data plane and the
-// collectives over every cross-process transport (forced with HCOMM_TRANSPORT),
-// and once with the transport left to hcomm.
+// procCfg is the configuration of the ranks hcommtest starts as processes:
+// what the launched ranks of launchRanks get from the environment.
+var procCfg = hcommtest.Options{Config: &hcomm.Config{BufferSize: 1 << 20, ConnectTimeout: 30 * time.Second, ExecTimeout: 60 * time.Second}}
+
+// processTransports are hcommtest's transports with ranks as processes.
+func processTransports(t *testing.T) []hcommtest.Transport {
+	var out []hcommtest.Transport
+	for _, tr := range hcommtest.Transports() {
+		if tr.Processes {
+			out = append(out, tr)
+		}
+	}
+	if len(out) == 0 {
+		t.Skip("this build has no transport between processes (shm, tcp)")
+	}
+	return out
+}
+
+// Three processes join with InitFromEnv (hcommtest sets the launcher's
+// variables) and run the data plane and the collectives over every
+// cross-process transport, and once with the transport left to hcomm.
 func TestMultiProcess(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short")
 	}
-	trs := crossProcessTransports(t)
-	cases := append(slices.Clone(trs), "auto")
-	for _, tr := range cases {
-		t.Run(tr, func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-			defer cancel()
-			master := masterEnv(t, "127.0.0.1")
-			procs := launchRanks(t, ctx, 3, "work", nil, func(int) []string {
-				env := append([]string{"HCCL_EXEC_TIMEOUT=60"}, master...)
-				if tr != "auto" {
-					env = append(env, "HCOMM_TRANSPORT="+tr, "HCOMM_TEST_WANT_TRANSPORT="+tr)
-				} else {
-					env = append(env, "HCOMM_TEST_WANT_TRANSPORT="+trs[0], "HCOMM_TRANSPORT=")
-				}
-				return env
-			})
-			waitAll(t, procs)
-			for _, p := range procs {
-				if !strings.Contains(p.log.String(), "WORK-OK") {
-					t.Errorf("rank %d did not finish its work:\n%s", p.rank, p.log)
-				}
+	trs := processTransports(t)
+	for _, tr := range append(trs, hcommtest.AutoProcesses) {
+		t.Run(tr.String(), func(t *testing.T) {
+			want := tr.Name
+			if want == "" {
+				want = trs[0].Name // hcomm's choice: the fastest between processes
 			}
+			procCfg.Run(t, 3, tr, func(t testing.TB, c *hcomm.Comm) {
+				if err := rankWork(c, want, sizes); err != nil {
+					t.Fatal(err)
+				}
+			})
 		})
 	}
 }
@@ -324,16 +326,17 @@ func TestMultiProcessLaunchers(t *testing.T) {
 		},
 	} {
 		t.Run(name, func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-			defer cancel()
-			port := freePort(t)
-			procs := launchRanks(t, ctx, 3, "work", nil, func(r int) []string {
-				// No torchrun variables: the launcher's own must be enough.
-				base := []string{"RANK=", "WORLD_SIZE=", "LOCAL_RANK=", "MASTER_ADDR=", "MASTER_PORT=", "HCOMM_SECRET=",
-					"HCOMM_TEST_WANT_TRANSPORT=", "HCOMM_TEST_SIZES=7", "HCCL_EXEC_TIMEOUT=60"}
+			o := procCfg
+			o.Env = func(r, port int) []string {
+				// No torchrun variables, no secret: the launcher's own must be enough.
+				base := []string{"RANK=", "WORLD_SIZE=", "LOCAL_RANK=", "LOCAL_WORLD_SIZE=", "MASTER_ADDR=", "MASTER_PORT=", "HCOMM_SECRET="}
 				return append(base, env(r, port)...)
+			}
+			o.Run(t, 3, hcommtest.AutoProcesses, func(t testing.TB, c *hcomm.Comm) {
+				if err := rankWork(c, "", []int{7}); err != nil {
+					t.Fatal(err)
+				}
 			})
-			waitAll(t, procs)
 		})
 	}
 }
@@ -358,7 +361,7 @@ func TestMultiProcessRootInfo(t *testing.T) {
 		if r == 0 {
 			return nil // rank 0 is this process
 		}
-		return []string{"HCOMM_TEST_ROOT=" + root.String(), "HCOMM_TEST_WANT_TRANSPORT=", "HCOMM_TRANSPORT="}
+		return []string{"HCOMM_TEST_ROOT=" + root.String(), "HCOMM_TRANSPORT="}
 	})
 	c, err := hcomm.InitRootInfo(3, root, 0, cfg)
 	if err != nil {

@@ -143,6 +143,9 @@ type peerInfo struct {
 	Hostname string `json:"hostname"` // for messages
 	PID      int    `json:"pid"`
 	Addr     string `json:"addr"` // the address this rank's tcp transport uses
+	// Standby is the address of the rank's standby store (agree.go), where
+	// a shrink meets when this rank is the lowest live one; "" in-process.
+	Standby string `json:"standby,omitempty"`
 }
 
 func (p peerInfo) where() string {
@@ -158,11 +161,24 @@ type bootState struct {
 	fabric *inproc.Fabric
 	iface  bootstrap.Iface  // the interface of HCOMM_SOCKET_IFNAME (zero for InitAll)
 	secret bootstrap.Secret // the communicator's secret; transports reuse it
+	// standby is this rank's standby store (a multi-process communicator's;
+	// nil otherwise, or once a shrink took it over); guarded by mu.
+	standby *standby
 	// release frees what the bootstrap holds (store client, rank 0's server);
 	// called by the last Destroy of the group.
 	release func() error
 	mu      sync.Mutex
 	refs    int
+}
+
+// takeStandby hands this rank's standby store over to its caller (a shrink
+// whose coordinator this rank is): release no longer closes it.
+func (b *bootState) takeStandby() *standby {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	sb := b.standby
+	b.standby = nil
+	return sb
 }
 
 func (b *bootState) unref() error {

@@ -93,15 +93,6 @@ func (o Options) check() error {
 	return nil
 }
 
-func launched() bool {
-	for _, v := range []string{"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS"} {
-		if os.Getenv(v) != "" {
-			return true
-		}
-	}
-	return false
-}
-
 // Run trains with o and writes the report to out (rank 0's). It fails when
 // the ranks' weights differ at the end.
 func Run(o Options, out io.Writer) (*Result, error) {
@@ -110,7 +101,7 @@ func Run(o Options, out io.Writer) (*Result, error) {
 	}
 	var comms []*hcomm.Comm
 	var err error
-	if launched() {
+	if _, ok := hcomm.Launched(nil); ok {
 		c, err := hcomm.InitFromEnv(&hcomm.Config{Name: "train"})
 		if err != nil {
 			return nil, err

@@ -2,9 +2,12 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"strings"
 	"testing"
 
+	"github.com/hcomm-dev/hcomm/hcomm"
+	"github.com/hcomm-dev/hcomm/hcommtest"
 	"github.com/hcomm-dev/hcomm/internal/leakcheck"
 )
 
@@ -74,5 +77,29 @@ func TestBadOptions(t *testing.T) {
 	o.Samples = 10
 	if _, err := Run(o, &bytes.Buffer{}); err == nil || !strings.Contains(err.Error(), "too few") {
 		t.Errorf("10 samples for 3 ranks of batch 16: err = %v", err)
+	}
+}
+
+// Training runs the same over every transport, ranks as goroutines and as
+// processes joined as under a launcher: every rank ends with bit-identical
+// weights (train checks them against rank 0's) and the loss falls.
+func TestTrainEveryTransport(t *testing.T) {
+	o := small()
+	o.Epochs, o.Baseline = 2, false
+	for _, tr := range hcommtest.Transports() {
+		t.Run(tr.String(), func(t *testing.T) {
+			if tr.Processes && testing.Short() {
+				t.Skip("-short: no processes")
+			}
+			hcommtest.Options{Config: &hcomm.Config{Name: "train", BufferSize: 8 << 20}}.Run(t, 3, tr, func(t testing.TB, c *hcomm.Comm) {
+				res, err := train(context.Background(), c, o, makeData(o), &bytes.Buffer{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !res.Identical || res.WorldRanks != 3 || len(res.Losses) != 2 || !(res.Losses[1] < res.Losses[0]) {
+					t.Errorf("identical %v, ranks %d, losses %v", res.Identical, res.WorldRanks, res.Losses)
+				}
+			})
+		})
 	}
 }

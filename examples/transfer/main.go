@@ -81,22 +81,13 @@ func main() {
 	}
 }
 
-func launched() bool {
-	for _, v := range []string{"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS"} {
-		if os.Getenv(v) != "" {
-			return true
-		}
-	}
-	return false
-}
-
 // Run makes the communicators and runs the transfers; rank 0 reports to out.
 func Run(o Options, out io.Writer) (*Result, error) {
 	if o.Size <= 0 || o.Chunk <= 0 || o.Iters < 1 || o.Ranks < 2 {
 		return nil, fmt.Errorf("size %d, chunk %d, iters %d, ranks %d: want positive sizes, iters >= 1, ranks >= 2", o.Size, o.Chunk, o.Iters, o.Ranks)
 	}
 	var comms []*hcomm.Comm
-	if launched() {
+	if _, ok := hcomm.Launched(nil); ok {
 		c, err := hcomm.InitFromEnv(&hcomm.Config{Name: "transfer"})
 		if err != nil {
 			return nil, err

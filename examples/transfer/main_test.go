@@ -2,9 +2,12 @@ package main
 
 import (
 	"bytes"
+	"io"
 	"strings"
 	"testing"
 
+	"github.com/hcomm-dev/hcomm/hcomm"
+	"github.com/hcomm-dev/hcomm/hcommtest"
 	"github.com/hcomm-dev/hcomm/internal/leakcheck"
 )
 
@@ -47,5 +50,35 @@ func TestBadOptions(t *testing.T) {
 	}
 	if n, err := parseSize("64M"); err != nil || n != 64<<20 {
 		t.Errorf("parseSize(64M) = %d, %v", n, err)
+	}
+}
+
+// The transfers arrive intact over every transport, ranks as goroutines and
+// as processes joined as under a launcher.
+func TestTransferEveryTransport(t *testing.T) {
+	o := Options{Size: 1<<20 + 3, Chunk: 256 << 10, Iters: 2}
+	for _, tr := range hcommtest.Transports() {
+		t.Run(tr.String(), func(t *testing.T) {
+			if tr.Processes && testing.Short() {
+				t.Skip("-short: no processes")
+			}
+			hcommtest.Options{Config: &hcomm.Config{Name: "transfer", BufferSize: 1 << 20}}.Run(t, 3, tr, func(t testing.TB, c *hcomm.Comm) {
+				var out bytes.Buffer
+				var w io.Writer = io.Discard
+				if c.Rank() == 0 {
+					w = &out
+				}
+				res, err := rank(c, o, w)
+				if err != nil {
+					t.Fatalf("%v\n%s", err, out.String())
+				}
+				if c.Rank() != 0 {
+					return
+				}
+				if len(res.GBps) != 4 || res.Best <= 0 || !strings.Contains(out.String(), "iteration 2 to rank 2") || !strings.Contains(out.String(), "arrived intact") {
+					t.Errorf("result %+v: want 4 transfers (2 receivers x 2 iterations); output:\n%s", res, out.String())
+				}
+			})
+		})
 	}
 }

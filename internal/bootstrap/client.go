@@ -97,6 +97,63 @@ func Dial(ctx context.Context, addr string, secret Secret, claim Claim) (*Client
 	return nil, fmt.Errorf("bootstrap: rank %d could not reach the store of rank 0 at %s: %w", rank, addr, last)
 }
 
+// Errors of Probe.
+var (
+	// ErrGone: nothing listens at the store's address — its process is
+	// gone (the kernel refused the connection) or closed the store.
+	ErrGone = errors.New("bootstrap: store gone")
+	// ErrStuck: the store's address accepted the connection but the store
+	// sent no challenge in time — its process is alive but not running
+	// (stopped, frozen) or its host is overloaded past the bound.
+	ErrStuck = errors.New("bootstrap: store not responding")
+)
+
+// Probe tells whether the process that serves a store at addr is there and
+// responsive, without joining the store: it connects, reads the store's
+// challenge and hangs up (the server takes that for a probe: no refusal is
+// logged or counted). It returns nil when the challenge came within
+// timeout; an error wrapping ErrGone when the connection was refused or
+// reset (the address is local to the prober's network: a process that died
+// leaves no listener, and its kernel refuses at once); an error wrapping
+// ErrStuck when the connection was accepted (or the dial hung) but no
+// challenge came within timeout; ctx's error when ctx ended first.
+func Probe(ctx context.Context, addr string, timeout time.Duration) error {
+	pctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var d net.Dialer
+	conn, err := d.DialContext(pctx, "tcp", addr)
+	if err != nil {
+		switch {
+		case ctx.Err() != nil:
+			return fmt.Errorf("bootstrap: probing the store at %s: %w", addr, ctx.Err())
+		case errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET):
+			return fmt.Errorf("bootstrap: probing the store at %s: %v: %w", addr, err, ErrGone)
+		case pctx.Err() != nil:
+			return fmt.Errorf("bootstrap: probing the store at %s: no connection within %v: %w", addr, timeout, ErrStuck)
+		}
+		return fmt.Errorf("bootstrap: probing the store at %s: %w", addr, err)
+	}
+	defer conn.Close()
+	stop := context.AfterFunc(pctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	hello := make([]byte, serverHello)
+	if _, err := io.ReadFull(conn, hello); err != nil {
+		switch {
+		case ctx.Err() != nil:
+			return fmt.Errorf("bootstrap: probing the store at %s: %w", addr, ctx.Err())
+		case pctx.Err() != nil:
+			return fmt.Errorf("bootstrap: probing the store at %s: connected, but no challenge within %v: %w", addr, timeout, ErrStuck)
+		case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, syscall.ECONNRESET):
+			return fmt.Errorf("bootstrap: probing the store at %s: it hung up: %w", addr, ErrGone)
+		}
+		return fmt.Errorf("bootstrap: probing the store at %s: %w", addr, err)
+	}
+	if [4]byte(hello[0:4]) != magicServer {
+		return fmt.Errorf("bootstrap: probing %s: not an hcomm bootstrap store (hello %x): %w", addr, hello[:4], ErrGone)
+	}
+	return nil
+}
+
 // retryable reports whether err may go away once the store's process is up.
 func retryable(err error) bool {
 	var dnsErr *net.DNSError

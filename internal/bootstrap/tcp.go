@@ -518,7 +518,10 @@ func (s *Server) handshake(c net.Conn, sc *srvConn) (Claim, bool) {
 		return Claim{}, false
 	}
 	ch := make([]byte, clientHello)
-	if _, err := io.ReadFull(c, ch[:5]); err != nil {
+	if n, err := io.ReadFull(c, ch[:5]); err != nil {
+		if n == 0 && errors.Is(err, io.EOF) {
+			return Claim{}, false // a Probe: it hangs up once it has the challenge
+		}
 		s.refuse(c, "no answer to the challenge", "err", err)
 		return Claim{}, false
 	}
@@ -627,7 +630,11 @@ func (s *Server) serve(c net.Conn, sc *srvConn) {
 		if !bye && s.opts.OnLost != nil && !s.store.isClosed() && s.Failed() == "" {
 			s.log.Warn("hcomm bootstrap: rank lost: its connection ended without a goodbye",
 				"store", s.ln.Addr().String(), "rank", rank, "err", why)
-			s.opts.OnLost(s.Local(), rank, fmt.Sprintf("its bootstrap connection to rank 0 ended without a goodbye (%v)", why))
+			reason := fmt.Sprintf("it is gone: its bootstrap connection ended without a goodbye (%v)", why)
+			if ne, ok := why.(net.Error); ok && ne.Timeout() {
+				reason = fmt.Sprintf("it is not responding (alive but stuck?): nothing on its bootstrap connection for %v", s.opts.IdleTimeout)
+			}
+			s.opts.OnLost(s.Local(), rank, reason)
 		}
 	}()
 	reply := func(id uint64, op byte, body []byte) {

@@ -63,7 +63,7 @@ func serveMetrics(o Options, cfg *hcomm.Config, stderr io.Writer, getenv func(st
 // when this process is one rank of a launch: ranks on one host do not
 // collide, rank r serving on port+r.
 func metricsAddr(o Options, getenv func(string) string) (string, error) {
-	if launchedBy(getenv) == "" || o.RanksSet {
+	if _, ok := hcomm.Launched(getenv); !ok || o.RanksSet {
 		return o.MetricsAddr, nil
 	}
 	host, port, err := net.SplitHostPort(o.MetricsAddr)

@@ -16,25 +16,14 @@ import (
 // initFromEnv joins the other processes of a launch (a variable for tests).
 var initFromEnv = hcomm.InitFromEnv
 
-// launchedBy names the launcher variable that says this process is one rank
-// of several, "" when none is set.
-func launchedBy(getenv func(string) string) string {
-	for _, v := range []string{"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS"} {
-		if getenv(v) != "" {
-			return v
-		}
-	}
-	return ""
-}
-
-// rankVarOf names the rank variable that goes with each of launchedBy's
+// rankVarOf names the rank variable that goes with each of hcomm.Launched's
 // size variables.
 var rankVarOf = map[string]string{"WORLD_SIZE": "RANK", "OMPI_COMM_WORLD_SIZE": "OMPI_COMM_WORLD_RANK", "SLURM_NTASKS": "SLURM_PROCID"}
 
 // openComms returns the communicators of this process: -g ranks, or the one
 // rank a launcher started this process as.
 func openComms(o Options, cfg *hcomm.Config, getenv func(string) string, ranksSet bool) ([]*hcomm.Comm, error) {
-	if v := launchedBy(getenv); v != "" && !ranksSet {
+	if v, ok := hcomm.Launched(getenv); ok && !ranksSet {
 		c, err := initFromEnv(cfg)
 		if err == nil {
 			return []*hcomm.Comm{c}, nil
