@@ -6,8 +6,9 @@ GO ?= go
 # collective matrices whole without it.
 test:
 	$(GO) test -race -count=1 -timeout 12m ./...
-	# The collective matrices whole, at full size (the race run covers fewer types).
-	$(GO) test -count=1 -timeout 8m -run 'Matrix|Large' ./collectives
+	# The collective matrices whole, at full size (the race run covers fewer types),
+	# and the determinism tests' 100 runs (the race run makes 25).
+	$(GO) test -count=1 -timeout 8m -run 'Matrix|Large|Deterministic' ./collectives
 
 bench:
 	$(GO) test -run XXX -bench . -benchtime 2000x ./device ./notify

@@ -74,6 +74,7 @@ func (s *sched) copy(dst, src device.Ptr, n int64) {
 }
 
 func (s *sched) reduce(dst, src device.Ptr, count int64, dt hcomm.DataType, op hcomm.ReduceOp) {
+	s.jitter()
 	if s.ok() && count > 0 {
 		s.do(hcomm.LocalReduceOnThread(s.t, dst, src, count, dt, op))
 	}
@@ -81,6 +82,7 @@ func (s *sched) reduce(dst, src device.Ptr, count int64, dt hcomm.DataType, op h
 
 // reduceTo enqueues dst = a op b.
 func (s *sched) reduceTo(dst, a, b device.Ptr, count int64, dt hcomm.DataType, op hcomm.ReduceOp) {
+	s.jitter()
 	if s.ok() && count > 0 {
 		s.do(hcomm.LocalReduceToOnThread(s.t, dst, a, b, count, dt, op))
 	}

@@ -85,7 +85,9 @@ func checkAlgo(c *hcomm.Comm, name string, k kind, algo Algorithm, n int64, lay 
 // send == recv is in-place. Every rank must call it, in the same order as its
 // other collectives, with the same count, dt and op. It returns once the work
 // is enqueued; synchronize s to wait for it. Results are identical on every
-// rank (every rank reduces in the same order).
+// rank, and run after run (every rank reduces in an order fixed by the
+// schedule); with HCCL_DETERMINISTIC=strict they are the rank-order
+// reduction, whatever the algorithm and transport (see the package doc).
 func AllReduce(send, recv device.Ptr, count int64, dt hcomm.DataType, op hcomm.ReduceOp, c *hcomm.Comm, s *device.Stream, o *Options) error {
 	const name = "AllReduce"
 	if err := checkArgs(c, name, count, dt, op, s); err != nil {
@@ -112,6 +114,9 @@ func AllReduce(send, recv device.Ptr, count int64, dt hcomm.DataType, op hcomm.R
 		case AlgoHier:
 			sc.open(h, algo)
 			allReduceHier(sc, s, send, recv, count, dt, op)
+		case AlgoOrdered:
+			sc.open(h, algo)
+			allReduceOrdered(sc, send, recv, count, dt, op)
 		default:
 			return collErr(c, name, hcomm.ErrNotSupport, nil, "algorithm %v is not available for allreduce", algo)
 		}
@@ -138,9 +143,14 @@ func issueWindowed(c *hcomm.Comm, name string, k kind, s *device.Stream, o *Opti
 	defer st.mu.Unlock()
 	// A call this rank can tell is wrong fails here, before the channels
 	// are set up: at once, and with the communicator still usable.
-	algo := algoOf(o)
+	algo, from := algoOf(o), "Options.Algorithm"
 	if algo == AlgoAuto {
-		algo = st.forced[k]
+		algo, from = st.forced[k], "HCCL_ALGO"
+	}
+	if st.strict && reduces(k) {
+		if algo, err = strictAlgo(c, name, k, algo, from, n, st.lay); err != nil {
+			return err
+		}
 	}
 	if err := checkAlgo(c, name, k, algo, n, st.lay); err != nil {
 		return err

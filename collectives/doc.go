@@ -55,9 +55,38 @@
 //     buffer (broadcast, all-gather); the choice wherever a read is a
 //     memmove (inproc, shm).
 //   - pairwise: n-1 rounds of exchanges (all-to-all, scatter, gather).
+//   - ordered: every rank sends piece p of its input to rank p, which reduces
+//     it from all ranks' pieces in rank order, then the results are gathered
+//     (all-reduce, reduce-scatter, reduce): the algorithm of
+//     HCCL_DETERMINISTIC=strict.
+//
+// # Determinism
 //
 // Every rank reduces in the same order, so results are bit-identical on all
-// ranks.
+// ranks; and every schedule fixes that order when it is issued — each step
+// waits for one named peer, never for whichever arrives first — so the same
+// inputs, rank count, sizes and configuration give the same bits run after
+// run, whatever the timing (HCCL_DETERMINISTIC=true, hcomm.DeterministicOn,
+// which therefore costs nothing; it holds with the level off too). What
+// differs between algorithms is the order itself: the ring, halving-doubling,
+// the tree and the two-level schedule each associate a floating-point sum
+// their own way, so a change of algorithm, transport (through the selector),
+// rank count or size may change the last bits.
+//
+// HCCL_DETERMINISTIC=strict (hcomm.DeterministicStrict, hcomm's addition to
+// HCCL's true and false) fixes the order too: every element is reduced as
+// ((x0 op x1) op x2) op … op x(n-1), in rank order, each step rounded to the
+// data type, so that every algorithm and transport gives the same bits — the
+// bits a sequential loop over the ranks gives. The selector then picks
+// oneshot (which reduces the inline inputs in rank order) where the data
+// fits inline and ordered elsewhere; a reducing collective forced onto another
+// algorithm, by Options.Algorithm or HCCL_ALGO, fails with
+// hcomm.ErrNotSupport naming the algorithm. Ordered moves the same bytes per
+// rank as the ring, to every peer instead of the neighbours;
+// BenchmarkAllReduceDeterministic measures what it costs. Ranks that disagree
+// on the level choose different algorithms above the inline size, which the
+// handshake reports as ErrMismatch. NaN payloads are outside the guarantee:
+// a NaN result is NaN, but which NaN is not specified.
 //
 // # Symmetric windows (zero copy)
 //

@@ -282,6 +282,7 @@ func (s *sched) helloWith(x *helloCall, h header, peers []int, src device.Ptr, n
 	// x belongs to the task from here on: a pooled x may be reset as soon
 	// as the task has run.
 	at = x.atFn
+	s.jitter()
 	s.launchStop("collective hello", x.runFn)
 	return at
 }

@@ -22,6 +22,7 @@ import "github.com/hcomm-dev/hcomm/device"
 
 // pipeSend writes n bytes (at most one piece) at src into peer's inbox.
 func (s *sched) pipeSend(peer int, src device.Ptr, n int64) {
+	s.jitter()
 	st := s.st
 	i := st.sent[peer]
 	st.sent[peer]++
@@ -35,6 +36,7 @@ func (s *sched) pipeSend(peer int, src device.Ptr, n int64) {
 // pipeRecv waits for the next piece from peer and returns where it lies in
 // this rank's HCCL buffer; done must be called once it is consumed.
 func (s *sched) pipeRecv(peer int) (slot device.Ptr, done func()) {
+	s.jitter()
 	st := s.st
 	j := st.recvd[peer]
 	st.recvd[peer]++
@@ -91,6 +93,7 @@ func (s *sched) nextGather(owner int) uint64 {
 // readGather waits until owner has published gather slot k, reads n bytes at
 // off in it into dst, and tells owner it is done.
 func (s *sched) readGather(owner int, k uint64, dst device.Ptr, off, n int64) {
+	s.jitter()
 	s.wait(owner, nReady+int(k))
 	s.read(owner, dst, s.peerSlot(owner, s.st.lay.gatherSlotOff(k)+off), n)
 	s.record(owner, nDone+int(k))

@@ -55,6 +55,13 @@ func Reduce(send, recv device.Ptr, count int64, dt hcomm.DataType, op hcomm.Redu
 				return nil
 			}
 			reduceRing(sc, send, recv, count, dt, op, root)
+		case AlgoOrdered:
+			sc.open(h, algo)
+			if n == 1 {
+				sc.copy(recv, send, count*es)
+				return nil
+			}
+			reduceOrdered(sc, send, recv, count, dt, op, root)
 		default:
 			return collErr(c, name, hcomm.ErrNotSupport, nil, "algorithm %v is not available for %s", algo, name)
 		}

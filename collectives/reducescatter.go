@@ -69,6 +69,13 @@ func reduceScatter(c *hcomm.Comm, name string, h header, send device.Ptr, counts
 					sc.reduce(recv, at(p).Add(off), cnt, dt, op)
 				}
 			}
+		case AlgoOrdered:
+			sc.open(h, algo)
+			if n == 1 {
+				sc.copy(recv, send.Add(displs[me]*es), counts[me]*es)
+				return nil
+			}
+			reduceScatterOrdered(sc, send, counts, displs, recv, dt, op)
 		case AlgoRing:
 			sc.open(h, algo)
 			if n == 1 {

@@ -20,6 +20,7 @@ const (
 	AlgoHD                        // recursive halving-doubling (HCCL's H-D_R), folding rank counts that are not powers of two
 	AlgoHier                      // two levels: reduce within each host, all-reduce among one rank per host, broadcast within each host
 	AlgoTree                      // binomial tree, pipelined in pieces: log2(n) hops (broadcast, reduce)
+	AlgoOrdered                   // every rank reduces its piece from all ranks' inputs in rank order: the same bits whatever the transport (HCCL_DETERMINISTIC=strict)
 )
 
 func (a Algorithm) String() string {
@@ -40,6 +41,8 @@ func (a Algorithm) String() string {
 		return "hier"
 	case AlgoTree:
 		return "tree"
+	case AlgoOrdered:
+		return "ordered"
 	}
 	return fmt.Sprintf("Algorithm(%d)", int(a))
 }
@@ -47,13 +50,13 @@ func (a Algorithm) String() string {
 // algorithms lists, per collective, the schedules it has, in the order the
 // selector considers them.
 var algorithms = [kSendRecv + 1][]Algorithm{
-	kAllReduce:      {AlgoOneShot, AlgoHD, AlgoHier, AlgoRing},
+	kAllReduce:      {AlgoOneShot, AlgoHD, AlgoHier, AlgoRing, AlgoOrdered},
 	kBroadcast:      {AlgoOneShot, AlgoDirect, AlgoTree, AlgoRing},
 	kAllGather:      {AlgoOneShot, AlgoDirect, AlgoRing},
 	kAllGatherV:     {AlgoDirect},
-	kReduceScatter:  {AlgoOneShot, AlgoRing},
-	kReduceScatterV: {AlgoRing},
-	kReduce:         {AlgoOneShot, AlgoTree, AlgoRing},
+	kReduceScatter:  {AlgoOneShot, AlgoRing, AlgoOrdered},
+	kReduceScatterV: {AlgoRing, AlgoOrdered},
+	kReduce:         {AlgoOneShot, AlgoTree, AlgoRing, AlgoOrdered},
 	kScatter:        {AlgoPairwise},
 	kGather:         {AlgoPairwise},
 	kAlltoAll:       {AlgoPairwise},
@@ -118,6 +121,8 @@ func choose(k kind, bytes int64, n int, l layout, mapped, multiHost, windowed bo
 			return AlgoDirect
 		}
 		return AlgoRing
+	case kReduceScatter, kReduceScatterV:
+		return AlgoRing
 	}
 	return algorithms[k][len(algorithms[k])-1]
 }
@@ -146,6 +151,7 @@ var hcclAlgoNames = map[string]Algorithm{
 	"mesh":     AlgoDirect,
 	"direct":   AlgoDirect,
 	"oneshot":  AlgoOneShot,
+	"ordered":  AlgoOrdered,
 	"na":       AlgoAuto,
 }
 
@@ -185,7 +191,7 @@ func parseAlgo(v string) (map[kind]Algorithm, error) {
 			}
 			a, ok := hcclAlgoNames[strings.ToLower(strings.TrimSpace(name))]
 			if !ok {
-				return 0, fmt.Errorf("%q: algorithm %q is not available in hcomm (have ring, H-D_R, pairwise, fullmesh, oneshot, NA)", part, name)
+				return 0, fmt.Errorf("%q: algorithm %q is not available in hcomm (have ring, H-D_R, hier, NB/tree, pairwise, fullmesh, oneshot, ordered, NA)", part, name)
 			}
 			switch strings.ToLower(strings.TrimSpace(lvl)) {
 			case "level0":

@@ -23,6 +23,8 @@ func TestParseHCCLAlgo(t *testing.T) {
 		// "allgather" covers AllGatherV, which has no ring: the ring applies to AllGather alone.
 		{"allgather=level0:NA;level1:ring", map[kind]Algorithm{kAllGather: AlgoRing}, ""},
 		{"level0:NA;level1:NA", map[kind]Algorithm{}, ""},
+		{"level0:NA;level1:ordered", map[kind]Algorithm{kAllReduce: AlgoOrdered, kReduceScatter: AlgoOrdered,
+			kReduceScatterV: AlgoOrdered, kReduce: AlgoOrdered}, ""},
 		{"level0:NA;level1:NHR", nil, `algorithm "NHR" is not available`},
 		{"allreduce=level0:NA;level1:pairwise", nil, "AllReduce has no pairwise"},
 		{"bogus=level1:ring", nil, `unknown collective "bogus"`},
@@ -130,5 +132,30 @@ func TestChooseAllGatherWindowed(t *testing.T) {
 	}
 	if a := choose(kAllGather, 64<<20, 2, l, false, false, true); a != AlgoRing {
 		t.Errorf("2 ranks over tcp, windowed: %v, want ring", a)
+	}
+}
+
+// The ordered algorithm is for HCCL_DETERMINISTIC=strict (or when asked
+// for): without strict the selector keeps the ring for reduce-scatter, whose
+// last listed algorithm ordered now is.
+func TestChooseOrderedOnlyWhenStrict(t *testing.T) {
+	l, err := newLayout(4, 64<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []kind{kAllReduce, kReduceScatter, kReduceScatterV, kReduce} {
+		if a := choose(k, 64<<20, 4, l, true, false, false); a == AlgoOrdered {
+			t.Errorf("%v, 64 MiB, not strict: the selector chose ordered", k)
+		}
+		if a, err := strictAlgo(nil, "x", k, AlgoAuto, "", 64<<20, l); err != nil || a != AlgoOrdered {
+			t.Errorf("%v, 64 MiB, strict: %v, %v; want ordered", k, a, err)
+		}
+		want := AlgoOneShot
+		if !has(k, AlgoOneShot) {
+			want = AlgoOrdered
+		}
+		if a, err := strictAlgo(nil, "x", k, AlgoAuto, "", 8, l); err != nil || a != want {
+			t.Errorf("%v, 8 bytes, strict: %v, %v; want %v", k, a, err, want)
+		}
 	}
 }

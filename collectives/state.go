@@ -95,6 +95,7 @@ type state struct {
 	readers   [2][]int           // the ranks that read this rank's gather slot k last
 	others    []int              // every rank but this one (sched.others)
 	noCheck   bool               // skip the handshake's check (HCOMM_COLL_CHECK=0), for measuring its cost
+	strict    bool               // HCCL_DETERMINISTIC=strict: reductions in rank order (ordered.go)
 	multiHost bool               // ranks span hosts, some with several ranks: the two-level schedule pays
 	mapped    bool               // every peer's memory is mapped (inproc, shm): a read is a memmove
 	forced    map[kind]Algorithm // HCCL_ALGO
@@ -206,6 +207,7 @@ func (st *state) init1() {
 	st.mapped = true
 	st.multiHost = multiHost(c)
 	st.noCheck = os.Getenv("HCOMM_COLL_CHECK") == "0"
+	st.strict = c.Config().Deterministic == hcomm.DeterministicStrict
 	st.forced, st.err = envAlgo()
 	if st.err == nil && st.lay.helloSlot > 0 {
 		// The buffer stays allocated until the communicator is destroyed,
@@ -255,13 +257,18 @@ func (st *state) setup(ctx context.Context) error {
 	return nil
 }
 
-// Close releases the host-slice layer's resources (called by Comm.Destroy).
+// Close releases the host-slice layer's resources and its staging memory
+// (called by Comm.Destroy and Comm.Suspend).
 func (st *state) Close() error {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	if st.own != nil {
 		st.own.Destroy()
 		st.own = nil
+	}
+	if st.staging != 0 { // Comm.Suspend closes the state to release memory
+		st.comm.Device().Free(st.staging)
+		st.staging, st.stagingN = 0, 0
 	}
 	if st.last != nil {
 		st.last.Destroy()

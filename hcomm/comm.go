@@ -44,6 +44,9 @@ type Comm struct {
 	mu      sync.Mutex
 	closed  bool
 	aborted bool
+	// suspended: Suspend released the channels and the HCCL buffer
+	// (suspend.go); buf is 0 until Resume.
+	suspended bool
 	// unusable is set, under the lock of the field that says why, once the
 	// communicator is destroyed, aborted or has lost a rank; usable reads
 	// it without a lock and takes the locks only when it is set.
@@ -191,6 +194,12 @@ func (c *Comm) usable(op string) error {
 	if !c.unusable.Load() {
 		return nil // the data plane's fast path: no lock
 	}
+	return c.why(op)
+}
+
+// why returns the error saying why c cannot be used (destroyed, aborted,
+// suspended, a lost rank), nil when it can.
+func (c *Comm) why(op string) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
@@ -198,6 +207,9 @@ func (c *Comm) usable(op string) error {
 	}
 	if c.aborted {
 		return c.errorf(op, -1, ErrUnavail, ErrAborted, "")
+	}
+	if c.suspended {
+		return c.errorf(op, -1, ErrSuspending, nil, "communicator is suspended: Resume it first")
 	}
 	if err := c.revokedCheck(op); err != nil {
 		return err
@@ -312,6 +324,9 @@ func (c *Comm) Destroy() error {
 	}
 	c.boot.unref()
 	if c.sharedDev { // a sub-communicator: the device context is its parent's
+		if c.buf == 0 { // suspended: freed then
+			return nil
+		}
 		return c.dev.Free(c.buf)
 	}
 	return c.dev.Close()

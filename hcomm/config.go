@@ -58,6 +58,11 @@ type Config struct {
 	// NCCL_SOCKET_IFNAME's syntax: "eth0", "eth,ib", "^docker,lo", "=eth0").
 	SocketIfname string
 
+	// Deterministic is how reproducible the reducing collectives are
+	// (HCCL_DETERMINISTIC, HcclCommConfig's hcclDeterministic). The zero
+	// value takes the variable, else DeterministicOff; see Determinism.
+	Deterministic Determinism
+
 	// Metrics receives hcomm's Prometheus collectors (see internal/metrics
 	// for the series). nil means no metrics; hcomm never uses the global
 	// registry. Communicators sharing a Registerer share the collectors.
@@ -113,6 +118,16 @@ func (c Config) resolve() (Config, error) {
 	}
 	if c.LivenessTimeout < 0 {
 		return c, fmt.Errorf("Config.LivenessTimeout %v is negative", c.LivenessTimeout)
+	}
+	if c.Deterministic == DeterministicDefault {
+		d, err := envDeterministic()
+		if err != nil {
+			return c, err
+		}
+		c.Deterministic = d
+	}
+	if c.Deterministic < DeterministicDefault || c.Deterministic > DeterministicStrict {
+		return c, fmt.Errorf("Config.Deterministic %d: want DeterministicOff, DeterministicOn or DeterministicStrict", int(c.Deterministic))
 	}
 	return c.resolveObs()
 }

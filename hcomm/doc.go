@@ -79,7 +79,9 @@
 // (which transport carries a channel), init.go, env.go and ranktable.go
 // (joining across processes), subcomm.go (CreateSubComm, Split), health.go
 // (a lost rank), revoke.go (Revoke), shrink.go and agree.go (Shrink),
-// metrics.go and log.go (observability).
+// grow.go (GrowToken, Grow, JoinContext: newcomers join a running
+// communicator), suspend.go (Suspend, Resume), elastic.go (the ranks' side
+// of `hcomm run --elastic`), metrics.go and log.go (observability).
 //
 // Names and values follow HCCL: HcclResult codes are Result, CommEngine is
 // Engine, CommProtocol is Protocol, HcclDataType is DataType, HcclReduceOp is
@@ -91,7 +93,8 @@
 // Environment (code wins over each): HCCL_BUFFSIZE (MB, default 200; the HCCL
 // buffer is twice this), HCCL_EXEC_TIMEOUT (s, default 1836, 0 = never),
 // HCCL_CONNECT_TIMEOUT (s, default 120), HCOMM_LIVENESS_TIMEOUT (s, default
-// 10), HCOMM_TRANSPORT, HCOMM_SHM_DISABLE,
+// 10), HCCL_DETERMINISTIC (false, true or strict; see Determinism),
+// HCOMM_TRANSPORT, HCOMM_SHM_DISABLE,
 // HCOMM_SOCKET_IFNAME; for InitFromEnv and InitClusterInfo also MASTER_ADDR,
 // MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK, HCOMM_MASTER_ADDR,
 // HCOMM_ROOT_PORT and HCOMM_SECRET.

@@ -37,7 +37,9 @@
 //     named, every goroutine's stack is logged (a process rank is sent
 //     SIGQUIT, which makes the Go runtime print its goroutines), and the
 //     communicators are aborted;
-//  4. destroys every communicator and fails the test if a goroutine started
+//  4. destroys every communicator once every rank has returned (a rank
+//     process waits for the others, so that rank 0's bootstrap store
+//     outlives their joins), and fails the test if a goroutine started
 //     under the ranks, a socket or memfd descriptor, or a memfd mapping
 //     (device memory, shm notifies) outlives them.
 //

@@ -149,30 +149,33 @@ func capture(t *testing.T, fn func(tb testing.TB)) *fakeTB {
 }
 
 // A rank that fails is named, and the ranks waiting for it in a collective
-// are released by the abort instead of hanging.
+// are released by the abort instead of hanging: waiting in the collective's
+// channel setup, or, connected, in its notify waits.
 func TestRunNamesFailingRank(t *testing.T) {
-	start := time.Now()
-	f := capture(t, func(tb testing.TB) {
-		Options{Config: small}.Run(tb, 3, Inproc, func(t testing.TB, c *hcomm.Comm) {
-			// Connect first: Abort ends operations, not a pending channel
-			// setup (that waits for Config.ConnectTimeout).
-			allReduce(t, c)
-			if c.Rank() == 1 {
-				t.Fatalf("boom")
-			}
-			allReduce(t, c) // waits for rank 1 until the abort
-			t.Errorf("rank %d's all-reduce returned without rank 1", c.Rank())
+	for _, connected := range []bool{false, true} {
+		start := time.Now()
+		f := capture(t, func(tb testing.TB) {
+			Options{Config: small}.Run(tb, 3, Inproc, func(t testing.TB, c *hcomm.Comm) {
+				if connected {
+					allReduce(t, c)
+				}
+				if c.Rank() == 1 {
+					t.Fatalf("boom")
+				}
+				allReduce(t, c) // waits for rank 1 until the abort
+				t.Errorf("rank %d's all-reduce returned without rank 1", c.Rank())
+			})
 		})
-	})
-	out := f.text()
-	if !f.failed || !strings.Contains(out, "rank 1: boom") || !strings.Contains(out, "rank 1 failed first") {
-		t.Errorf("failed %v; output:\n%s", f.failed, out)
-	}
-	if strings.Contains(out, "returned without rank 1") || strings.Contains(out, "still running") {
-		t.Errorf("the other ranks were not released by the abort:\n%s", out)
-	}
-	if d := time.Since(start); d > 30*time.Second {
-		t.Errorf("Run took %v", d)
+		out := f.text()
+		if !f.failed || !strings.Contains(out, "rank 1: boom") || !strings.Contains(out, "rank 1 failed first") {
+			t.Errorf("connected %v: failed %v; output:\n%s", connected, f.failed, out)
+		}
+		if strings.Contains(out, "returned without rank 1") || strings.Contains(out, "still running") {
+			t.Errorf("connected %v: the other ranks were not released by the abort:\n%s", connected, out)
+		}
+		if d := time.Since(start); d > 20*time.Second {
+			t.Errorf("connected %v: Run took %v", connected, d)
+		}
 	}
 }
 
@@ -385,12 +388,20 @@ func TestHelperFailingProcesses(t *testing.T) {
 	if os.Getenv(selfTestEnv) == "" {
 		t.Skip("run by TestProcessesNameFailingRank")
 	}
+	cfg := *small
+	cfg.ExecTimeout = 10 * time.Minute
+	if os.Getenv(selfTestEnv) == "hang" { // no rank fails; rank 1 never returns
+		Options{Config: &cfg, Timeout: 5 * time.Second}.Run(t, 2, TCPProcesses, func(t testing.TB, c *hcomm.Comm) {
+			if c.Rank() == 1 {
+				select {}
+			}
+		})
+		return
+	}
 	tr := TCPProcesses
 	if os.Getenv(selfTestEnv) == "shm" {
 		tr = ShmProcesses
 	}
-	cfg := *small
-	cfg.ExecTimeout = 10 * time.Minute
 	Options{Config: &cfg, Timeout: 20 * time.Second}.Run(t, 3, tr, func(t testing.TB, c *hcomm.Comm) {
 		switch c.Rank() {
 		case 1:
@@ -453,5 +464,58 @@ func TestProcessesEnv(t *testing.T) {
 			t.Errorf("Launched: %q", v)
 		}
 		allReduce(t, c)
+	})
+}
+
+// With ranks as processes, a hang is bounded by the timeout: the rank is
+// named, with the goroutines SIGQUIT made its process print.
+func TestProcessesHangIsBounded(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short")
+	}
+	bin, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	start := time.Now()
+	cmd := exec.CommandContext(ctx, bin, "-test.run=^TestHelperFailingProcesses$", "-test.v")
+	cmd.Env = append(os.Environ(), selfTestEnv+"=hang")
+	out, err := cmd.CombinedOutput()
+	s := string(out)
+	if err == nil || !strings.Contains(s, "--- FAIL: TestHelperFailingProcesses") {
+		t.Fatalf("the helper did not fail: %v\n%s", err, s)
+	}
+	for _, want := range []string{"hcommtest: rank 1 (pid ", "still running after 5s", "SIGQUIT", "hcommtest_test.go"} {
+		if !strings.Contains(s, want) {
+			t.Errorf("output lacks %q:\n%s", want, s)
+		}
+	}
+	if strings.Contains(s, "hcommtest: rank 0 (pid ") {
+		t.Errorf("rank 0, which returned, is reported:\n%s", s)
+	}
+	if d := time.Since(start); d > time.Minute {
+		t.Errorf("the run took %v; its timeout is 5s", d)
+	}
+}
+
+// With ranks as processes, no rank destroys its communicator while another
+// still runs, as with goroutines: here rank 0's bootstrap store is still up
+// for rank 1 a second after rank 0 returned.
+func TestProcessesDestroyAfterEveryRank(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short")
+	}
+	Options{Config: small}.Run(t, 2, TCPProcesses, func(t testing.TB, c *hcomm.Comm) {
+		if c.Rank() == 0 {
+			return
+		}
+		time.Sleep(time.Second)
+		conn, err := net.DialTimeout("tcp", net.JoinHostPort(os.Getenv("MASTER_ADDR"), os.Getenv("MASTER_PORT")), 5*time.Second)
+		if err != nil {
+			t.Fatalf("rank 0's store went before rank 1 returned: %v", err)
+		}
+		conn.Close()
 	})
 }

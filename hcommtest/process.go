@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -24,13 +25,18 @@ import (
 // InitFromEnv set; testEnv names the test, which tells the child's Run that
 // it is one rank, not the parent. The child prints a marker line when its
 // rank has run (or skipped), so that the parent tells "the rank failed" from
-// "the child never reached Run".
+// "the child never reached Run". A rank whose function returned without
+// failing says so and waits for the parent to close its stdin, which the
+// parent does once every rank has returned or ended: no rank destroys its
+// communicator, and rank 0 not its bootstrap store, while another is still
+// joining or running, as with ranks as goroutines.
 
 const (
 	testEnv    = "HCOMMTEST_RUN"
 	ranksEnv   = "HCOMMTEST_RANKS" // n, and this process's rank: whatever Env
 	rankEnv    = "HCOMMTEST_RANK"  // did to the launcher's variables
 	doneMarker = "HCOMMTEST-RANK-DONE"
+	retMarker  = "HCOMMTEST-RANK-RETURNED"
 	skipMarker = "HCOMMTEST-RANK-SKIP"
 )
 
@@ -94,6 +100,12 @@ func (o Options) runChild(t testing.TB, n int, tr Transport, fn RankFunc) {
 	}
 	g.comms = []*hcomm.Comm{c}
 	res := o.each(t, g.comms, label, fn)
+	if len(res.order) == 0 && len(res.hung) == 0 {
+		fmt.Printf("\n%s %d\n", retMarker, c.Rank())
+		if !waitRelease(o.timeout(t)) {
+			t.Errorf("hcommtest: rank %d: the parent did not let the ranks destroy their communicators within %v", c.Rank(), o.timeout(t))
+		}
+	}
 	cerr := g.close()
 	res.report(t)
 	if cerr != nil {
@@ -111,13 +123,29 @@ func (o Options) runChild(t testing.TB, n int, tr Transport, fn RankFunc) {
 	t.SkipNow()
 }
 
+// waitRelease waits up to d for stdin to end (the parent closes it).
+func waitRelease(d time.Duration) bool {
+	done := make(chan struct{})
+	go func() {
+		io.Copy(io.Discard, os.Stdin)
+		close(done)
+	}()
+	select {
+	case <-done:
+		return true
+	case <-time.After(d):
+		return false
+	}
+}
+
 // procRank is one rank process.
 type procRank struct {
-	rank int
-	cmd  *exec.Cmd
-	out  syncBuf
-	err  error
-	end  time.Time
+	rank  int
+	cmd   *exec.Cmd
+	stdin io.Closer
+	out   syncBuf
+	err   error
+	end   time.Time
 }
 
 // runParent starts n processes for the calling test and waits for them.
@@ -152,6 +180,7 @@ func (o Options) runParent(t testing.TB, n int, tr Transport) {
 	}
 	procs := make([]*procRank, n)
 	done := make(chan *procRank, n)
+	returned := make(chan struct{}, n) // a rank's function returned
 	for r := range procs {
 		p := &procRank{rank: r, cmd: exec.Command(bin, args...)}
 		p.cmd.Env = append(env[:len(env):len(env)], rankEnv+"="+strconv.Itoa(r), "RANK="+strconv.Itoa(r), "LOCAL_RANK="+strconv.Itoa(r))
@@ -160,7 +189,11 @@ func (o Options) runParent(t testing.TB, n int, tr Transport) {
 		}
 		p.cmd.Stdout, p.cmd.Stderr = &p.out, &p.out
 		p.cmd.WaitDelay = 5 * time.Second
-		if err := p.cmd.Start(); err != nil {
+		p.out.marker, p.out.seen = []byte("\n"+retMarker+" "+strconv.Itoa(r)+"\n"), returned
+		if p.stdin, err = p.cmd.StdinPipe(); err == nil {
+			err = p.cmd.Start()
+		}
+		if err != nil {
 			for _, q := range procs[:r] {
 				q.cmd.Process.Kill()
 			}
@@ -195,7 +228,11 @@ func (o Options) runParent(t testing.TB, n int, tr Transport) {
 		}
 		why = reason
 		for r, p := range procs {
-			if !ended[r] {
+			switch {
+			case ended[r]:
+			case p.out.returned(): // waiting for the others: let it end
+				p.stdin.Close()
+			default:
 				hung = append(hung, r)
 				p.cmd.Process.Signal(syscall.SIGQUIT)
 			}
@@ -203,12 +240,28 @@ func (o Options) runParent(t testing.TB, n int, tr Transport) {
 		killC = time.After(hangGrace)
 	}
 	graceWhy := ""
+	nReturned, released := 0, false
+	release := func() { // every rank returned or ended: let them destroy
+		if !released && nReturned+len(order) >= n {
+			released = true
+			for _, p := range procs {
+				p.stdin.Close()
+			}
+		}
+	}
 	for left > 0 {
 		select {
+		case <-returned:
+			nReturned++
+			release()
 		case p := <-done:
 			left--
 			ended[p.rank] = true
 			order = append(order, p)
+			if p.out.returned() {
+				nReturned-- // counted once, as ended
+			}
+			release()
 			if p.err != nil && graceC == nil && why == "" {
 				graceC = time.After(hangGrace)
 				graceWhy = fmt.Sprintf("%v after rank %d failed", hangGrace, p.rank)
@@ -294,16 +347,31 @@ func freePort() (int, error) {
 }
 
 // syncBuf is a buffer safe for concurrent writers (a process's stdout and
-// stderr).
+// stderr) that sends on seen once marker has been written.
 type syncBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
+	mu     sync.Mutex
+	b      bytes.Buffer
+	marker []byte
+	seen   chan<- struct{}
+	found  bool
 }
 
 func (s *syncBuf) Write(p []byte) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.b.Write(p)
+	n, err := s.b.Write(p)
+	if s.marker != nil && !s.found && bytes.Contains(s.b.Bytes(), s.marker) {
+		s.found = true
+		s.seen <- struct{}{} // buffered for every rank
+	}
+	return n, err
+}
+
+// returned reports whether the marker was written.
+func (s *syncBuf) returned() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.found
 }
 
 func (s *syncBuf) String() string {

@@ -1,6 +1,7 @@
 // Command hcomm launches and measures hcomm programs.
 //
 //	hcomm run -n N [--] prog args...     N local ranks with torchrun's variables
+//	hcomm run --elastic -n N --min M …   the same, surviving failed ranks (replacements join)
 //	hcomm bench <collective|p2p> [flags] nccl-tests-style benchmark
 //
 // Run "hcomm help <command>" for a command's flags.
@@ -28,6 +29,9 @@ const usage = `usage:
   hcomm run -n N [--grace D] [--] prog [args...]
         start N local processes with MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE,
         LOCAL_RANK and LOCAL_WORLD_SIZE set; prefix their output with the rank
+  hcomm run --elastic [--min M] [--max-restarts K] -n N [--] prog [args...]
+        the same, but a failed rank does not end the job while M processes
+        run: up to K replacements are started and join it (hcomm.Membership)
   hcomm bench <collective|p2p> [flags]
         benchmark a collective (nccl-tests layout); "hcomm bench -h" lists flags
 `
@@ -60,8 +64,11 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 	n := fs.Int("n", 1, "number of ranks (processes) to start")
 	grace := fs.Duration("grace", launch.DefaultGrace, "time between SIGTERM and SIGKILL when stopping ranks")
 	port := fs.Int("port", 0, "MASTER_PORT (0: a free port)")
+	elasticJob := fs.Bool("elastic", false, "survive failed ranks: start replacements that join the running job (see --min, --max-restarts)")
+	minRanks := fs.Int("min", 1, "with --elastic: a failure with fewer processes left than this fails the job (torchrun's --nnodes=MIN:MAX)")
+	maxRestarts := fs.Int("max-restarts", 3, "with --elastic: replacements to start at most (torchrun's --max-restarts)")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: hcomm run -n N [--grace D] [--port P] [--] prog [args...]")
+		fmt.Fprintln(stderr, "usage: hcomm run -n N [--grace D] [--port P] [--elastic [--min M] [--max-restarts K]] [--] prog [args...]")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -82,6 +89,7 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 	res, err := launch.Run(context.Background(), launch.Options{
 		N: *n, Prog: rest[0], Args: rest[1:], Stdout: stdout, Stderr: stderr,
 		Grace: *grace, Signals: sigs, Port: *port,
+		Elastic: *elasticJob, MinRanks: *minRanks, MaxRestarts: *maxRestarts,
 	})
 	if err != nil {
 		fmt.Fprintf(stderr, "hcomm run: %v\n", err)

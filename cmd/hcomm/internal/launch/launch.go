@@ -4,6 +4,45 @@
 // prefixed with the rank ("[2] ..."); SIGINT and SIGTERM are forwarded; when
 // one rank fails, the others are stopped (SIGTERM, then SIGKILL after a grace
 // period) and the first failing rank's exit status is returned.
+//
+// # Elastic jobs
+//
+// With Options.Elastic (`hcomm run --elastic`, as torchrun's
+// --nnodes=MIN:MAX and --max-restarts) a rank that fails does not fail the
+// job while at least MinRanks processes still run; the launcher starts a
+// replacement in its place, up to MaxRestarts times, and the program's
+// ranks shrink around the loss and grow back when the replacement joins.
+// The protocol between the launcher and the ranks:
+//
+//  1. The launcher serves a membership store (internal/bootstrap, on
+//     127.0.0.1, its secret derived from HCOMM_SECRET) and gives every
+//     process it starts a slot, unique over the job's life (0..N-1 for the
+//     first N, then N, N+1, … for replacements; a process's output lines
+//     are prefixed with its slot). Every process gets HCOMM_ELASTIC_ADDR,
+//     HCOMM_ELASTIC_SLOT and HCOMM_ELASTIC_SLOTS (N + MaxRestarts); the
+//     first N also get the torchrun variables, and start the job with
+//     InitFromEnv as without --elastic.
+//  2. When a rank dies, the survivors see their operations fail naming it
+//     (hcomm's loss detection), Revoke the communicator and Shrink it. The
+//     launcher sees the exit, and when the job may go on, starts a
+//     replacement with HCOMM_ELASTIC_JOIN=1 and without RANK, WORLD_SIZE,
+//     LOCAL_RANK: it registers in the store (hcomm.Membership.AwaitToken:
+//     it takes the next newcomer number) and waits.
+//  3. Between steps, the job's rank 0 reads how many newcomers wait
+//     (Membership.Pending) and shares the count with the other ranks; when
+//     it is positive, rank 0 makes a join token (Comm.GrowToken), hands it
+//     to the newcomers through the store with their ranks
+//     (Membership.Admit, which also marks their slots as members), and
+//     every member calls Comm.Grow while every newcomer calls
+//     hcomm.JoinContext.
+//  4. At the end, rank 0 calls Membership.End: newcomers still waiting exit
+//     (their AwaitToken reports hcomm.ErrJobEnded). Should no member be left
+//     while a newcomer waits (every member exited), the launcher closes the
+//     store, which tells them the same.
+//
+// The job's exit status is 0 when every process exited 0 but the failures
+// it survived; a failure with fewer than MinRanks processes left, or a
+// failed start, stops the job as without --elastic.
 package launch
 
 import (
@@ -24,6 +63,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/hcomm-dev/hcomm/internal/bootstrap"
+	"github.com/hcomm-dev/hcomm/internal/elastic"
 	"github.com/hcomm-dev/hcomm/internal/procs"
 )
 
@@ -47,6 +88,13 @@ type Options struct {
 	Signals <-chan os.Signal
 	// Port is MASTER_PORT; 0 picks a free port on 127.0.0.1.
 	Port int
+	// Elastic makes the job survive failed ranks (see the package doc).
+	Elastic bool
+	// MinRanks is how many processes must still run for the job to survive
+	// a failure (Elastic; 1..N, 0 means 1).
+	MinRanks int
+	// MaxRestarts bounds the replacements an elastic job starts.
+	MaxRestarts int
 }
 
 // MaxRanks bounds Options.N.
@@ -58,8 +106,13 @@ type Result struct {
 	// else the first failing rank's status (128+signal when it was killed by
 	// a signal it did not get from the launcher's stop).
 	Code int
-	// FailedRank is the first rank that failed, -1 when none did.
+	// FailedRank is the first rank that failed, -1 when none did. In an
+	// elastic job it is a slot, and only a failure the job did not survive
+	// sets it.
 	FailedRank int
+	// Survived counts the failures an elastic job survived, Restarts the
+	// replacements it started.
+	Survived, Restarts int
 }
 
 // Run starts the ranks and waits for them. It returns an error only when the
@@ -70,6 +123,9 @@ func Run(ctx context.Context, o Options) (Result, error) {
 	res := Result{FailedRank: -1}
 	if o.N < 1 || o.N > MaxRanks {
 		return res, fmt.Errorf("launch: rank count %d is outside [1, %d]", o.N, MaxRanks)
+	}
+	if o.Elastic && (o.MinRanks < 0 || o.MinRanks > o.N || o.MaxRestarts < 0 || o.N+o.MaxRestarts > MaxRanks) {
+		return res, fmt.Errorf("launch: --min %d must be in [1, %d] and --max-restarts %d in [0, %d]", o.MinRanks, o.N, o.MaxRestarts, MaxRanks-o.N)
 	}
 	if o.Prog == "" {
 		return res, errors.New("launch: no program to run")
@@ -108,26 +164,40 @@ func Run(ctx context.Context, o Options) (Result, error) {
 		secret = hex.EncodeToString(b[:])
 	}
 	var outMu sync.Mutex // one line at a time on both streams
-	procs := make([]*exec.Cmd, 0, o.N)
-	writers := make([]*prefixWriter, 0, 2*o.N)
+	slots := o.N
+	if o.Elastic {
+		slots += o.MaxRestarts
+	}
+	var member *bootstrap.Server // the elastic job's membership store
+	if o.Elastic {
+		if member, err = bootstrap.Listen("127.0.0.1:0", elastic.Secret(secret), bootstrap.ServerOptions{}); err != nil {
+			return res, fmt.Errorf("launch: starting the membership store: %w", err)
+		}
+		defer member.Close()
+	}
+	procs := make([]*exec.Cmd, 0, slots)
+	writers := make([]*prefixWriter, 0, 2*slots)
 	type exit struct {
-		rank int
+		slot int
 		err  error
 	}
-	exits := make(chan exit, o.N)
+	exits := make(chan exit, slots)
 	stopAll := func(sig syscall.Signal) {
 		for _, c := range procs {
 			signalGroup(c, sig)
 		}
 	}
-	for r := 0; r < o.N; r++ {
+	live := make(map[int]bool, o.N) // slot → running
+	// start starts the process of slot: one of the first N (rank = slot), or
+	// a replacement that joins the running job.
+	start := func(slot int) error {
 		c := exec.Command(prog, o.Args...)
 		vars := map[string]string{
 			"MASTER_ADDR":      "127.0.0.1",
 			"MASTER_PORT":      strconv.Itoa(port),
-			"RANK":             strconv.Itoa(r),
+			"RANK":             strconv.Itoa(slot),
 			"WORLD_SIZE":       strconv.Itoa(o.N),
-			"LOCAL_RANK":       strconv.Itoa(r),
+			"LOCAL_RANK":       strconv.Itoa(slot),
 			"LOCAL_WORLD_SIZE": strconv.Itoa(o.N),
 			"GROUP_RANK":       "0",
 			"HCOMM_SECRET":     secret,
@@ -135,8 +205,17 @@ func Run(ctx context.Context, o Options) (Result, error) {
 		if g := gomaxprocs(o.Env, o.N); g != "" {
 			vars["GOMAXPROCS"] = g
 		}
+		if o.Elastic {
+			vars[elastic.EnvAddr] = member.Addr().String()
+			vars[elastic.EnvSlot] = strconv.Itoa(slot)
+			vars[elastic.EnvSlots] = strconv.Itoa(slots)
+			if slot >= o.N { // a replacement has no rank until the job admits it
+				vars["RANK"], vars["LOCAL_RANK"], vars["WORLD_SIZE"] = "", "", ""
+				vars[elastic.EnvJoin] = "1"
+			}
+		}
 		c.Env = withVars(o.Env, vars)
-		stdout := &prefixWriter{mu: &outMu, w: o.Stdout, prefix: []byte("[" + strconv.Itoa(r) + "] ")}
+		stdout := &prefixWriter{mu: &outMu, w: o.Stdout, prefix: []byte("[" + strconv.Itoa(slot) + "] ")}
 		stderr := &prefixWriter{mu: &outMu, w: o.Stderr, prefix: stdout.prefix}
 		writers = append(writers, stdout, stderr)
 		c.Stdout, c.Stderr = stdout, stderr
@@ -145,14 +224,21 @@ func Run(ctx context.Context, o Options) (Result, error) {
 		// forever once the rank itself has exited.
 		c.WaitDelay = o.Grace
 		if err := c.Start(); err != nil {
+			return err
+		}
+		procs = append(procs, c)
+		live[slot] = true
+		go func() { exits <- exit{slot, c.Wait()} }()
+		return nil
+	}
+	for r := 0; r < o.N; r++ {
+		if err := start(r); err != nil {
 			stopAll(syscall.SIGKILL)
 			for range procs {
 				<-exits
 			}
 			return res, fmt.Errorf("launch: starting rank %d: %w", r, err)
 		}
-		procs = append(procs, c)
-		go func(r int, c *exec.Cmd) { exits <- exit{r, c.Wait()} }(r, c)
 	}
 	var (
 		killTimer <-chan time.Time
@@ -168,14 +254,53 @@ func Run(ctx context.Context, o Options) (Result, error) {
 		stopAll(syscall.SIGTERM)
 		killTimer = time.After(o.Grace)
 	}
+	// survive decides, in an elastic job, what a failure of slot does: the
+	// job goes on while MinRanks processes run, with a replacement while
+	// restarts remain.
+	survive := func(slot int, err error) bool {
+		if !o.Elastic || len(live) < max(o.MinRanks, 1) {
+			return false
+		}
+		res.Survived++
+		fmt.Fprintf(o.Stderr, "hcomm run: rank %d failed (%v); %d processes go on (--elastic, --min %d)\n", slot, err, len(live), max(o.MinRanks, 1))
+		if res.Restarts >= o.MaxRestarts {
+			return true
+		}
+		next := o.N + res.Restarts
+		if err := start(next); err != nil {
+			fmt.Fprintf(o.Stderr, "hcomm run: starting replacement %d: %v\n", next, err)
+			return false
+		}
+		res.Restarts++
+		left++
+		fmt.Fprintf(o.Stderr, "hcomm run: started replacement %d (restart %d of %d)\n", next, res.Restarts, o.MaxRestarts)
+		return true
+	}
+	// noMembers says whether every running process is a replacement the job
+	// has not admitted: no member is left to admit them.
+	noMembers := func() bool {
+		for slot := range live {
+			if slot < o.N {
+				return false
+			}
+			if _, ok, _ := member.Local().TryGet(context.Background(), elastic.MemberKey(slot)); ok {
+				return false
+			}
+		}
+		return true
+	}
 	for left > 0 {
 		select {
 		case e := <-exits:
 			left--
-			if e.err != nil && res.FailedRank < 0 && !stopping {
-				res.FailedRank, res.Code = e.rank, exitCode(e.err)
-				fmt.Fprintf(o.Stderr, "hcomm run: rank %d failed (%v); stopping the other ranks\n", e.rank, e.err)
+			delete(live, e.slot)
+			if e.err != nil && res.FailedRank < 0 && !stopping && !survive(e.slot, e.err) {
+				res.FailedRank, res.Code = e.slot, exitCode(e.err)
+				fmt.Fprintf(o.Stderr, "hcomm run: rank %d failed (%v); stopping the other ranks\n", e.slot, e.err)
 				stop()
+			}
+			if member != nil && len(live) > 0 && noMembers() {
+				member.Close() // the waiting newcomers learn the job has ended
 			}
 		case s := <-o.Signals:
 			if sig, ok := s.(syscall.Signal); ok {
@@ -244,7 +369,8 @@ func lookupVar(env []string, name string) string {
 	return ""
 }
 
-// withVars returns env with vars set, replacing earlier definitions.
+// withVars returns env with vars set, replacing earlier definitions; a
+// variable set to "" is removed.
 func withVars(env []string, vars map[string]string) []string {
 	out := make([]string, 0, len(env)+len(vars))
 	for _, kv := range env {
@@ -253,8 +379,9 @@ func withVars(env []string, vars map[string]string) []string {
 			out = append(out, kv)
 		}
 	}
-	for _, k := range []string{"MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "HCOMM_SECRET", "GOMAXPROCS"} {
-		if v, ok := vars[k]; ok {
+	for _, k := range []string{"MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "HCOMM_SECRET", "GOMAXPROCS",
+		elastic.EnvAddr, elastic.EnvSlot, elastic.EnvSlots, elastic.EnvJoin} {
+		if v, ok := vars[k]; ok && v != "" {
 			out = append(out, k+"="+v)
 		}
 	}

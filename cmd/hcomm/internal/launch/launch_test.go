@@ -150,3 +150,57 @@ func TestGomaxprocsSharesTheProcessors(t *testing.T) {
 		t.Errorf("one rank: GOMAXPROCS %q, want it left alone", got)
 	}
 }
+
+// elasticRun runs script as n ranks of an elastic job and returns the result
+// and the output.
+func elasticRun(t *testing.T, n, minRanks, restarts int, script string) (Result, string) {
+	t.Helper()
+	var out bytes.Buffer
+	var mu sync.Mutex
+	sw := &syncWriter{mu: &mu, w: &out}
+	res, err := Run(context.Background(), Options{N: n, Prog: "sh", Args: []string{"-c", script}, Env: []string{"PATH=/usr/bin:/bin"},
+		Stdout: sw, Stderr: sw, Grace: 500 * time.Millisecond, Elastic: true, MinRanks: minRanks, MaxRestarts: restarts})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	return res, out.String()
+}
+
+// An elastic job survives a failed rank while --min processes run, starts a
+// replacement with HCOMM_ELASTIC_JOIN=1 and no RANK, and ends with status 0.
+func TestRunElasticSurvives(t *testing.T) {
+	const script = `if [ -n "$HCOMM_ELASTIC_JOIN" ]; then echo "newcomer slot=$HCOMM_ELASTIC_SLOT of $HCOMM_ELASTIC_SLOTS rank=[$RANK] store=${HCOMM_ELASTIC_ADDR%:*}"; exit 0; fi
+if [ "$RANK" = 1 ]; then exit 3; fi
+sleep 1; echo "member $RANK slot=$HCOMM_ELASTIC_SLOT done"`
+	res, out := elasticRun(t, 3, 2, 1, script)
+	if res.Code != 0 || res.FailedRank != -1 || res.Survived != 1 || res.Restarts != 1 {
+		t.Fatalf("result %+v, want status 0, one failure survived, one restart; output:\n%s", res, out)
+	}
+	for _, want := range []string{"[3] newcomer slot=3 of 4 rank=[] store=127.0.0.1", "[0] member 0 slot=0 done", "[2] member 2 slot=2 done",
+		"rank 1 failed (exit status 3); 2 processes go on", "started replacement 3 (restart 1 of 1)"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	// Restarts spent: the next failure is survived without a replacement.
+	res, out = elasticRun(t, 3, 1, 0, `if [ "$RANK" = 2 ]; then exit 4; fi; sleep 0.3`)
+	if res.Code != 0 || res.Survived != 1 || res.Restarts != 0 || strings.Contains(out, "replacement") {
+		t.Errorf("no restarts left: %+v\n%s", res, out)
+	}
+}
+
+// A failure that leaves fewer than --min processes fails the elastic job as
+// without --elastic; bad elastic options are refused.
+func TestRunElasticBelowMin(t *testing.T) {
+	res, out := elasticRun(t, 2, 2, 3, `if [ "$RANK" = 1 ]; then exit 5; fi; exec sleep 60`)
+	if res.Code != 5 || res.FailedRank != 1 || res.Restarts != 0 {
+		t.Errorf("result %+v, want status 5 from rank 1 and no restart; output:\n%s", res, out)
+	}
+	for _, o := range []Options{{N: 2, Prog: "true", Elastic: true, MinRanks: 3}, {N: 2, Prog: "true", Elastic: true, MaxRestarts: -1}} {
+		if _, err := Run(context.Background(), o); err == nil || !strings.Contains(err.Error(), "--min") {
+			t.Errorf("Run(%+v) = %v, want an error naming --min and --max-restarts", o, err)
+		}
+	}
+}
