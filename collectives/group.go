@@ -159,6 +159,23 @@ func GroupEnd(c *hcomm.Comm) error {
 	return issueGroupP2P(c, items)
 }
 
+// GroupOpen reports whether a group is open on c (HcclGroupStatusGet):
+// whether the collectives and sends and receives called on c now are
+// recorded for a GroupEnd rather than issued. False for a nil or destroyed
+// communicator. Safe for concurrent use.
+func GroupOpen(c *hcomm.Comm) bool {
+	if c == nil {
+		return false
+	}
+	g := groupOf(c)
+	if g == nil {
+		return false
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.depth > 0
+}
+
 // groupErr is GroupEnd's error for call i of the group.
 func groupErr(c *hcomm.Comm, i int, name string, err error) error {
 	return collErr(c, "GroupEnd", hcomm.ResultOf(err), err, "call %d of the group, %s", i+1, name)

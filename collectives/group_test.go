@@ -187,8 +187,14 @@ func TestGroupErrors(t *testing.T) {
 		t.Fatalf("GroupStart(nil): %v", err)
 	}
 	g := newGroupRank(t, c, "a")
+	if collectives.GroupOpen(c) || collectives.GroupOpen(nil) {
+		t.Fatal("GroupOpen before GroupStart")
+	}
 	if err := collectives.GroupStart(c); err != nil {
 		t.Fatal(err)
+	}
+	if !collectives.GroupOpen(c) {
+		t.Fatal("GroupOpen after GroupStart is false")
 	}
 	x := []float32{1, 2}
 	if err := collectives.AllReduceSlice(t.Context(), c, x, x, hcomm.Sum, nil); !errors.Is(err, hcomm.ErrPara) || !strings.Contains(err.Error(), "cannot be part of") {
@@ -208,6 +214,9 @@ func TestGroupErrors(t *testing.T) {
 	}
 	if err := g.s.SynchronizeWithTimeout(time.Minute); err != nil {
 		t.Fatal(err)
+	}
+	if collectives.GroupOpen(c) {
+		t.Fatal("GroupOpen after GroupEnd")
 	}
 	// The group is closed: a slice form works again.
 	if err := collectives.AllReduceSlice(t.Context(), c, x, x, hcomm.Sum, nil); err != nil {
