@@ -57,6 +57,7 @@ type group struct {
 	depth int
 	calls []groupCall
 	items []groupItem // the sends and receives, in call order
+	n     int         // calls recorded so far, collectives and sends/receives: their numbers in errors
 	// issuing is set while the outermost GroupEnd issues the calls: a
 	// GroupStart waits for it (issued is signalled), so that the calls
 	// being issued are not recorded again in a new group.
@@ -67,6 +68,7 @@ type group struct {
 // groupCall is a recorded collective: issue issues it.
 type groupCall struct {
 	name  string
+	pos   int // its position among all the calls of the group, for errors
 	issue func() error
 }
 
@@ -140,7 +142,7 @@ func GroupEnd(c *hcomm.Comm) error {
 		return nil
 	}
 	calls, items := g.calls, g.items
-	g.calls, g.items = nil, nil
+	g.calls, g.items, g.n = nil, nil, 0
 	g.issuing = true
 	g.mu.Unlock()
 	defer func() {
@@ -151,9 +153,9 @@ func GroupEnd(c *hcomm.Comm) error {
 	}()
 	// The group is closed (depth 0): the calls below are issued, not
 	// recorded again.
-	for i, call := range calls {
+	for _, call := range calls {
 		if err := call.issue(); err != nil {
-			return groupErr(c, i, call.name, err)
+			return groupErr(c, call.pos, call.name, err)
 		}
 	}
 	return issueGroupP2P(c, items)
@@ -193,7 +195,8 @@ func recordCall(c *hcomm.Comm, name string, issue func() error) bool {
 	if g.depth == 0 {
 		return false
 	}
-	g.calls = append(g.calls, groupCall{name: name, issue: issue})
+	g.calls = append(g.calls, groupCall{name: name, pos: g.n, issue: issue})
+	g.n++
 	return true
 }
 
@@ -209,10 +212,10 @@ func recordItems(c *hcomm.Comm, items []SendRecvItem, s *device.Stream) bool {
 	if g.depth == 0 {
 		return false
 	}
-	call := len(g.calls) + len(g.items)
 	for _, it := range items {
-		g.items = append(g.items, groupItem{it: it, s: s, call: call})
+		g.items = append(g.items, groupItem{it: it, s: s, call: g.n})
 	}
+	g.n++
 	return true
 }
 

@@ -203,14 +203,17 @@ func TestGroupErrors(t *testing.T) {
 	if err := collectives.Broadcast(g.bufs["a"], 1, hcomm.Float32, 0, c, g.s, nil); err != nil {
 		t.Fatal(err)
 	}
+	if err := collectives.BatchSendRecv(nil, c, g.s); err != nil { // a call, with no items
+		t.Fatal(err)
+	}
 	// Oneshot over more than the HCCL buffer's slots: a local error that
 	// the algorithm's check finds when the call is issued.
 	if err := collectives.AllReduce(g.bufs["a"], g.bufs["a"], groupCount, hcomm.Float32, hcomm.Sum, c, g.s, &collectives.Options{Algorithm: collectives.AlgoRing + 100}); err != nil {
 		t.Fatal(err)
 	}
 	err := collectives.GroupEnd(c)
-	if !errors.Is(err, hcomm.ErrNotSupport) || !strings.Contains(err.Error(), "call 2 of the group, AllReduce") {
-		t.Fatalf("GroupEnd: %v, want the second call's error named", err)
+	if !errors.Is(err, hcomm.ErrNotSupport) || !strings.Contains(err.Error(), "call 3 of the group, AllReduce") {
+		t.Fatalf("GroupEnd: %v, want the third call's error named", err)
 	}
 	if err := g.s.SynchronizeWithTimeout(time.Minute); err != nil {
 		t.Fatal(err)
