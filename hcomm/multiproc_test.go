@@ -62,6 +62,7 @@ func TestHelperRank(t *testing.T) {
 		fmt.Printf("DESTROYED %d\n", time.Since(start).Milliseconds())
 	}()
 	switch role {
+	case "empty": // init, then destroy at once
 	case "work":
 		if err := rankWork(c, "", sizes); err != nil { // the transport is hcomm's choice
 			t.Fatal(err)
@@ -338,6 +339,23 @@ func TestMultiProcessLaunchers(t *testing.T) {
 				}
 			})
 		})
+	}
+}
+
+// Ranks as processes whose work is empty destroy their communicators the
+// moment their inits return, rank 0 (and its store) first as often as not:
+// no rank's init fails for it.
+func TestMultiProcessEmptyWork(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short")
+	}
+	for range 3 {
+		env := masterEnv(t, "127.0.0.1")
+		procs := launchRanks(t, context.Background(), 4, "empty", nil, func(int) []string { return env })
+		waitAll(t, procs)
+		if t.Failed() {
+			return
+		}
 	}
 }
 
