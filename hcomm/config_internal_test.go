@@ -27,6 +27,10 @@ func TestEnvScaledOverflow(t *testing.T) {
 		{"HCCL_CONNECT_TIMEOUT", strconv.FormatInt(maxS, 10), true},
 		{"HCCL_EXEC_TIMEOUT", "18446744073", false},
 		{"HCCL_EXEC_TIMEOUT", strconv.FormatInt(maxS, 10), true},
+		{"HCOMM_LIVENESS_TIMEOUT", "9223372037", false},
+		{"HCOMM_LIVENESS_TIMEOUT", "0", false},
+		{"HCOMM_LIVENESS_TIMEOUT", "-3", false},
+		{"HCOMM_LIVENESS_TIMEOUT", strconv.FormatInt(maxS, 10), true},
 	} {
 		t.Run(tc.name+"="+tc.val, func(t *testing.T) {
 			t.Setenv(tc.name, tc.val)
@@ -40,12 +44,19 @@ func TestEnvScaledOverflow(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if c.BufferSize <= 0 || 2*c.BufferSize <= 0 || c.ExecTimeout <= 0 || c.ConnectTimeout <= 0 {
+			if c.BufferSize <= 0 || 2*c.BufferSize <= 0 || c.ExecTimeout <= 0 || c.ConnectTimeout <= 0 || c.LivenessTimeout <= 0 {
 				t.Fatalf("resolve = %+v: a size or timeout wrapped", c)
 			}
 		})
 	}
 	if _, err := (Config{BufferSize: math.MaxInt64/2 + 1}).resolve(); err == nil || !strings.Contains(err.Error(), "BufferSize") {
 		t.Errorf("Config.BufferSize whose buffer overflows: %v", err)
+	}
+	if _, err := (Config{LivenessTimeout: -time.Second}).resolve(); err == nil || !strings.Contains(err.Error(), "LivenessTimeout") {
+		t.Errorf("a negative Config.LivenessTimeout: %v", err)
+	}
+	t.Setenv("HCOMM_LIVENESS_TIMEOUT", "")
+	if c, err := (Config{}).resolve(); err != nil || c.LivenessTimeout != DefaultLivenessTimeout {
+		t.Errorf("LivenessTimeout by default = %v, %v; want %v", c.LivenessTimeout, err, DefaultLivenessTimeout)
 	}
 }

@@ -125,7 +125,10 @@ func (c *Comm) watch() {
 		defer close(c.health.done)
 		defer wg.Wait()
 		for i := 1; ; i++ {
-			b, err := c.boot.store.Get(ctx, eventPfx+strconv.Itoa(i))
+			b, err := c.nextEvent(ctx, i)
+			if err == errNoEvent {
+				continue
+			}
 			if err != nil {
 				// Destroy; or rank 0 closed its store (it said goodbye); or
 				// the store went away without one: rank 0 is lost.
@@ -176,6 +179,40 @@ func (c *Comm) watchRoot(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-time.After(time.Second):
+		}
+	}
+}
+
+// errNoEvent is nextEvent's verdict on a numbered event never set.
+var errNoEvent = errors.New("hcomm: loss event numbered but never set")
+
+// eventGrace is how long an event numbered in the counter may stay unset
+// before the watch skips it: a publisher that died (or timed out) between
+// numbering its event and setting it must not stop the watch.
+const eventGrace = time.Second
+
+// nextEvent waits for loss event i. It waits in slices of eventGrace; after
+// one in which the counter shows later events while event i is still
+// missing, it gives up on i (errNoEvent).
+func (c *Comm) nextEvent(ctx context.Context, i int) ([]byte, error) {
+	for {
+		gctx, gcancel := context.WithTimeout(ctx, eventGrace)
+		b, err := c.boot.store.Get(gctx, eventPfx+strconv.Itoa(i))
+		timedOut := err != nil && ctx.Err() == nil && gctx.Err() != nil
+		gcancel()
+		if !timedOut {
+			return b, err
+		}
+		n, err := c.boot.store.Add(ctx, eventCtr, 0)
+		if err != nil {
+			return nil, err
+		}
+		if n > int64(i) {
+			if b, ok, err := c.boot.store.TryGet(ctx, eventPfx+strconv.Itoa(i)); err != nil || ok {
+				return b, err
+			}
+			c.cfg.bootLogger().Warn("hcomm: loss event numbered but never set; skipped", "comm", c.name, "rank", c.rank, "event", i)
+			return nil, errNoEvent
 		}
 	}
 }
@@ -276,7 +313,7 @@ func (c *Comm) unwatch(chs map[chanKey]*Channel) {
 	failing := c.lostErr() != nil
 	for _, ch := range chs {
 		for _, n := range ch.notifies {
-			if n.Broken() != nil {
+			if err := n.Broken(); err != nil && !errors.Is(err, ErrRevoked) { // a revocation publishes no loss
 				failing = true
 				break
 			}

@@ -97,20 +97,30 @@ func (c *Comm) unwatchRevoke() {
 //
 // Revoke does not wait for the other ranks and does not fail when the
 // store cannot be reached (rank 0 is lost: the other ranks already fail
-// naming it). Safe for concurrent use; idempotent.
+// naming it). On a destroyed communicator it does nothing. Safe for
+// concurrent use; idempotent.
 func (c *Comm) Revoke() error {
 	if c == nil {
 		return nilCommErr("Revoke")
 	}
+	c.mu.Lock()
+	closed := c.closed
+	if !closed {
+		c.revoke.wg.Add(1) // the publication below; Destroy waits for it
+	}
+	c.mu.Unlock()
+	if closed {
+		return nil // destroyed: nothing left to stop, no store to tell
+	}
 	lost := c.LostRanks()
 	if !c.revokeLocal(c.rank, lost) {
+		c.revoke.wg.Done()
 		return nil
 	}
 	v := strconv.Itoa(c.rank)
 	for _, r := range lost {
 		v += " " + strconv.Itoa(r)
 	}
-	c.revoke.wg.Add(1)
 	go func() { // a stuck rank 0 must not hold Revoke up
 		defer c.revoke.wg.Done()
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)

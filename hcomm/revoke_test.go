@@ -14,22 +14,33 @@ import (
 // their first collective's channel setup, or in a notify wait of a later
 // one — and every later operation, with ErrRevoked.
 func TestRevokeFailsPendingAndLaterOperations(t *testing.T) {
-	for _, warm := range []bool{false, true} {
-		name := "setup"
-		if warm {
-			name = "wait"
-		}
-		t.Run(name, func(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		warm bool
+		tcp  bool // joined over the TCP bootstrap: the revocation goes through rank 0's store
+	}{{"setup", false, false}, {"wait", true, false}, {"setup/bootstrap", false, true}, {"wait/bootstrap", true, true}} {
+		warm := tc.warm
+		t.Run(tc.name, func(t *testing.T) {
 			const n = 3
-			comms, err := hcomm.InitAll(n, &hcomm.Config{BufferSize: 1 << 20})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer func() {
-				for _, c := range comms {
-					c.Destroy()
+			var comms []*hcomm.Comm
+			if tc.tcp {
+				cfg := testCfg()
+				root, err := hcomm.GetRootInfo(cfg)
+				if err != nil {
+					t.Fatal(err)
 				}
-			}()
+				comms = initRanks(t, n, func(r int) (*hcomm.Comm, error) { return hcomm.InitRootInfo(n, root, r, cfg) })
+			} else {
+				var err error
+				if comms, err = hcomm.InitAll(n, &hcomm.Config{BufferSize: 1 << 20}); err != nil {
+					t.Fatal(err)
+				}
+				defer func() {
+					for _, c := range comms {
+						c.Destroy()
+					}
+				}()
+			}
 			ctx := context.Background()
 			if warm { // channels up: the next collective waits on notifies
 				errs := make(chan error, n)
@@ -102,5 +113,25 @@ func TestRevokeNilAndNoLoss(t *testing.T) {
 			t.Errorf("rank %d: LostRanks = %v on a healthy communicator", c.Rank(), l)
 		}
 		c.Destroy()
+	}
+}
+
+// Revoke after Destroy does nothing and returns nil; Revoke racing Destroy
+// is safe.
+func TestRevokeAfterDestroy(t *testing.T) {
+	comms, err := hcomm.InitAll(2, &hcomm.Config{BufferSize: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		comms[1].Revoke()
+		close(done)
+	}()
+	comms[1].Destroy()
+	<-done
+	comms[0].Destroy()
+	if err := comms[0].Revoke(); err != nil {
+		t.Errorf("Revoke after Destroy: %v", err)
 	}
 }

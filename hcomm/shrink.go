@@ -115,6 +115,9 @@ func (c *Comm) Shrink(ctx context.Context, exclude []int, cfg *Config) (*Comm, [
 		for _, ch := range decided {
 			<-ch
 		}
+		if !keep && cli != nil {
+			cli.Close() // idempotent: some paths closed it already
+		}
 	}()
 	for {
 		coord = sus.lowest(c.size)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -163,4 +164,26 @@ func TestShrinkWithoutRankZero(t *testing.T) {
 	list[0].Destroy()
 	ncs2, olds2, errs2 := shrinkAll(t, list, []int{1, 2}, []int{0})
 	checkShrunk(t, ncs2, olds2, errs2, []int{1, 2})
+}
+
+// A rank the others leave out that calls Shrink anyway learns so: an error
+// wrapping ErrRankLost, and no communicator.
+func TestShrinkLeftOutRank(t *testing.T) {
+	comms, err := hcomm.InitAll(3, &hcomm.Config{BufferSize: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		for _, c := range comms {
+			c.Destroy()
+		}
+	}()
+	ncs, olds, errs := shrinkAll(t, comms, []int{0, 1}, []int{2})
+	checkShrunk(t, ncs, olds, errs, []int{0, 1})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	nc, old, err := comms[2].Shrink(ctx, nil, nil)
+	if nc != nil || old != nil || !errors.Is(err, hcomm.ErrRankLost) || !strings.Contains(err.Error(), "left this rank out") {
+		t.Errorf("the left-out rank's Shrink = %v, %v, %v; want an error matching ErrRankLost", nc, old, err)
+	}
 }
