@@ -637,17 +637,31 @@ func (s *Server) serve(c net.Conn, sc *srvConn) {
 			s.opts.OnLost(s.Local(), rank, reason)
 		}
 	}()
+	var wdead atomic.Bool // a reply failed: the client reset the connection
 	reply := func(id uint64, op byte, body []byte) {
 		wmu.Lock()
 		defer wmu.Unlock()
+		if wdead.Load() {
+			return
+		}
 		c.SetWriteDeadline(time.Now().Add(30 * time.Second)) // a client that stops reading is dropped
 		if _, err := c.Write(frame(op, id, body)); err != nil {
-			c.Close()
+			if ne, ok := err.(net.Error); ok && ne.Timeout() {
+				c.Close()
+				return
+			}
+			// The client reset the connection: it closed with answers
+			// unread (a Get it abandoned, say). Read on what it sent
+			// before — its goodbye, when it closed on purpose — rather than
+			// take it for lost; the reset ends the reads, the deadline
+			// bounds them.
+			wdead.Store(true)
+			c.SetReadDeadline(time.Now().Add(time.Second))
 		}
 	}
 	fail := func(id uint64, err error) { reply(id, opErr, []byte(err.Error())) }
 	for {
-		if s.opts.IdleTimeout > 0 {
+		if s.opts.IdleTimeout > 0 && !wdead.Load() {
 			c.SetReadDeadline(time.Now().Add(s.opts.IdleTimeout))
 		}
 		h, body, err := readFrame(c)
