@@ -58,6 +58,8 @@ type Comm struct {
 	threads  []*Thread
 	values   map[any]any
 	ops      opState // BeginOp's counter and what each thread issues (optag.go)
+	// notifyWait is SetNotifyWaitTimeOut's value in nanoseconds; 0: unset.
+	notifyWait atomic.Int64
 	// valueSnap is a copy of values that Value reads without the lock.
 	valueSnap atomic.Pointer[map[any]any]
 }

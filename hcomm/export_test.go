@@ -8,3 +8,8 @@ func SetDecideHook(f func(rank int)) { decideHook = f }
 // (agree.go: "decided", "await", "read"); call it before any communicator
 // exists.
 func SetShrinkHook(f func(point string, rank int)) { shrinkHook = f }
+
+// SetPeersHook sets the hook a joining rank other than 0 runs before it
+// reads rank 0's list of ranks (init.go); call it before any communicator
+// exists, and set it back to nil when done.
+func SetPeersHook(f func(rank int)) { peersHook = f }

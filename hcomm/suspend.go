@@ -64,6 +64,7 @@ func (c *Comm) Suspend() error {
 		}
 	}
 	for _, ch := range chs {
+		ch.destroyed.Store(true) // a handle kept across Resume is refused by name
 		ch.tr.Close()
 	}
 	for _, d := range dls {
