@@ -259,3 +259,90 @@ func TestGroupStreams(t *testing.T) {
 	rs[0].check(t, "b", func(i int) float32 { return float32(10 + i) })
 	rs[1].check(t, "b", func(i int) float32 { return float32(i) })
 }
+
+// TestGroupMismatchDestroy: a group whose ranks' sends and receives
+// disagree (either way round: more sends than the peer receives, or more
+// receives than the peer sends) fails with ErrMismatch on both ranks, and
+// the failure ends the call's pending work at once: Destroy, without Abort,
+// returns promptly, not after the execution timeout (30 s here).
+func TestGroupMismatchDestroy(t *testing.T) {
+	for _, tr := range hcommtest.Transports() {
+		if tr.Processes {
+			continue // the ranks' buffers are driven from this process
+		}
+		for _, extraRecv := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%v/extraRecv=%v", tr, extraRecv), func(t *testing.T) {
+				comms := hcommtest.Options{Config: &hcomm.Config{ExecTimeout: 30 * time.Second}}.New(t, 2, tr)
+				rs := []*groupRank{newGroupRank(t, comms[0], "a", "b"), newGroupRank(t, comms[1], "a", "b")}
+				errs := make([]error, 2)
+				var wg sync.WaitGroup
+				for r, g := range rs {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						c, s := g.c, g.s
+						err := collectives.GroupStart(c)
+						switch {
+						case r == 0 && !extraRecv:
+							err = errors.Join(err, collectives.Send(g.bufs["a"], groupCount, hcomm.Float32, 1, c, s),
+								collectives.Send(g.bufs["b"], groupCount, hcomm.Float32, 1, c, s))
+						case r == 0:
+							err = errors.Join(err, collectives.Send(g.bufs["a"], groupCount, hcomm.Float32, 1, c, s))
+						case !extraRecv:
+							err = errors.Join(err, collectives.Recv(g.bufs["a"], groupCount, hcomm.Float32, 0, c, s))
+						default:
+							err = errors.Join(err, collectives.Recv(g.bufs["a"], groupCount, hcomm.Float32, 0, c, s),
+								collectives.Recv(g.bufs["b"], groupCount, hcomm.Float32, 0, c, s))
+						}
+						if err = errors.Join(err, collectives.GroupEnd(c)); err == nil {
+							err = s.SynchronizeWithTimeout(time.Minute)
+						}
+						errs[r] = err
+					}()
+				}
+				wg.Wait()
+				for r, err := range errs {
+					if !errors.Is(err, collectives.ErrMismatch) {
+						t.Errorf("rank %d: %v, want ErrMismatch", r, err)
+					}
+				}
+				// The communicator goes on: a matching send and receive after
+				// the mismatch completes promptly (nothing of the failed call is
+				// left waiting on the receiving side).
+				t0 := time.Now()
+				for r, g := range rs {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						var err error
+						if r == 0 {
+							err = collectives.Send(g.bufs["a"], groupCount, hcomm.Float32, 1, g.c, g.s)
+						} else {
+							err = collectives.Recv(g.bufs["a"], groupCount, hcomm.Float32, 0, g.c, g.s)
+						}
+						if err == nil {
+							err = g.s.SynchronizeWithTimeout(time.Minute)
+						}
+						errs[r] = err
+					}()
+				}
+				wg.Wait()
+				for r, err := range errs {
+					if err != nil {
+						t.Errorf("rank %d: the send/receive after the mismatch: %v", r, err)
+					}
+				}
+				if took := time.Since(t0); took > 3*time.Second {
+					t.Errorf("the send/receive after the mismatch took %v (the execution timeout is 30 s): the failed call's receive was left waiting", took)
+				}
+				start := time.Now()
+				for r, c := range comms {
+					c.Destroy()
+					if took := time.Since(start); took > 3*time.Second {
+						t.Errorf("rank %d's Destroy after the mismatch returned after %v (the execution timeout is 30 s); want at once", r, took)
+					}
+				}
+			})
+		}
+	}
+}
