@@ -30,7 +30,11 @@
 //     Close and Destroy wait for the goroutines they started and are idempotent.
 //  4. Errors of queued tasks surface at the stream's next Synchronize and
 //     through the exception callback (SetExceptionInfoCallback); the tasks
-//     after a failed one are skipped until then.
+//     after a failed one are skipped until then. A failure crosses to other
+//     streams through events, as CUDA's sticky errors do: a Stream.WaitEvent
+//     on work that did not all run fails too, wrapping the producer's failure,
+//     so the waiting stream skips its later tasks and its Synchronize reports
+//     it. Stream.TakeError takes a stream's failure without waiting.
 //
 // A stream's queue is bounded, as a GPU's launch queue is: an enqueue that
 // finds MaxPending tasks queued waits until the stream has run half of them

@@ -68,6 +68,10 @@ type capture struct {
 	s   *Stream
 	seq uint64
 	ns  atomic.Int64 // monotonic nanoseconds at completion; 0 until then
+	// skip is why the record task did not run (a failure at or before it
+	// made the stream skip it, or an abort dropped it): set by the stream's
+	// worker before the task counts as completed, so read it after done.
+	skip error
 }
 
 func (c *capture) done() bool { return c.s.completed.Load() >= c.seq }
@@ -84,6 +88,19 @@ func (c *capture) failure(op string) error {
 	}
 	e := newErr(op, c.s.dev.id, c.s.id, CodeOf(err), "the captured work failed")
 	e.Err = err
+	return e
+}
+
+// skipped is the error of a completed capture whose record task did not
+// run: the stream failed (or was aborted) at or before it, so some of the
+// captured work did not run. Unlike failure, it does not depend on whether a
+// Synchronize has reported the stream's failure since.
+func (c *capture) skipped(op string, s *Stream) error {
+	if c.skip == nil {
+		return nil
+	}
+	e := s.errf(op, CodeOf(c.skip), "the awaited work on stream %d (up to task %d) failed", c.s.id, c.seq)
+	e.Err = c.skip
 	return e
 }
 
@@ -146,10 +163,10 @@ func (e *Event) Record(s *Stream) error {
 	if err := e.live(op); err != nil {
 		return err
 	}
-	seq, err := s.enqueue(op, func(<-chan struct{}) error {
+	seq, err := s.enqueueTask(task{name: op, run: func(<-chan struct{}) error {
 		c.ns.Store(int64(time.Since(epoch)) + 1)
 		return nil
-	})
+	}, skipped: func(err error) { c.skip = err }})
 	if err != nil {
 		return err
 	}
@@ -323,11 +340,22 @@ func (e *Event) Destroy() error {
 // e holds now is complete (aclrtStreamWaitEvent / cuStreamWaitEvent). A never
 // recorded event adds no wait. A later Record of e does not change this wait.
 // A nil s is the default stream of e's device.
+//
+// Failures cross streams through the wait, as CUDA's sticky errors do: when
+// the work e holds completed but did not all run (a task at or before the
+// recorded point failed, so its stream skipped the rest, or the stream was
+// aborted), the wait task fails with an error that wraps that failure and
+// carries its code, so s skips the tasks after it and s's Synchronize
+// reports it. The producing stream still reports its own failure. This holds
+// even when the producer's Synchronize has reported its failure before the
+// wait ran: skipped work is never taken for done work. A wait on an event
+// recorded before the failure is not affected.
 func (s *Stream) WaitEvent(e *Event) error { return s.WaitEventWithTimeout(e, -1) }
 
 // WaitEventWithTimeout is WaitEvent with a bound (aclrtStreamWaitEventWithTimeout):
 // when the event's work is not complete within timeout the wait task fails
-// with ErrWaitTimeout. A negative timeout waits forever.
+// with ErrWaitTimeout. A negative timeout waits forever. A failure of the
+// awaited work fails the wait as WaitEvent says.
 func (s *Stream) WaitEventWithTimeout(e *Event, timeout time.Duration) error {
 	const op = "Stream.WaitEvent"
 	if s == nil && e != nil {
@@ -354,7 +382,7 @@ func (s *Stream) WaitEventWithTimeout(e *Event, timeout time.Duration) error {
 	}
 	return s.Launch(op, func(stop <-chan struct{}) error {
 		if c.done() {
-			return nil
+			return c.skipped(op, s)
 		}
 		var expire <-chan struct{}
 		if timeout >= 0 {
@@ -364,7 +392,7 @@ func (s *Stream) WaitEventWithTimeout(e *Event, timeout time.Duration) error {
 		}
 		switch c.s.awaitProgress(c.seq, spin.Default, stop, expire) {
 		case reached:
-			return nil
+			return c.skipped(op, s)
 		case stopped:
 			return s.stopError(op)
 		}

@@ -51,6 +51,9 @@ type task struct {
 	seq  uint64
 	name string
 	run  func(stop <-chan struct{}) error
+	// skipped, when set, is told why the task did not run (the stream's
+	// failure, or an abort) before the task counts as completed.
+	skipped func(err error)
 }
 
 type progressWaiter struct {
@@ -132,6 +135,12 @@ func ownerOf(p Ptr) *Device {
 
 // enqueue appends a task and returns its sequence number.
 func (s *Stream) enqueue(name string, fn func(stop <-chan struct{}) error) (uint64, error) {
+	return s.enqueueTask(task{name: name, run: fn})
+}
+
+// enqueueTask appends t, whose seq it sets, and returns its sequence number.
+func (s *Stream) enqueueTask(t task) (uint64, error) {
+	name := t.name
 	if s == nil {
 		return 0, newErr(name, -1, -1, ErrInvalidHandle, "nil stream (pass Device.DefaultStream() for the default stream)")
 	}
@@ -154,7 +163,8 @@ func (s *Stream) enqueue(name string, fn func(stop <-chan struct{}) error) (uint
 	if len(s.q) == cap(s.q) && s.head > 0 {
 		s.compact()
 	}
-	s.q = append(s.q, task{seq: seq, name: name, run: fn})
+	t.seq = seq
+	s.q = append(s.q, t)
 	s.nsub.Store(seq)
 	s.mu.Unlock()
 	select {
@@ -224,12 +234,18 @@ func (s *Stream) loop() {
 				s.q, s.head = s.q[:0], 0
 			}
 			skip := s.err != nil || t.seq <= s.abortTo
+			why := s.err
 			stop := s.stop
 			s.mu.Unlock()
 			popped = t.seq
 			var err error
 			if !skip {
 				err = s.runTask(&t, stop)
+			} else if t.skipped != nil {
+				if why == nil {
+					why = s.errf(t.name, ErrStreamAbort, "stream aborted before the task ran")
+				}
+				t.skipped(why)
 			}
 			s.finish(&t, err)
 			continue
@@ -377,6 +393,23 @@ func (s *Stream) failedBy(seq uint64) error {
 		return s.err
 	}
 	return nil
+}
+
+// TakeError returns the stream's first task failure not yet reported by a
+// Synchronize, and clears it so that the stream runs tasks again, as
+// Synchronize does, but without waiting for the stream's tasks: nil when
+// there is none. It is safe for concurrent use, from any goroutine, and from
+// a task of another stream (a task that has waited, through an event, for
+// the stream's work, and takes its failure to report it as its own).
+func (s *Stream) TakeError() error {
+	if s == nil {
+		return newErr("Stream.TakeError", -1, -1, ErrInvalidHandle, "nil stream")
+	}
+	s.mu.Lock()
+	err := s.err
+	s.err, s.errSeq = nil, 0
+	s.mu.Unlock()
+	return err
 }
 
 func (s *Stream) syncTimeout(ctx context.Context, target uint64) error {
