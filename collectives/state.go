@@ -102,9 +102,9 @@ type state struct {
 	windows   int                // windows registered so far (the next one's id - 1)
 	wins      []*Window          // the live windows (window.go)
 
-	hier           *hier         // the two-level structure, made on first use
-	side           *hcomm.Thread // the side thread (fork/join), made on first use
-	forkEv, joinEv *device.Event
+	hier   *hier         // the two-level structure, made on first use
+	side   *hcomm.Thread // the side thread (fork/join), made on first use
+	forkEv *device.Event
 
 	last       *device.Event // the previous collective's completion
 	lastStream *device.Stream
@@ -277,10 +277,8 @@ func (st *state) Close() error {
 		st.hier.close()
 		st.hier = nil
 	}
-	for _, e := range []*device.Event{st.forkEv, st.joinEv} {
-		if e != nil {
-			e.Destroy()
-		}
+	if st.forkEv != nil {
+		st.forkEv.Destroy()
 	}
 	return nil
 }
@@ -329,7 +327,14 @@ func (st *state) end(s *device.Stream) error {
 
 // fork returns the side thread, ordered after everything enqueued on s so
 // far: a schedule puts there what must not wait behind its main thread (the
-// receives of BatchSendRecv).
+// receives of BatchSendRecv). A failure on s before the fork makes the side
+// thread skip the forked work (Stream.WaitEvent passes failures on), so that
+// no receive of a failed call waits for data that never comes.
+//
+// First, on s, it drops a failure the side thread still holds from earlier
+// work whose join did not run (s had failed before it, and s's Synchronize
+// has reported that failure since: the call is known to have failed), so
+// that it does not make the side thread skip this call's work.
 func (st *state) fork(s *device.Stream) (*hcomm.Thread, error) {
 	if st.side == nil {
 		ts, err := st.comm.ThreadAcquire(hcomm.EngineCPUTS, 1, 0)
@@ -337,13 +342,12 @@ func (st *state) fork(s *device.Stream) (*hcomm.Thread, error) {
 			return nil, err
 		}
 		st.side = ts[0]
-		dev := st.comm.Device()
-		if st.forkEv, err = dev.CreateEventWithFlags(device.EventDisableTiming); err != nil {
+		if st.forkEv, err = st.comm.Device().CreateEventWithFlags(device.EventDisableTiming); err != nil {
 			return nil, err
 		}
-		if st.joinEv, err = dev.CreateEventWithFlags(device.EventDisableTiming); err != nil {
-			return nil, err
-		}
+	}
+	if err := st.afterSide(s, "collectives fork", func(error) error { return nil }); err != nil {
+		return nil, err
 	}
 	if err := st.forkEv.Record(s); err != nil {
 		return nil, err
@@ -355,12 +359,51 @@ func (st *state) fork(s *device.Stream) (*hcomm.Thread, error) {
 }
 
 // join orders what comes after on s after everything enqueued on the side
-// thread so far.
+// thread so far, and brings the side thread's failure to s: the join task
+// takes it from the side stream (so that the side thread runs the next
+// collective's work) and fails with it, and s's Synchronize reports it.
 func (st *state) join(s *device.Stream) error {
-	if err := st.joinEv.Record(st.side.Stream()); err != nil {
+	return st.afterSide(s, "collectives join", func(err error) error { return err })
+}
+
+// afterSide enqueues on s a task that waits for everything enqueued on the
+// side thread so far, takes the side stream's unreported failure
+// (Stream.TakeError) and returns what then makes of it. The wait gives up
+// when s is aborted or its device closed.
+func (st *state) afterSide(s *device.Stream, name string, then func(error) error) error {
+	side := st.side.Stream()
+	// A fresh event per call: the task reads it when it runs, and the next
+	// collective may record again before then.
+	ev, err := st.comm.Device().CreateEventWithFlags(device.EventDisableTiming)
+	if err != nil {
 		return err
 	}
-	return s.WaitEvent(st.joinEv)
+	if err := ev.Record(side); err != nil {
+		ev.Destroy()
+		return err
+	}
+	err = s.Launch(name, func(stop <-chan struct{}) error {
+		defer ev.Destroy()
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		go func() {
+			select {
+			case <-stop:
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+		// The captured side work's failure, if any, is the side stream's
+		// own, which TakeError returns below.
+		if err := ev.Synchronize(ctx); err != nil && ctx.Err() != nil {
+			return fmt.Errorf("%s: stream aborted while waiting for the side thread: %w", name, err)
+		}
+		return then(side.TakeError())
+	})
+	if err != nil {
+		ev.Destroy()
+	}
+	return err
 }
 
 // InlineBytes returns how many bytes per rank the one-shot algorithms carry
