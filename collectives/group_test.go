@@ -308,7 +308,10 @@ func TestGroupMismatchDestroy(t *testing.T) {
 				}
 				// The communicator goes on: a matching send and receive after
 				// the mismatch completes promptly (nothing of the failed call is
-				// left waiting on the receiving side).
+				// left waiting on the receiving side), and the receiver has the
+				// sender's data.
+				rs[0].fill(t, "a", func(i int) float32 { return float32(7 + i) })
+				rs[1].fill(t, "a", func(int) float32 { return -1 })
 				t0 := time.Now()
 				for r, g := range rs {
 					wg.Add(1)
@@ -331,6 +334,9 @@ func TestGroupMismatchDestroy(t *testing.T) {
 					if err != nil {
 						t.Errorf("rank %d: the send/receive after the mismatch: %v", r, err)
 					}
+				}
+				if errs[0] == nil && errs[1] == nil {
+					rs[1].check(t, "a", func(i int) float32 { return float32(7 + i) })
 				}
 				if took := time.Since(t0); took > 3*time.Second {
 					t.Errorf("the send/receive after the mismatch took %v (the execution timeout is 30 s): the failed call's receive was left waiting", took)

@@ -117,12 +117,26 @@ func BatchSendRecv(items []SendRecvItem, c *hcomm.Comm, s *device.Stream) error 
 		table[per*p], table[per*p+1] = int64(digest(sendSizes[p])), int64(digest(recvSizes[p]))
 	}
 	h := header{kind: kSendRecv, dt: hcomm.Int8, algo: AlgoPairwise}
+	// The pipe pieces this call issues to and from each peer, to take back
+	// when the handshake with the peer finds a mismatch (undoPipes).
+	piece := st.lay.piece
+	sendPieces, recvPieces := make([]uint64, n), make([]uint64, n)
+	for _, it := range items {
+		k := uint64(pieces(it.Count*int64(it.DataType.Size()), piece))
+		if it.Type == SendItem {
+			sendPieces[it.RemoteRank] += k
+		} else {
+			recvPieces[it.RemoteRank] += k
+		}
+	}
 	sc.hello(h, peers, sc.countTable(table), int64(8*per*n), func(p int, payload []byte) error {
 		if len(payload) < 8*per*n {
+			st.undoPipes(p, sendPieces[p], recvPieces[p])
 			return fmt.Errorf("rank %d's hello carries %d bytes, want %d", p, len(payload), 8*per*n)
 		}
 		at := func(i int) uint64 { return binary.LittleEndian.Uint64(payload[8*(per*me+i):]) }
 		if at(0) != digest(recvSizes[p]) || at(1) != digest(sendSizes[p]) {
+			st.undoPipes(p, sendPieces[p], recvPieces[p])
 			return fmt.Errorf("rank %d's sends to rank %d do not match rank %d's receives from it (item sizes in bytes, in order: %v), or its receives do not match the sends %v",
 				p, me, me, recvSizes[p], sendSizes[p])
 		}
@@ -134,7 +148,6 @@ func BatchSendRecv(items []SendRecvItem, c *hcomm.Comm, s *device.Stream) error 
 		sc.do(err)
 	}
 	rc := &sched{st: st, t: side}
-	piece := st.lay.piece
 	var rounds int64
 	for _, it := range items {
 		rounds = max(rounds, pieces(it.Count*int64(it.DataType.Size()), piece))

@@ -20,10 +20,46 @@ import "github.com/hcomm-dev/hcomm/device"
 // in, and all ranks issue the same schedule, so the counters agree without
 // being exchanged.
 
+// undoPipes records, from a task, that a send/receive call whose handshake
+// with peer found a mismatch advanced the counters of the pipes with peer by
+// sent and recvd pieces: the call's work is skipped on both ranks, whose
+// counters then disagree by what each issued. The counters are taken back
+// before the next pipe step (settlePipes); since they only add up, it does
+// not matter that calls issued meanwhile counted from the advanced values
+// (their work is skipped too: it follows the failure on the stream, or, on
+// another stream, waits on it through an event).
+func (st *state) undoPipes(peer int, sent, recvd uint64) {
+	st.undoMu.Lock()
+	defer st.undoMu.Unlock()
+	if st.undoS == nil {
+		n := st.comm.Size()
+		st.undoS, st.undoR = make([]uint64, n), make([]uint64, n)
+	}
+	st.undoS[peer] += sent
+	st.undoR[peer] += recvd
+	st.undoing.Store(true)
+}
+
+// settlePipes applies what undoPipes recorded. st.mu is held.
+func (st *state) settlePipes() {
+	if !st.undoing.Load() {
+		return
+	}
+	st.undoMu.Lock()
+	defer st.undoMu.Unlock()
+	for p := range st.undoS {
+		st.sent[p] -= st.undoS[p]
+		st.recvd[p] -= st.undoR[p]
+		st.undoS[p], st.undoR[p] = 0, 0
+	}
+	st.undoing.Store(false)
+}
+
 // pipeSend writes n bytes (at most one piece) at src into peer's inbox.
 func (s *sched) pipeSend(peer int, src device.Ptr, n int64) {
 	s.jitter()
 	st := s.st
+	st.settlePipes()
 	i := st.sent[peer]
 	st.sent[peer]++
 	k := i % 2
@@ -38,6 +74,7 @@ func (s *sched) pipeSend(peer int, src device.Ptr, n int64) {
 func (s *sched) pipeRecv(peer int) (slot device.Ptr, done func()) {
 	s.jitter()
 	st := s.st
+	st.settlePipes()
 	j := st.recvd[peer]
 	st.recvd[peer]++
 	k := j % 2

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"sync/atomic"
 
 	"github.com/hcomm-dev/hcomm/device"
 	"github.com/hcomm-dev/hcomm/hcomm"
@@ -102,9 +103,19 @@ type state struct {
 	windows   int                // windows registered so far (the next one's id - 1)
 	wins      []*Window          // the live windows (window.go)
 
-	hier   *hier         // the two-level structure, made on first use
-	side   *hcomm.Thread // the side thread (fork/join), made on first use
-	forkEv *device.Event
+	// What undoPipes recorded: pipe counters to take back, from the tasks
+	// of send/receive calls whose handshake found a mismatch. Guarded by
+	// undoMu, not mu: tasks run without mu.
+	undoMu  sync.Mutex
+	undoing atomic.Bool
+	undoS   []uint64 // st.sent to take back, per peer
+	undoR   []uint64 // st.recvd to take back, per peer
+
+	hier     *hier         // the two-level structure, made on first use
+	side     *hcomm.Thread // the side thread (fork/join), made on first use
+	forkEv   *device.Event // recorded on the caller's stream at the fork
+	forkedEv *device.Event // recorded on the side stream after its wait on forkEv
+	joinedEv *device.Event // recorded on the caller's stream after the join
 
 	last       *device.Event // the previous collective's completion
 	lastStream *device.Stream
@@ -277,8 +288,10 @@ func (st *state) Close() error {
 		st.hier.close()
 		st.hier = nil
 	}
-	if st.forkEv != nil {
-		st.forkEv.Destroy()
+	for _, e := range []*device.Event{st.forkEv, st.forkedEv, st.joinedEv} {
+		if e != nil {
+			e.Destroy()
+		}
 	}
 	return nil
 }
@@ -331,10 +344,14 @@ func (st *state) end(s *device.Stream) error {
 // thread skip the forked work (Stream.WaitEvent passes failures on), so that
 // no receive of a failed call waits for data that never comes.
 //
-// First, on s, it drops a failure the side thread still holds from earlier
-// work whose join did not run (s had failed before it, and s's Synchronize
-// has reported that failure since: the call is known to have failed), so
-// that it does not make the side thread skip this call's work.
+// A failure the side thread still holds would make it skip this call's work.
+// The join of the call it belongs to takes it, unless that join did not run
+// (the caller's stream failed before it, so that call is known to have
+// failed and its stream reports it): then fork, once the caller's stream has
+// passed the previous fork (so the side's wait on it ends at once), waits for
+// the side's wait and for that join's turn to have passed, then for the side
+// to have skipped the rest of its queue, and drops the failure. Only a failure
+// makes the caller wait here.
 func (st *state) fork(s *device.Stream) (*hcomm.Thread, error) {
 	if st.side == nil {
 		ts, err := st.comm.ThreadAcquire(hcomm.EngineCPUTS, 1, 0)
@@ -342,17 +359,39 @@ func (st *state) fork(s *device.Stream) (*hcomm.Thread, error) {
 			return nil, err
 		}
 		st.side = ts[0]
-		if st.forkEv, err = st.comm.Device().CreateEventWithFlags(device.EventDisableTiming); err != nil {
+		dev := st.comm.Device()
+		if st.forkEv, err = dev.CreateEventWithFlags(device.EventDisableTiming); err != nil {
+			return nil, err
+		}
+		if st.joinedEv, err = dev.CreateEventWithFlags(device.EventDisableTiming); err != nil {
+			return nil, err
+		}
+		if st.forkedEv, err = dev.CreateEventWithFlags(device.EventDisableTiming); err != nil {
 			return nil, err
 		}
 	}
-	if err := st.afterSide(s, "collectives fork", func(error) error { return nil }); err != nil {
-		return nil, err
+	side := st.side.Stream()
+	// Once the caller's stream has passed the previous fork, the side
+	// thread's wait on it ends at once: let it, so that a failure it passes
+	// on is seen here.
+	if st.forkEv.Query() == nil {
+		st.forkedEv.Synchronize(context.Background()) // a failure here is the side stream's, looked at next
+		if side.PeekError() != nil {
+			st.joinedEv.Synchronize(context.Background()) // its failure is the caller's to see on its stream
+			if side.PeekError() != nil {
+				if err := side.Synchronize(context.Background()); err != nil {
+					st.comm.Logger().Debug("collectives: dropping the side thread's failure: its call failed before its join", "err", err)
+				}
+			}
+		}
 	}
 	if err := st.forkEv.Record(s); err != nil {
 		return nil, err
 	}
-	if err := st.side.Stream().WaitEvent(st.forkEv); err != nil {
+	if err := side.WaitEvent(st.forkEv); err != nil {
+		return nil, err
+	}
+	if err := st.forkedEv.Record(side); err != nil {
 		return nil, err
 	}
 	return st.side, nil
@@ -363,7 +402,10 @@ func (st *state) fork(s *device.Stream) (*hcomm.Thread, error) {
 // takes it from the side stream (so that the side thread runs the next
 // collective's work) and fails with it, and s's Synchronize reports it.
 func (st *state) join(s *device.Stream) error {
-	return st.afterSide(s, "collectives join", func(err error) error { return err })
+	if err := st.afterSide(s, "collectives join", func(err error) error { return err }); err != nil {
+		return err
+	}
+	return st.joinedEv.Record(s)
 }
 
 // afterSide enqueues on s a task that waits for everything enqueued on the

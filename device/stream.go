@@ -412,6 +412,18 @@ func (s *Stream) TakeError() error {
 	return err
 }
 
+// PeekError returns the stream's first task failure not yet reported, as
+// TakeError does, but leaves it: the stream goes on skipping its tasks. It
+// is safe for concurrent use.
+func (s *Stream) PeekError() error {
+	if s == nil {
+		return newErr("Stream.PeekError", -1, -1, ErrInvalidHandle, "nil stream")
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.err
+}
+
 func (s *Stream) syncTimeout(ctx context.Context, target uint64) error {
 	e := s.errf("Stream.Synchronize", ErrStreamSyncTimeout, "%d of %d tasks complete", s.completed.Load(), target)
 	e.Err = ctx.Err()
