@@ -352,3 +352,43 @@ func TestGroupMismatchDestroy(t *testing.T) {
 		}
 	}
 }
+
+// TestSendRecvSideFailureReachesCaller: a receive runs on the side thread; when
+// it fails (here: its buffer was freed before the copy ran), the failure
+// reaches the caller's stream, whose Synchronize reports it, instead of the
+// receive returning with no data.
+func TestSendRecvSideFailureReachesCaller(t *testing.T) {
+	comms := hcommtest.Options{Config: &hcomm.Config{ExecTimeout: 30 * time.Second}}.New(t, 2, hcommtest.Transports()[0])
+	rs := []*groupRank{newGroupRank(t, comms[0], "a"), newGroupRank(t, comms[1])}
+	d := comms[1].Device()
+	buf, err := d.Malloc(4 * groupCount)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gate := make(chan struct{})
+	if err := rs[1].s.Launch("gate", func(<-chan struct{}) error { <-gate; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	sent := make(chan error, 1)
+	go func() {
+		err := collectives.Send(rs[0].bufs["a"], groupCount, hcomm.Float32, 1, rs[0].c, rs[0].s)
+		if err == nil {
+			err = rs[0].s.SynchronizeWithTimeout(time.Minute)
+		}
+		sent <- err
+	}()
+	if err := collectives.Recv(buf, groupCount, hcomm.Float32, 0, rs[1].c, rs[1].s); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Free(buf); err != nil {
+		t.Fatal(err)
+	}
+	close(gate)
+	err = rs[1].s.SynchronizeWithTimeout(time.Minute)
+	if err == nil || !strings.Contains(err.Error(), "not in any live allocation") {
+		t.Errorf("receiver's Synchronize: %v, want the side thread's failure (its buffer was freed)", err)
+	}
+	if err := <-sent; err != nil {
+		t.Errorf("sender: %v", err)
+	}
+}
