@@ -78,7 +78,7 @@ func BatchSendRecv(items []SendRecvItem, c *hcomm.Comm, s *device.Stream) error 
 			recvSizes[it.RemoteRank] = append(recvSizes[it.RemoteRank], b)
 		}
 	}
-	if recordItems(c, items, s) {
+	if grouping(c) && recordItems(c, items, s) {
 		return nil // group.go: GroupEnd issues them with the group's other sends and receives
 	}
 	var peers []int
