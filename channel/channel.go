@@ -109,8 +109,9 @@ func (r *Registry) List() []Mem {
 // the far end as far as ordering requires: a NotifyRecord issued after a Write
 // is seen by the peer only after the written bytes are visible there, a Read
 // sees the writes issued before it, and records arrive in the order they were
-// made. Two writes to the same bytes with no record, read or fence between
-// them may land in either order (tcp sends them on different sockets). A range
+// made. Two writes (or write-reduces) of one caller to the same bytes land in
+// the order they were issued, with nothing between them (tcp, which sends
+// them on different sockets, orders the second after the first). A range
 // outside the peer's registered memory fails, at the latest at the next Fence,
 // and never touches it. stop closes when the task must give up (abort).
 // Package channeltest checks all of this for every transport.

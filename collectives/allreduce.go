@@ -136,6 +136,9 @@ func issue(c *hcomm.Comm, name string, k kind, s *device.Stream, o *Options, n i
 // buffers lie in a window: windowed (called once, with st.mu held, before
 // body) says whether they do, for the selector.
 func issueWindowed(c *hcomm.Comm, name string, k kind, s *device.Stream, o *Options, n int64, windowed func(st *state) bool, body func(sc *sched, algo Algorithm) error) error {
+	if recordCall(c, name, func() error { return issueWindowed(c, name, k, s, o, n, windowed, body) }) {
+		return nil // group.go: GroupEnd issues it
+	}
 	st, err := lockLocal(c)
 	if err != nil {
 		return collErr(c, name, hcomm.ResultOf(err), err, "setting up the collectives")

@@ -13,6 +13,11 @@
 // ReduceSlice, AlltoAllSlice, BarrierContext) takes Go slices of any number
 // type and a context and returns when the result is in place.
 //
+// GroupStart and GroupEnd (group.go) fuse the calls made on a communicator
+// between them, so that ranks may order their sends and receives
+// differently; CommSymWinRegister and the other HCCL-named window calls
+// (symwin.go) are RegisterWindow's windows under HCCL's names.
+//
 // # The handshake
 //
 // Every collective opens with a hello: each rank writes a 56-byte header —

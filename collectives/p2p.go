@@ -78,6 +78,9 @@ func BatchSendRecv(items []SendRecvItem, c *hcomm.Comm, s *device.Stream) error 
 			recvSizes[it.RemoteRank] = append(recvSizes[it.RemoteRank], b)
 		}
 	}
+	if recordItems(c, items, s) {
+		return nil // group.go: GroupEnd issues them with the group's other sends and receives
+	}
 	var peers []int
 	for p := 0; p < n; p++ {
 		if p != me && (sendTo[p] > 0 || recvFrom[p] > 0 || hasItem(items, p)) {

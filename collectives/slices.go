@@ -76,6 +76,9 @@ type part struct {
 // slices are only ever reached through those copies, never aliased by device
 // memory.
 func hostRun(ctx context.Context, c *hcomm.Comm, op string, size int64, in, out part, run func(dev device.Ptr, s *device.Stream) error) error {
+	if err := inGroup(c, op); err != nil { // group.go
+		return err
+	}
 	st, err := getStateContext(ctx, c)
 	if err != nil {
 		return collErr(c, op, hcomm.ResultOf(err), err, "setting up the collective channels")

@@ -126,7 +126,10 @@ func RegisterWindow(c *hcomm.Comm, p device.Ptr, size int64) (*Window, error) {
 // next collective on those buffers: a rank that still uses the window while
 // another does not is a mismatch. Collectives that used the window must be
 // complete (their streams synchronized) on this rank. The channels that
-// carried it live until the communicator is destroyed. Idempotent.
+// carried it are destroyed (hcomm's ChannelDestroy), so that the memory is
+// given back at once: over shm, no peer keeps it mapped once Deregister
+// returns here and the peer has seen the channel close (its transport
+// unmaps it on the goodbye). Idempotent.
 func (w *Window) Deregister() error {
 	w.st.mu.Lock()
 	defer w.st.mu.Unlock()
@@ -140,7 +143,20 @@ func (w *Window) Deregister() error {
 			break
 		}
 	}
-	return w.c.CommMemDereg(w.h)
+	var chs []*hcomm.Channel
+	for _, ch := range w.chans {
+		if ch != nil {
+			chs = append(chs, ch)
+		}
+	}
+	w.chans = make([]*hcomm.Channel, len(w.chans))
+	err := w.c.CommMemDereg(w.h)
+	if len(chs) > 0 {
+		if derr := w.c.ChannelDestroy(chs); err == nil {
+			err = derr
+		}
+	}
+	return err
 }
 
 // Size returns the window's size in bytes, the same on every rank.

@@ -3,6 +3,7 @@ package collectives_test
 import (
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -298,5 +299,63 @@ func TestRegisterWindowBadArguments(t *testing.T) {
 	}
 	if err := w.Deregister(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// Deregister gives the memory back at once: over shm, once every rank has
+// deregistered a window, no rank maps a peer's memory for it any more (the
+// window's channels are destroyed, and each end unmaps what it mapped from
+// the other), long before the communicator is destroyed; the memory of a
+// window still registered stays reachable.
+func TestWindowDeregisterUnmaps(t *testing.T) {
+	comms := initAll(t, 3, &hcomm.Config{Transport: "shm", BufferSize: 64 << 10})
+	memfds := func() int {
+		b, _ := os.ReadFile("/proc/self/maps")
+		return strings.Count(string(b), "memfd:")
+	}
+	if _, err := registerWindows(t, comms, func(int) int64 { return 1 << 16 }); err != nil {
+		t.Fatal(err) // the collectives' own channels are up from here
+	}
+	mem := make([]device.Ptr, len(comms))
+	for r, c := range comms {
+		p, err := c.Device().Malloc(1 << 16)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mem[r] = p
+		t.Cleanup(func() { c.Device().Free(p) })
+	}
+	before := memfds()
+	wins := make([]*collectives.Window, len(comms))
+	errs := make([]error, len(comms))
+	var wg sync.WaitGroup
+	for r, c := range comms {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			wins[r], errs[r] = collectives.RegisterWindow(c, mem[r], 1<<16)
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	if memfds() <= before {
+		t.Fatal("the window's channels map no memory file")
+	}
+	for r := range comms {
+		if err := wins[r].Deregister(); err != nil {
+			t.Fatalf("rank %d: Deregister: %v", r, err)
+		}
+		if err := wins[r].Deregister(); err != nil {
+			t.Fatalf("rank %d: a second Deregister: %v", r, err)
+		}
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for memfds() != before && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if got := memfds(); got != before {
+		t.Errorf("%d memory-file mappings after every rank deregistered the window, %d before it was registered", got, before)
 	}
 }

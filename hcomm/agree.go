@@ -26,6 +26,18 @@ import (
 // decision: a test stops or kills the coordinator there.
 var decideHook func(rank int)
 
+// shrinkHook, when set (by tests, before any communicator exists), runs at
+// the points of a shrink a test needs to order: "decided" (the coordinator
+// has published its decision), "await" (a participant has proposed and is
+// about to wait for the decision), "read" (a participant has the decision).
+var shrinkHook func(point string, rank int)
+
+func runShrinkHook(point string, rank int) {
+	if shrinkHook != nil {
+		shrinkHook(point, rank)
+	}
+}
+
 // probeTimeout bounds a liveness probe of a rank's standby store: a rank
 // whose process accepts the connection but sends no challenge within it is
 // stuck (stopped, frozen). A live process answers in microseconds; the bound
@@ -44,8 +56,10 @@ type standby struct {
 	srv  *bootstrap.Server
 	addr string
 
-	mu     sync.Mutex
-	onLost func(local bootstrap.Store, rank int, reason string)
+	mu      sync.Mutex
+	onLost  func(local bootstrap.Store, rank int, reason string)
+	holds   int  // hold calls not yet released
+	closing bool // close was called during a hold
 }
 
 // startStandby starts a standby store on ifc, admitting the connections
@@ -79,10 +93,45 @@ func (sb *standby) setOnLost(f func(local bootstrap.Store, rank int, reason stri
 	sb.mu.Unlock()
 }
 
-// close stops the store; nil-safe.
+// close stops the store, or, during a hold, once the last hold is
+// released; nil-safe.
 func (sb *standby) close() {
-	if sb != nil {
-		sb.srv.Close()
+	if sb == nil {
+		return
+	}
+	sb.mu.Lock()
+	if sb.holds > 0 {
+		sb.closing = true
+		sb.mu.Unlock()
+		return
+	}
+	sb.mu.Unlock()
+	sb.srv.Close()
+}
+
+// hold keeps the store serving until the returned release is called, even
+// if close is called meanwhile (close then takes effect at the release): a
+// member of a shrink keeps serving the decision it copied there to the
+// participants that look for it late. release is idempotent; hold is
+// nil-safe.
+func (sb *standby) hold() (release func()) {
+	if sb == nil {
+		return func() {}
+	}
+	sb.mu.Lock()
+	sb.holds++
+	sb.mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			sb.mu.Lock()
+			sb.holds--
+			last := sb.holds == 0 && sb.closing
+			sb.mu.Unlock()
+			if last {
+				sb.srv.Close()
+			}
+		})
 	}
 }
 
@@ -96,10 +145,35 @@ type shrinkProposal struct {
 
 // shrinkDecision is what the coordinator publishes: the new communicator's
 // members, by their rank in the old one, ascending (new rank i is
-// Members[i]), and their standby stores.
+// Members[i]), their standby stores, and the coordinator that decided
+// (Members[0]: its standby store is the new communicator's store). A
+// participant that reads it copies it into its own standby store, where a
+// participant that lost the coordinator before reading it finds it.
 type shrinkDecision struct {
 	Members []int    `json:"members"`
 	Standby []string `json:"standby,omitempty"`
+	Coord   int      `json:"coord"`
+}
+
+// parseDecision parses a decision and checks it against a communicator of
+// size ranks (multi: with the members' standby stores).
+func parseDecision(b []byte, size int, multi bool) (shrinkDecision, error) {
+	var d shrinkDecision
+	if err := json.Unmarshal(b, &d); err != nil {
+		return d, err
+	}
+	if len(d.Members) == 0 || (multi && len(d.Standby) != len(d.Members)) {
+		return d, fmt.Errorf("%d members, %d standby stores", len(d.Members), len(d.Standby))
+	}
+	for i, r := range d.Members {
+		if r < 0 || r >= size || (i > 0 && r <= d.Members[i-1]) {
+			return d, fmt.Errorf("the members %v are not ascending ranks of [0, %d)", d.Members, size)
+		}
+	}
+	if d.Coord != d.Members[0] {
+		return d, fmt.Errorf("the coordinator %d is not the first member of %v", d.Coord, d.Members)
+	}
+	return d, nil
 }
 
 // suspicion is a participant's set of suspected ranks, with why.
@@ -174,12 +248,40 @@ func (c *Comm) probeRank(ctx context.Context, r int) (string, error) {
 	return "", nil // a probe that could not tell: no verdict
 }
 
+// peekDecision looks for a decision under prefix in rank r's standby store: r
+// read it from a coordinator since lost, and left with it. It reports
+// false when there is none, or r's store cannot be read, or what is there
+// does not parse.
+func (c *Comm) peekDecision(ctx context.Context, r int, prefix string) ([]byte, bool) {
+	dctx, cancel := context.WithTimeout(ctx, 2*probeTimeout)
+	defer cancel()
+	cli, err := bootstrap.Dial(dctx, c.boot.peers[r].Standby, c.boot.secret, bootstrap.Claim{Rank: c.rank, NRanks: c.size})
+	if err != nil {
+		return nil, false
+	}
+	defer cli.Close()
+	b, ok, err := bootstrap.Prefix(cli, prefix).TryGet(dctx, "decision")
+	if err != nil || !ok {
+		return nil, false
+	}
+	if _, err := parseDecision(b, c.size, true); err != nil {
+		c.cfg.bootLogger().Warn("hcomm: malformed shrink decision in a standby store; ignored", "comm", c.name, "rank", c.rank, "from", r, "err", err)
+		return nil, false
+	}
+	return b, true
+}
+
 // decide is the coordinator's side of the agreement over s (its own store's
 // view of this shrink's keys): it waits until every rank of size it does
 // not suspect has proposed, probing those that have not (multi, when ranks
 // are processes with standby stores), adds what each proposal suspects, and
 // publishes the decision. sus is shared with this rank's participant side.
-func (c *Comm) decide(ctx context.Context, s bootstrap.Store, sus *suspicion, multi bool) error {
+// With multi it also looks, in the standby store of each live rank it still
+// waits for, for a decision of this shrink (under prefix there): one
+// found means a coordinator decided before it was lost, and that rank holds
+// the decision; this coordinator then publishes that decision, unchanged,
+// so that every participant reaches the same one.
+func (c *Comm) decide(ctx context.Context, s bootstrap.Store, prefix string, sus *suspicion, multi bool) error {
 	props := make(map[int]shrinkProposal)
 	lastProbe := time.Now()
 	for {
@@ -220,7 +322,7 @@ func (c *Comm) decide(ctx context.Context, s bootstrap.Store, sus *suspicion, mu
 			if decideHook != nil {
 				decideHook(c.rank)
 			}
-			var d shrinkDecision
+			d := shrinkDecision{Coord: c.rank}
 			for r := 0; r < c.size; r++ {
 				if p, ok := props[r]; ok && !sus.has(r) {
 					d.Members = append(d.Members, r)
@@ -228,21 +330,38 @@ func (c *Comm) decide(ctx context.Context, s bootstrap.Store, sus *suspicion, mu
 				}
 			}
 			b, _ := json.Marshal(d)
-			return s.Set(ctx, "decision", b)
+			if err := s.Set(ctx, "decision", b); err != nil {
+				return err
+			}
+			runShrinkHook("decided", c.rank)
+			return nil
 		}
 		if multi && time.Since(lastProbe) >= probeInterval {
 			lastProbe = time.Now()
-			var wg sync.WaitGroup
+			var (
+				wg    sync.WaitGroup
+				mu    sync.Mutex
+				found []byte
+			)
 			for _, r := range missing {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
 					if why, _ := c.probeRank(ctx, r); why != "" {
 						sus.add(r, why)
+						return
+					}
+					if b, ok := c.peekDecision(ctx, r, prefix); ok {
+						mu.Lock()
+						found = b
+						mu.Unlock()
 					}
 				}()
 			}
 			wg.Wait()
+			if found != nil {
+				return s.Set(ctx, "decision", found)
+			}
 		}
 		select {
 		case <-ctx.Done():

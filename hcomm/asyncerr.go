@@ -12,6 +12,9 @@ import (
 type asyncErr struct {
 	mu  sync.Mutex
 	err error
+	// comms are the communicators that report err, moved to StatusError
+	// when it is first set (state.go).
+	comms map[*Comm]struct{}
 }
 
 // watchAsync installs the device exception callback through which every
@@ -29,10 +32,31 @@ func (c *Comm) watchAsync() {
 
 func (a *asyncErr) note(err error) {
 	a.mu.Lock()
+	var failed []*Comm
 	if a.err == nil {
 		a.err = err
+		for c := range a.comms {
+			failed = append(failed, c)
+		}
 	}
 	a.mu.Unlock()
+	for _, c := range failed {
+		c.setState(StatusError)
+	}
+}
+
+// listen makes c go to StatusError at the first error; Destroy undoes it.
+func (a *asyncErr) listen(c *Comm, on bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if !on {
+		delete(a.comms, c)
+		return
+	}
+	if a.comms == nil {
+		a.comms = make(map[*Comm]struct{})
+	}
+	a.comms[c] = struct{}{}
 }
 
 // GetCommAsyncError returns the first error the communicator met in the

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hcomm-dev/hcomm/channel"
@@ -56,6 +57,8 @@ type Channel struct {
 	notifies   []*notify.Notify // local: the peer records, this end waits
 	peerNotify int              // how many notifies the peer's end has
 	remoteMems []channel.Mem    // the peer's registered memory at acquire time, HCCL buffer first
+	key        chanKey
+	destroyed  atomic.Bool // ChannelDestroy released it
 }
 
 // RemoteRank returns the peer's rank.
@@ -316,7 +319,7 @@ func (c *Comm) setupChannel(ctx context.Context, k chanKey, attempt int, d Chann
 		return nil, c.errorf(op, d.RemoteRank, ErrInternal, nil, "%s transport returned an incomplete connection", tname)
 	}
 	ch := &Channel{comm: c, engine: engine, proto: d.Protocol, remote: d.RemoteRank, tr: conn.Transport,
-		notifies: conn.Notifies, peerNotify: conn.PeerNotifyNum, remoteMems: conn.RemoteMems}
+		notifies: conn.Notifies, peerNotify: conn.PeerNotifyNum, remoteMems: conn.RemoteMems, key: k}
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
@@ -370,7 +373,95 @@ func (c *Comm) checkChannel(op string, ch *Channel) error {
 	if ch == nil || ch.comm != c {
 		return c.errorf(op, -1, ErrPtr, nil, "channel is nil or belongs to another communicator")
 	}
+	if ch.destroyed.Load() {
+		return c.errorf(op, ch.remote, ErrPtr, nil, "the channel to rank %d is destroyed (ChannelDestroy)", ch.remote)
+	}
 	return nil
+}
+
+// ChannelQuery returns the channels the descriptors name, as ChannelAcquire
+// would return them, without creating any (HcclChannelQuery): a descriptor
+// with no channel yet (never acquired, still being set up, or destroyed)
+// gets nil, as HCCL's gets handle 0. The descriptors are checked as
+// ChannelAcquire checks them. It is local and does not block.
+func (c *Comm) ChannelQuery(engine Engine, descs []ChannelDesc) ([]*Channel, error) {
+	const op = "ChannelQuery"
+	if err := c.usable(op); err != nil {
+		return nil, err
+	}
+	if !engine.supported() {
+		return nil, c.errorf(op, -1, ErrNotSupport, nil, "engine %v is not supported: hcomm runs on the host (CPU, CPU_TS)", engine)
+	}
+	if len(descs) == 0 || len(descs) > 1<<20 {
+		return nil, c.errorf(op, -1, ErrPara, nil, "channel count %d is outside (0, %d]", len(descs), 1<<20)
+	}
+	out := make([]*Channel, len(descs))
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i, d := range descs {
+		if d.RemoteRank < 0 || d.RemoteRank >= c.size || d.RemoteRank == c.rank {
+			return nil, c.errorf(op, d.RemoteRank, ErrPara, nil, "descriptor %d: remote rank %d is outside [0, %d) or this rank", i, d.RemoteRank, c.size)
+		}
+		out[i] = c.channels[chanKey{engine: engine, remote: d.RemoteRank, protocol: d.Protocol, tag: d.Tag}]
+	}
+	return out, nil
+}
+
+// ChannelDestroy releases channels of this rank (HcclChannelDestroy, which
+// HCCL offers for CCU channels only; hcomm destroys any). Each channel's
+// transport is closed at once: the peer's end sees the channel closed (its
+// waits and later calls fail with an error wrapping channel.ErrPeerClosed
+// where the transport can tell, tcp and shm; an inproc peer's calls keep
+// working on memory that stays valid), and over shm both ends unmap the
+// other's memory, so that memory registered for the channel is no longer
+// mapped into the peer's process. Later calls with a destroyed channel fail
+// with ErrPtr naming it; tasks already queued that use it fail when they
+// run. A later ChannelAcquire with the same descriptor sets up a new
+// channel; as any setup it is collective, so the peer must have destroyed
+// its end too (or never acquired it).
+//
+// Every channel is checked (not nil, of this communicator, not destroyed,
+// no duplicates) before any is destroyed. Safe for concurrent use; the
+// caller makes sure no goroutine is still issuing calls on the channels.
+func (c *Comm) ChannelDestroy(chs []*Channel) error {
+	const op = "ChannelDestroy"
+	if err := c.usable(op); err != nil {
+		return err
+	}
+	seen := make(map[*Channel]bool, len(chs))
+	for i, ch := range chs {
+		if ch == nil || ch.comm != c {
+			return c.errorf(op, -1, ErrPtr, nil, "channel %d is nil or belongs to another communicator", i)
+		}
+		if ch.destroyed.Load() || seen[ch] {
+			return c.errorf(op, ch.remote, ErrPtr, nil, "channel %d (to rank %d) is already destroyed or listed twice", i, ch.remote)
+		}
+		seen[ch] = true
+	}
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return c.errorf(op, -1, ErrUnavail, nil, "communicator is destroyed")
+	}
+	var gone []*Channel
+	for _, ch := range chs {
+		if !ch.destroyed.CompareAndSwap(false, true) {
+			continue // a concurrent ChannelDestroy took it
+		}
+		if c.channels[ch.key] == ch {
+			delete(c.channels, ch.key)
+		}
+		gone = append(gone, ch)
+	}
+	c.mu.Unlock()
+	var first error
+	for _, ch := range gone {
+		if err := ch.tr.Close(); err != nil && first == nil {
+			first = c.errorf(op, ch.remote, ErrInternal, err, "closing the channel to rank %d", ch.remote)
+		}
+		c.log(slog.LevelInfo, "channel destroyed", "peer", ch.remote, "transport", ch.tr.Name(), "tag", ch.key.tag)
+	}
+	return first
 }
 
 type chanKey struct {

@@ -58,8 +58,13 @@ type Comm struct {
 	threads  []*Thread
 	values   map[any]any
 	ops      opState // BeginOp's counter and what each thread issues (optag.go)
+	// notifyWait is SetNotifyWaitTimeOut's value in nanoseconds; 0: unset.
+	notifyWait atomic.Int64
 	// valueSnap is a copy of values that Value reads without the lock.
 	valueSnap atomic.Pointer[map[any]any]
+
+	// state is GetStatus's and RegCommStateCallback's (state.go).
+	state stateMachine
 }
 
 // InitAll creates n communicators, one per rank, over devices 0..n-1 of this
@@ -157,6 +162,8 @@ func newCommOn(op string, c Config, rank, size, devID int, parent *Comm, boot *b
 		cm.watchAsync() // asyncerr.go
 	}
 	cm.watchRevoke() // revoke.go
+	cm.async.listen(cm, true)
+	registerName(cm) // names.go
 	cm.log(slog.LevelInfo, "communicator ready", "op", op, "size", size, "device", dev.ID(), "hccl_buffer_bytes", bufSize)
 	return cm, nil
 }
@@ -274,6 +281,7 @@ func (c *Comm) Abort() error {
 	c.unusable.Store(true)
 	ts := append([]*Thread(nil), c.threads...)
 	c.mu.Unlock()
+	c.setState(StatusError)
 	c.stop()
 	for _, t := range ts {
 		t.Stream().Abort()
@@ -295,7 +303,9 @@ func (c *Comm) Destroy() error {
 	}
 	c.closed = true
 	c.unusable.Store(true)
-	c.stop() // a setup still waiting for its peers ends
+	unregisterName(c)      // names.go
+	defer c.finishStates() // state.go: StatusDestroyed, once everything is freed
+	c.stop()               // a setup still waiting for its peers ends
 	c.log(slog.LevelInfo, "destroying communicator", "channels", len(c.channels), "threads", len(c.threads))
 	ts := c.threads
 	chs := c.channels

@@ -151,3 +151,63 @@ func envScaled(name string, def, min, unit, limit int64, what string) (int64, er
 	}
 	return n, nil
 }
+
+// CommConfigInit returns a Config with every field unset
+// (HcclCommConfigInit): each takes its environment variable, else HCCL's
+// default, when a communicator is made with it. In Go this is the zero
+// Config; the call exists so that code written after HCCL's reads the same.
+//
+// HcclCommConfig's fields map onto Config as follows: hcclBufferSize (MB) is
+// BufferSize (bytes); hcclDeterministic is Deterministic; hcclCommName is
+// Name; hcclExecTimeOut (s) is ExecTimeout. hcclUdi, hcclOpExpansionMode,
+// hcclAlgo, hcclRetryEnable/Params, hcclBufferName, hcclWorldRankID,
+// hcclJobID, aclGraphZeroCopyEnable, the RDMA traffic class and service
+// level and hcclQos have no counterpart: hcomm's collectives choose their algorithm
+// per call (collectives.Options), expand on the host, and run over
+// transports without those network knobs.
+func CommConfigInit() Config { return Config{} }
+
+// CommConfigCapability names one field of HcclCommConfig
+// (HcclCommConfigCapability), with HCCL's values.
+type CommConfigCapability uint32
+
+// CommConfigCapability values.
+const (
+	ConfigBufferSize       CommConfigCapability = 0  // HCCL_COMM_CONFIG_BUFFER_SIZE: Config.BufferSize
+	ConfigDeterministic    CommConfigCapability = 1  // HCCL_COMM_CONFIG_DETERMINISTIC: Config.Deterministic
+	ConfigCommName         CommConfigCapability = 2  // HCCL_COMM_CONFIG_COMM_NAME: Config.Name
+	ConfigOpExpansionMode  CommConfigCapability = 3  // HCCL_COMM_CONFIG_OP_EXPANSION_MODE
+	ConfigSupportInitByEnv CommConfigCapability = 4  // HCCL_COMM_CONFIG_SUPPORT_INIT_BY_ENV: unset fields take the environment
+	ConfigWorldRankID      CommConfigCapability = 5  // HCCL_COMM_CONFIG_WORLD_RANKID
+	ConfigJobID            CommConfigCapability = 6  // HCCL_COMM_CONFIG_JOBID
+	ConfigAclGraphZeroCopy CommConfigCapability = 7  // HCCL_COMM_CONFIG_ACLGRAPH_ZEROCOPY_ENABLE
+	ConfigExecTimeout      CommConfigCapability = 8  // HCCL_COMM_CONFIG_EXEC_TIMEOUT: Config.ExecTimeout
+	ConfigAlgo             CommConfigCapability = 9  // HCCL_COMM_CONFIG_ALGO
+	ConfigRetry            CommConfigCapability = 10 // HCCL_COMM_CONFIG_RETRY
+	ConfigBufferName       CommConfigCapability = 11 // HCCL_COMM_CONFIG_BUFFER_NAME
+)
+
+// Supported reports whether hcomm's Config has the field: BufferSize,
+// Deterministic, CommName, SupportInitByEnv and ExecTimeout.
+func (k CommConfigCapability) Supported() bool {
+	switch k {
+	case ConfigBufferSize, ConfigDeterministic, ConfigCommName, ConfigSupportInitByEnv, ConfigExecTimeout:
+		return true
+	}
+	return false
+}
+
+// GetCommConfigCapability returns HCCL's measure of the configuration a
+// communicator accepts (HcclGetCommConfigCapability): a field k is
+// supported when k < the value returned. HCCL's fields come in the order
+// they were added, so its answer is cumulative; hcomm's are not (it has
+// ConfigExecTimeout but not ConfigOpExpansionMode), so it returns the first
+// field it lacks, ConfigOpExpansionMode (3): what HCCL's rule reads
+// correctly. Ask CommConfigCapability.Supported for each field instead.
+func GetCommConfigCapability() CommConfigCapability {
+	k := ConfigBufferSize
+	for k.Supported() {
+		k++
+	}
+	return k
+}

@@ -19,7 +19,8 @@ import (
 // Guarantees, on every transport:
 //
 //  1. Operations on one thread execute in issue order; operations on different
-//     threads run concurrently.
+//     threads run concurrently. Two writes (or write-reduces) of one thread
+//     to the same bytes of a peer land in issue order, on every transport.
 //  2. A write (or write-reduce) followed by a ChannelNotifyRecordOnThread on the
 //     same thread and channel is visible to the peer once its matching
 //     ChannelNotifyWaitOnThread returns.
@@ -35,6 +36,25 @@ import (
 
 // dp checks a thread and channel pair and returns the communicator.
 func dp(op string, t *Thread, ch *Channel) (*Comm, error) {
+	c, err := chanComm(op, ch)
+	if err != nil {
+		return nil, err
+	}
+	if t == nil || t.Stream() == nil {
+		return nil, c.errorf(op, ch.RemoteRank(), ErrPtr, nil, "nil thread")
+	}
+	if t.Freed() {
+		return nil, c.errorf(op, ch.RemoteRank(), ErrPtr, nil, "thread %s is freed (ThreadFree)", t.Name())
+	}
+	if t.Stream().Device() != c.dev {
+		return nil, c.errorf(op, ch.RemoteRank(), ErrPtr, nil, "thread %s belongs to another device context", t.Name())
+	}
+	return c, nil
+}
+
+// chanComm checks a channel (not nil, not destroyed, its communicator
+// usable) and returns its communicator.
+func chanComm(op string, ch *Channel) (*Comm, error) {
 	if ch == nil || ch.comm == nil {
 		return nil, noRankErr(op, "", ErrPtr, nil, "nil channel")
 	}
@@ -42,11 +62,41 @@ func dp(op string, t *Thread, ch *Channel) (*Comm, error) {
 	if err := c.usable(op); err != nil {
 		return nil, err
 	}
-	if t == nil || t.Stream() == nil {
-		return nil, c.errorf(op, ch.RemoteRank(), ErrPtr, nil, "nil thread")
+	if ch.destroyed.Load() {
+		return nil, c.errorf(op, ch.remote, ErrPtr, nil, "the channel to rank %d is destroyed (ChannelDestroy)", ch.remote)
 	}
-	if t.Stream().Device() != c.dev {
-		return nil, c.errorf(op, ch.RemoteRank(), ErrPtr, nil, "thread %s belongs to another device context", t.Name())
+	return c, nil
+}
+
+// threadErr checks threads for a call that names no channel: not nil, not
+// freed.
+func threadErr(op string, ts ...*Thread) error {
+	for _, t := range ts {
+		if t == nil || t.Stream() == nil {
+			return noRankErr(op, "", ErrPtr, nil, "nil thread")
+		}
+		if t.Freed() {
+			if c, ok := t.Owner().(*Comm); ok {
+				return c.errorf(op, -1, ErrPtr, nil, "thread %s is freed (ThreadFree)", t.Name())
+			}
+			return noRankErr(op, "", ErrPtr, nil, "thread %s is freed (ThreadFree)", t.Name())
+		}
+	}
+	return nil
+}
+
+// threadComm checks t for a call that names no channel and returns the
+// communicator that acquired it.
+func threadComm(op string, t *Thread) (*Comm, error) {
+	if err := threadErr(op, t); err != nil {
+		return nil, err
+	}
+	c, ok := t.Owner().(*Comm)
+	if !ok {
+		return nil, noRankErr(op, "", ErrPtr, nil, "thread %s was not acquired from a communicator", t.Name())
+	}
+	if err := c.usable(op); err != nil {
+		return nil, err
 	}
 	return c, nil
 }
@@ -104,7 +154,7 @@ func (c *Comm) localNotify(op string, ch *Channel, idx int) (*notify.Notify, err
 
 // launch enqueues fn on t, wrapping its error with the communicator's context.
 func (c *Comm) launch(op string, peer int, t *Thread, fn func(stop <-chan struct{}) error) error {
-	err := t.Stream().Launch(op, func(stop <-chan struct{}) error {
+	err := t.Launch(op, func(stop <-chan struct{}) error {
 		if err := fn(stop); err != nil {
 			return c.taskFailed(op, peer, err) // metrics.go: wraps, counts, logs
 		}
@@ -127,6 +177,91 @@ func checkReduce(c *Comm, op string, peer int, count int64, dt DataType, rop Red
 		return 0, c.errorf(op, peer, ErrNotSupport, nil, "reduce op %v is not supported", rop)
 	}
 	return count * int64(dt.Size()), nil
+}
+
+// prepWrite checks a write of n bytes from local src to the peer's dst,
+// followed by a record of the peer's notify remoteIdx when that is not
+// negative, and returns its body.
+func (c *Comm) prepWrite(op string, ch *Channel, dst, src device.Ptr, n int64, remoteIdx int) (func(stop <-chan struct{}) error, error) {
+	if err := c.rangesCheck(op, ch, "dst", dst, "src", src, n); err != nil {
+		return nil, err
+	}
+	if remoteIdx >= 0 {
+		if err := c.remoteIdxCheck(op, ch, remoteIdx); err != nil {
+			return nil, err
+		}
+	}
+	return func(stop <-chan struct{}) error {
+		b, err := c.dev.Bytes(src, n)
+		if err != nil {
+			return err
+		}
+		return c.write(stop, ch, dst, b, remoteIdx)
+	}, nil
+}
+
+// prepRead checks a read of n bytes from the peer's src into local dst and
+// returns its body.
+func (c *Comm) prepRead(op string, ch *Channel, dst, src device.Ptr, n int64) (func(stop <-chan struct{}) error, error) {
+	if err := c.rangesCheck(op, ch, "src", src, "dst", dst, n); err != nil {
+		return nil, err
+	}
+	return func(stop <-chan struct{}) error {
+		b, err := c.dev.Bytes(dst, n)
+		if err != nil {
+			return err
+		}
+		return c.moved(ch, metrics.Read, n, ch.tr.Read(stop, b, src))
+	}, nil
+}
+
+// prepReduce checks a one-sided reduction over count elements and returns
+// its body: dir metrics.Write reduces local src into the peer's dst (and
+// then records the peer's notify remoteIdx when it is not negative),
+// metrics.Read the peer's src into local dst.
+func (c *Comm) prepReduce(op, dir string, ch *Channel, dst, src device.Ptr, count int64, dt DataType, rop ReduceOp, remoteIdx int) (func(stop <-chan struct{}) error, error) {
+	n, err := checkReduce(c, op, ch.RemoteRank(), count, dt, rop)
+	if err != nil {
+		return nil, err
+	}
+	remote, local, remoteWhat, localWhat := dst, src, "dst", "src"
+	if dir == metrics.Read {
+		remote, local, remoteWhat, localWhat = src, dst, "src", "dst"
+	}
+	if err := c.rangesCheck(op, ch, remoteWhat, remote, localWhat, local, n); err != nil {
+		return nil, err
+	}
+	if remoteIdx >= 0 {
+		if err := c.remoteIdxCheck(op, ch, remoteIdx); err != nil {
+			return nil, err
+		}
+	}
+	return func(stop <-chan struct{}) error {
+		b, err := c.dev.Bytes(local, n)
+		if err != nil {
+			return err
+		}
+		if dir == metrics.Write {
+			err = ch.tr.WriteReduce(stop, remote, b, int(count), dt, rop)
+		} else {
+			err = ch.tr.ReadReduce(stop, b, remote, int(count), dt, rop)
+		}
+		if err = c.moved(ch, dir, n, err); err != nil || remoteIdx < 0 {
+			return err
+		}
+		return ch.tr.NotifyRecord(stop, remoteIdx)
+	}, nil
+}
+
+// prepRecord checks a record of the peer's notify remoteIdx and returns its
+// body.
+func (c *Comm) prepRecord(op string, ch *Channel, remoteIdx int) (func(stop <-chan struct{}) error, error) {
+	if err := c.remoteIdxCheck(op, ch, remoteIdx); err != nil {
+		return nil, err
+	}
+	return func(stop <-chan struct{}) error {
+		return ch.tr.NotifyRecord(stop, remoteIdx)
+	}, nil
 }
 
 // write is the body of a checked write of src to the peer's dst, queued or

@@ -61,18 +61,29 @@
 // the collectives' handshake is one task per rank, which is what makes a
 // small all-reduce cheap.
 //
+// Batches (batch.go): BatchTransferOnThread issues an array of transfers on
+// one channel (HCCL's HcommBatchTransferDesc) as one task, every descriptor
+// checked before any runs; BatchModeStart and BatchModeEnd cache a thread's
+// queued calls and submit them as one task. Resources have their release
+// calls: ChannelDestroy (the peer sees the channel closed), ThreadFree, and
+// the queries ChannelQuery and GetNotifyNumInThread; ThreadSynchronize waits
+// for a thread's work.
+//
 // The files, by concern: comm.go (Comm, InitAll, Abort, Destroy, Value),
-// channel.go (ChannelDesc, Channel, ChannelAcquire), thread.go
-// (ThreadAcquire), memreg.go (CommMemReg), dataplane.go (the data plane's
-// guarantees and the checks every call makes), queued.go (the *OnThread
-// calls), immediate.go (the Nbi calls), wait.go (notify waits and the hang
+// channel.go (ChannelDesc, Channel, ChannelAcquire, ChannelDestroy),
+// thread.go (ThreadAcquire, ThreadFree, ThreadSynchronize), memreg.go
+// (CommMemReg), dataplane.go (the data plane's guarantees and the checks
+// every call makes), queued.go (the *OnThread calls), immediate.go (the Nbi
+// calls), batch.go (BatchTransferOnThread, batch mode), wait.go (notify waits and the hang
 // diagnosis), optag.go (BeginOp), errors.go (Error, Result), transport.go
 // (which transport carries a channel), init.go, env.go and ranktable.go
 // (joining across processes), subcomm.go (CreateSubComm, Split), health.go
 // (a lost rank), revoke.go (Revoke), shrink.go and agree.go (Shrink),
 // grow.go (GrowToken, Grow, JoinContext: newcomers join a running
 // communicator), suspend.go (Suspend, Resume), elastic.go (the ranks' side
-// of `hcomm run --elastic`), metrics.go and log.go (observability).
+// of `hcomm run --elastic`), state.go (GetStatus, RegCommStateCallback:
+// Ready, Suspending, Error, Destroyed), names.go (CommGetHandleWithName,
+// GetErrorString), metrics.go and log.go (observability).
 //
 // Names and values follow HCCL: HcclResult codes are Result, CommEngine is
 // Engine, CommProtocol is Protocol, HcclDataType is DataType, HcclReduceOp is

@@ -3,3 +3,13 @@ package hcomm
 // SetDecideHook sets the hook a shrink's coordinator runs before it
 // publishes its decision (agree.go); call it before any communicator exists.
 func SetDecideHook(f func(rank int)) { decideHook = f }
+
+// SetShrinkHook sets the hook a shrink runs at the points a test orders
+// (agree.go: "decided", "await", "read"); call it before any communicator
+// exists.
+func SetShrinkHook(f func(point string, rank int)) { shrinkHook = f }
+
+// SetPeersHook sets the hook a joining rank other than 0 runs before it
+// reads rank 0's list of ranks (init.go); call it before any communicator
+// exists, and set it back to nil when done.
+func SetPeersHook(f func(rank int)) { peersHook = f }

@@ -1,10 +1,12 @@
 package hcomm_test
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"strconv"
@@ -125,6 +127,29 @@ func faultRank(t *testing.T) {
 			}
 		})
 	}
+	// A coordinator killed after publishing its decision, before one
+	// member (the late rank) reads it: TestFaultAfterDecision.
+	killAt, _ := strconv.Atoi(cmp.Or(os.Getenv("HCOMM_TEST_KILL_AFTER_DECISION"), "-1"))
+	late, _ := strconv.Atoi(cmp.Or(os.Getenv("HCOMM_TEST_LATE_RANK"), "-1"))
+	gate := os.Getenv("HCOMM_TEST_GATE")
+	if killAt >= 0 {
+		hcomm.SetShrinkHook(func(point string, rank int) {
+			switch {
+			case point == "decided" && rank == killAt:
+				fmt.Println("DECIDING published")
+				time.Sleep(time.Minute) // the test kills this process here
+			case point == "await" && rank == late:
+				fmt.Println("DECIDING awaiting")
+				for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+					if _, err := os.Stat(gate); err == nil {
+						return
+					}
+				}
+			case point == "read" && rank != killAt:
+				fmt.Println("DECIDING read")
+			}
+		})
+	}
 	coll := os.Getenv("HCOMM_TEST_COLL")
 	count, _ := strconv.Atoi(os.Getenv("HCOMM_TEST_COUNT"))
 	c, err := hcomm.InitFromEnv(nil)
@@ -154,11 +179,44 @@ func faultRank(t *testing.T) {
 		return
 	}
 	fmt.Printf("SHRUNK %d %s\n", time.Since(start).Milliseconds(), strings.Trim(fmt.Sprint(old), "[]"))
+	// destroyOld destroys c, and first, the communicator a second shrink
+	// came from (HCOMM_TEST_RESHRINK), after the newest.
+	var first *hcomm.Comm
+	destroyOld := func() error {
+		if first != nil {
+			if err := first.Destroy(); err != nil {
+				return err
+			}
+		}
+		return c.Destroy()
+	}
+	if os.Getenv("HCOMM_TEST_RESHRINK") != "" {
+		hcomm.SetShrinkHook(nil) // the hooks name ranks of c, not of nc; Shrink left no goroutine that reads it
+		// The shrunk communicator's rank 0 is expected lost: its first
+		// collective fails, and the members shrink it again.
+		if err := runColl(ctx, nc, coll, count); err == nil {
+			fmt.Println("SHRUNK-ERR the shrunk communicator works, but its rank 0 should be lost")
+			nc.Destroy()
+			c.Destroy()
+			return
+		} else {
+			fmt.Printf("OPERROR2 %s\n", strings.ReplaceAll(err.Error(), "\n", " "))
+		}
+		nc2, old2, err := nc.Shrink(sctx, nil, nil)
+		if err != nil {
+			fmt.Printf("SHRUNK-ERR %s\n", strings.ReplaceAll(err.Error(), "\n", " "))
+			nc.Destroy()
+			c.Destroy()
+			return
+		}
+		fmt.Printf("SHRUNK2 %s\n", strings.Trim(fmt.Sprint(old2), "[]"))
+		first, nc = nc, nc2
+	}
 	for range 3 {
 		if err := runColl(ctx, nc, coll, count); err != nil {
 			fmt.Printf("SHRUNK-ERR %s\n", strings.ReplaceAll(err.Error(), "\n", " "))
 			nc.Destroy()
-			c.Destroy()
+			destroyOld()
 			return
 		}
 	}
@@ -167,13 +225,13 @@ func faultRank(t *testing.T) {
 	if err := collectives.BarrierContext(ctx, nc); err != nil {
 		fmt.Printf("SHRUNK-ERR %s\n", strings.ReplaceAll(err.Error(), "\n", " "))
 		nc.Destroy()
-		c.Destroy()
+		destroyOld()
 		return
 	}
 	if err := nc.Destroy(); err != nil {
 		t.Errorf("Destroy of the shrunk communicator: %v", err)
 	}
-	if err := c.Destroy(); err != nil {
+	if err := destroyOld(); err != nil {
 		t.Errorf("Destroy: %v", err)
 	}
 	var g, fds int
@@ -403,5 +461,68 @@ func TestFaultDuringShrink(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// The coordinator dies after publishing its decision, before one member
+// (the late one) reads it, while the others read it and leave with it.
+// Rank 0 is killed to start the shrink; rank 1 coordinates, publishes
+// {1, 2, 3} and is killed; the late rank loses it and must still reach
+// {1, 2, 3}: from the copy of the decision in rank 2's standby store (late
+// rank 3: rank 2 left with the decision), or, late rank 2 coordinating
+// next, from rank 3's copy, which it finds while waiting for rank 3's
+// proposal. Every survivor's first collective on the new communicator then
+// fails naming rank 0 (old rank 1), and a second Shrink gives {1, 2} of it
+// everywhere.
+func TestFaultAfterDecision(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short")
+	}
+	tr := crossProcessTransports(t)[0]
+	for _, late := range []int{2, 3} {
+		t.Run(fmt.Sprintf("late-rank%d", late), func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+			defer cancel()
+			gate := filepath.Join(t.TempDir(), "gate")
+			master := masterEnv(t, "127.0.0.1")
+			procs := launchRanks(t, ctx, 4, "fault", nil, func(int) []string {
+				return append([]string{"HCOMM_TRANSPORT=" + tr, "HCCL_EXEC_TIMEOUT=600", "HCOMM_LIVENESS_TIMEOUT=3", "HCCL_CONNECT_TIMEOUT=20",
+					"HCOMM_TEST_COLL=allreduce", "HCOMM_TEST_COUNT=256", "HCOMM_TEST_RESHRINK=1",
+					"HCOMM_TEST_KILL_AFTER_DECISION=1", "HCOMM_TEST_LATE_RANK=" + strconv.Itoa(late), "HCOMM_TEST_GATE=" + gate}, master...)
+			})
+			for _, p := range procs {
+				waitLine(t, p, "READY", 60*time.Second)
+			}
+			procs[0].cmd.Process.Signal(syscall.SIGKILL)
+			waitLine(t, procs[1], "DECIDING published", 30*time.Second)
+			waitLine(t, procs[late], "DECIDING awaiting", 30*time.Second)
+			reader := 5 - late // the other survivor: it reads the decision
+			waitLine(t, procs[reader], "DECIDING read", 30*time.Second)
+			procs[1].cmd.Process.Signal(syscall.SIGKILL)
+			err := <-procs[1].done // dead: its sockets are closed
+			procs[1].done <- err   // for the cleanup
+			if err := os.WriteFile(gate, nil, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			for _, p := range procs[2:] {
+				sl := waitLine(t, p, "SHRUNK", 60*time.Second)
+				if f := strings.Fields(sl.text); f[0] != "SHRUNK" || !slices.Equal(f[2:], []string{"1", "2", "3"}) {
+					t.Fatalf("rank %d: %s, want the members 1 2 3\n%s", p.rank, sl.text, p.log)
+				}
+				ml := waitLine(t, p, "OPERROR2", 30*time.Second)
+				// It names rank 0's loss, or, when the collective ran into the
+				// store before the watch saw it go, the store's loss.
+				if !strings.Contains(ml.text, "rank 0 is lost") && !strings.Contains(ml.text, "connection to the store") {
+					t.Errorf("rank %d's error on the shrunk communicator does not name its rank 0: %s", p.rank, ml.text)
+				}
+				sl2 := waitLine(t, p, "SHRUNK", 60*time.Second)
+				if sl2.text != "SHRUNK2 1 2" {
+					t.Fatalf("rank %d: %s, want SHRUNK2 1 2: the members 1 2 of the shrunk communicator\n%s\nthe other ranks:\n%s\n%s", p.rank, sl2.text, p.log, procs[2].log, procs[3].log)
+				}
+				if ok := waitLine(t, p, "SHRUNK-", 60*time.Second); ok.text != "SHRUNK-OK" {
+					t.Errorf("rank %d after the shrinks: %s\n%s", p.rank, ok.text, p.log)
+				}
+			}
+		})
 	}
 }

@@ -313,7 +313,9 @@ func (c *Comm) unwatch(chs map[chanKey]*Channel) {
 	failing := c.lostErr() != nil
 	for _, ch := range chs {
 		for _, n := range ch.notifies {
-			if err := n.Broken(); err != nil && !errors.Is(err, ErrRevoked) { // a revocation publishes no loss
+			// A peer that closed the channel in order (ChannelDestroy) is no
+			// failure, and a revocation publishes no loss.
+			if err := n.Broken(); err != nil && !errors.Is(err, channel.ErrPeerClosed) && !errors.Is(err, ErrRevoked) {
 				failing = true
 				break
 			}

@@ -7,7 +7,8 @@ import (
 )
 
 // Immediate mode: HCCL's thread-less data-plane calls (HcommWriteNbi,
-// HcommWriteWithNotifyNbi, HcommChannelNotifyRecord, HcommChannelNotifyWait;
+// HcommWriteWithNotifyNbi, HcommReadNbi, HcommChannelNotifyRecord,
+// HcommChannelNotifyWait, HcommChannelFence;
 // experimental in HCCL). They do their work in the calling goroutine, now,
 // instead of enqueueing a task — made for the body of one stream task that
 // runs a whole step of a schedule (Launch on the thread's stream), so that a
@@ -59,6 +60,38 @@ func writeNow(op string, stop <-chan struct{}, ch *Channel, dst, src device.Ptr,
 	return nil
 }
 
+// ReadNbi reads n bytes from the peer's src into local dst, now
+// (HcommReadNbi).
+func ReadNbi(stop <-chan struct{}, ch *Channel, dst, src device.Ptr, n int64) error {
+	const op = "ReadNbi"
+	c, err := chanComm(op, ch)
+	if err != nil {
+		return err
+	}
+	body, err := c.prepRead(op, ch, dst, src, n)
+	if err != nil {
+		return err
+	}
+	if err := body(stop); err != nil {
+		return c.taskFailed(op, ch.RemoteRank(), err)
+	}
+	return nil
+}
+
+// ChannelFence returns once the operations made on ch before it are
+// complete at the peer (HcommChannelFence), in the calling goroutine.
+func ChannelFence(stop <-chan struct{}, ch *Channel) error {
+	const op = "ChannelFence"
+	c, err := chanComm(op, ch)
+	if err != nil {
+		return err
+	}
+	if err := ch.tr.Fence(stop); err != nil {
+		return c.taskFailed(op, ch.RemoteRank(), err)
+	}
+	return nil
+}
+
 // ChannelNotifyRecord records the peer's notify remoteIdx on its end of ch,
 // now (HcommChannelNotifyRecord).
 func ChannelNotifyRecord(stop <-chan struct{}, ch *Channel, remoteIdx int) error {
@@ -105,19 +138,6 @@ func notifyWaitNow(op string, stop <-chan struct{}, ch *Channel, localIdx int, t
 		return c.taskFailed(op, ch.RemoteRank(), err)
 	}
 	return nil
-}
-
-// chanComm checks a channel for an immediate call and returns its
-// communicator.
-func chanComm(op string, ch *Channel) (*Comm, error) {
-	if ch == nil || ch.comm == nil {
-		return nil, noRankErr(op, "", ErrPtr, nil, "nil channel")
-	}
-	c := ch.comm
-	if err := c.usable(op); err != nil {
-		return nil, err
-	}
-	return c, nil
 }
 
 func errorOf(ch *Channel, op, format string, args ...any) error {

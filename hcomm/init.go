@@ -34,7 +34,11 @@ import (
 //     once all n have joined, a newcomer (another job on the port) is
 //     refused alone.
 //  2. Rank 0 gathers the n descriptions and publishes the list; every rank
-//     checks it (same rank count, no rank claimed twice).
+//     checks it (same rank count, no rank claimed twice) and tells rank 0 it
+//     has read it. Rank 0's init returns only once every rank has (as
+//     NCCL's bootstrap ends with an all-gather), or a rank is lost meanwhile:
+//     destroying rank 0's communicator the moment its init returns fails no
+//     other rank's init.
 //  3. Channels are then set up pairwise through the store (ChannelAcquire):
 //     each pair trades transport messages under keys named by the two ranks,
 //     the engine, protocol, tag and a per-key counter.
@@ -42,8 +46,9 @@ import (
 // Setup is bounded by Config.ConnectTimeout (HCCL_CONNECT_TIMEOUT): ranks may
 // start in any order within it; connecting retries while rank 0 is not up.
 // Rank 0's communicator owns the store: destroying it ends the rendezvous, so
-// rank 0 destroys its communicator last, or at least after every rank has
-// acquired its channels.
+// rank 0 destroys its communicator after every rank has acquired the
+// channels it will use (nothing else needs the store once every init has
+// returned), or last.
 
 // DefaultRootPort is the port of rank 0's bootstrap store when nothing names
 // one: InitClusterInfo without HCOMM_ROOT_PORT, InitFromEnv under Slurm
@@ -360,6 +365,11 @@ func join(ctx context.Context, op string, c Config, js joinSpec) (*Comm, error) 
 	return cm, nil
 }
 
+// peersHook, when set (by tests, before any communicator exists), runs in
+// a joining rank other than 0 before it reads rank 0's list of ranks: a test
+// delays the read there.
+var peersHook func(rank int)
+
 // failLinger bounds how long the store of a job whose rendezvous failed
 // outlives rank 0's init call, so that ranks that dial late learn why.
 const failLinger = 3 * time.Second
@@ -430,22 +440,40 @@ func rendezvous(ctx context.Context, s bootstrap.Store, js joinSpec, ifc bootstr
 		if pl.Error != "" {
 			// Let the others read why before this rank's failure closes the
 			// store under them (at most 2 s).
-			deadline := time.Now().Add(2 * time.Second)
-			for time.Now().Before(deadline) {
-				if n, err := s.Add(ctx, "peers-read", 0); err != nil || n >= int64(js.nRanks-1) {
-					break
-				}
-				time.Sleep(5 * time.Millisecond)
-			}
+			wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			awaitReaders(wctx, s, js.nRanks)
+			cancel()
 			return nil, ErrPara, errors.New(pl.Error)
 		}
+		// Rank 0's init returns only once every rank has read the list:
+		// its communicator's Destroy, which closes the store, may follow at
+		// once.
+		if err := awaitReaders(ctx, s, js.nRanks); err != nil {
+			if errors.Is(err, ErrRankLost) {
+				return nil, ErrRemote, err
+			}
+			return nil, ErrTimeout, err
+		}
+		return pl.Peers, Success, nil
+	}
+	if peersHook != nil && js.rank != 0 {
+		peersHook(js.rank)
 	}
 	b, err = s.Get(ctx, "peers")
 	if err != nil {
 		return nil, ErrTimeout, fmt.Errorf("rank %d waiting for rank 0's list of ranks: %w", js.rank, err)
 	}
-	if js.rank != 0 {
-		s.Add(ctx, "peers-read", 1)
+	// Tell rank 0 this rank has read the list; the last reader says so
+	// once for all. A store that closes meanwhile is no failure of this
+	// rank's: rank 0 saw the last reader's word and went on (its answer
+	// did not come back before the store closed), or it failed (then its
+	// loss comes to this rank's watcher).
+	n, err = s.Add(ctx, peersReadCtr, 1)
+	if err == nil && n == int64(js.nRanks-1) {
+		err = s.Set(ctx, peersAllRead, []byte{1})
+	}
+	if err != nil && !errors.Is(err, bootstrap.ErrClosed) {
+		return nil, ErrTimeout, fmt.Errorf("rank %d telling rank 0 it read the list of ranks: %w", js.rank, err)
 	}
 	var pl peerList
 	if err := json.Unmarshal(b, &pl); err != nil {
@@ -463,4 +491,48 @@ func rendezvous(ctx context.Context, s bootstrap.Store, js joinSpec, ifc bootstr
 		}
 	}
 	return pl.Peers, Success, nil
+}
+
+// The rendezvous's end: every rank but 0 adds one to peersReadCtr once it
+// has read the list of ranks, and the one that brings it to n-1 sets
+// peersAllRead, on which rank 0 waits.
+const (
+	peersReadCtr = "peers-read"
+	peersAllRead = "peers-all-read"
+)
+
+// awaitReaders waits, on rank 0, until every other rank of n has read the
+// list of ranks from s (the key peersAllRead is set). It ends early, with an
+// error wrapping ErrRankLost and naming the rank, when rank 0's store
+// publishes the loss of a rank (its store connection ended without a
+// goodbye); and with ctx, with an error wrapping ctx's.
+func awaitReaders(ctx context.Context, s bootstrap.Store, n int) error {
+	if n <= 1 {
+		return nil
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var loss []byte
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if b, err := s.Get(ctx, "c/"+eventPfx+"1"); err == nil {
+			loss = b
+			cancel()
+		}
+	}()
+	_, err := s.Get(ctx, peersAllRead)
+	cancel()
+	<-done
+	switch {
+	case err == nil:
+		return nil
+	case loss != nil:
+		var ev lossEvent
+		if json.Unmarshal(loss, &ev) != nil {
+			return fmt.Errorf("rank 0 waiting for every rank to read the list of ranks: a rank was lost (malformed event %q): %w", loss, ErrRankLost)
+		}
+		return fmt.Errorf("rank 0 waiting for every rank to read the list of ranks: rank %d is lost: %s: %w", ev.Rank, ev.Reason, ErrRankLost)
+	}
+	return fmt.Errorf("rank 0 waiting for every rank to read the list of ranks: %w", err)
 }

@@ -454,3 +454,37 @@ func BenchmarkInitRootInfo(b *testing.B) {
 		}
 	}
 }
+
+// Rank 0's init returns only once every rank has read the list of ranks
+// from its store: rank 0 destroying its communicator (and so its store) the
+// moment its init returns does not fail the ranks that read the list later.
+func TestInitRootDestroysAtOnce(t *testing.T) {
+	const n = 4
+	hcomm.SetPeersHook(func(rank int) { time.Sleep(time.Duration(20*rank) * time.Millisecond) })
+	defer hcomm.SetPeersHook(nil)
+	root, err := hcomm.GetRootInfo(testCfg())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer root.Close()
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for r := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c, err := hcomm.InitRootInfo(n, root, r, testCfg())
+			if err != nil {
+				errs[r] = err
+				return
+			}
+			errs[r] = c.Destroy()
+		}()
+	}
+	wg.Wait()
+	for r, err := range errs {
+		if err != nil {
+			t.Errorf("rank %d: %v", r, err)
+		}
+	}
+}

@@ -47,3 +47,19 @@ func (c *Comm) CommMemDereg(h *MemHandle) error {
 	}
 	return nil
 }
+
+// GetHcclBufferCleared is GetHcclBuffer with the buffer zeroed first
+// (HcclGetHcclBufferCleared). It clears the whole buffer, now, in the
+// calling goroutine: the caller makes sure no peer writes into it meanwhile
+// (before the channels' first handshake, or between collectives), and that
+// no work queued on this rank's threads still uses it.
+func (c *Comm) GetHcclBufferCleared() (device.Ptr, int64, error) {
+	const op = "GetHcclBufferCleared"
+	if err := c.usable(op); err != nil {
+		return 0, 0, err
+	}
+	if err := c.dev.Memset(c.buf, c.bufSize, 0); err != nil {
+		return 0, 0, c.errorf(op, -1, ErrRuntime, err, "clearing the HCCL buffer")
+	}
+	return c.buf, c.bufSize, nil
+}

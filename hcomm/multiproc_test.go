@@ -36,6 +36,13 @@ func TestHelperRank(t *testing.T) {
 		faultRank(t) // fault_test.go: it joins by itself, to count what it leaves behind
 		return
 	}
+	if role == "die-before-list" { // rank 1 dies after joining, before it reads the list of ranks
+		hcomm.SetPeersHook(func(rank int) {
+			if rank == 1 {
+				os.Exit(3)
+			}
+		})
+	}
 	var c *hcomm.Comm
 	var err error
 	if rs := os.Getenv("HCOMM_TEST_ROOT"); rs != "" { // InitRootInfo with a root info from another process
@@ -62,6 +69,7 @@ func TestHelperRank(t *testing.T) {
 		fmt.Printf("DESTROYED %d\n", time.Since(start).Milliseconds())
 	}()
 	switch role {
+	case "empty", "die-before-list": // init, then destroy at once
 	case "work":
 		if err := rankWork(c, "", sizes); err != nil { // the transport is hcomm's choice
 			t.Fatal(err)
@@ -338,6 +346,48 @@ func TestMultiProcessLaunchers(t *testing.T) {
 				}
 			})
 		})
+	}
+}
+
+// Ranks as processes whose work is empty destroy their communicators the
+// moment their inits return, rank 0 (and its store) first as often as not:
+// no rank's init fails for it.
+func TestMultiProcessEmptyWork(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short")
+	}
+	for range 3 {
+		env := masterEnv(t, "127.0.0.1")
+		procs := launchRanks(t, context.Background(), 4, "empty", nil, func(int) []string { return env })
+		waitAll(t, procs)
+		if t.Failed() {
+			return
+		}
+	}
+}
+
+// A rank that dies after joining, before it reads the list of ranks, fails
+// rank 0's init (which waits for every rank to read it) at once with an
+// error naming it, not after HCCL_CONNECT_TIMEOUT (30 s here).
+func TestMultiProcessLostBeforeList(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short")
+	}
+	env := masterEnv(t, "127.0.0.1")
+	start := time.Now()
+	procs := launchRanks(t, context.Background(), 3, "die-before-list", nil, func(int) []string { return env })
+	err := <-procs[0].done
+	procs[0].done <- err // for the cleanup
+	if d := time.Since(start); d > 15*time.Second {
+		t.Errorf("rank 0's init failed after %v; want it at once", d)
+	}
+	if out := procs[0].log.String(); err == nil || !strings.Contains(out, "rank 1 is lost") || !strings.Contains(out, "rank lost") {
+		t.Fatalf("rank 0: %v, want its init to fail naming rank 1 lost; output:\n%s", err, out)
+	}
+	if err := <-procs[1].done; err == nil {
+		t.Errorf("rank 1 did not die")
+	} else {
+		procs[1].done <- err
 	}
 }
 

@@ -110,7 +110,7 @@ func (c *Comm) BeginOp(t *Thread, op, algo string) (seq uint64, end func() error
 		return tag.seq, clear
 	}
 	var start time.Time // written and read by tasks of one stream, in order
-	if err := t.Stream().Launch(op+" begin", func(<-chan struct{}) error {
+	if err := t.Launch(op+" begin", func(<-chan struct{}) error {
 		start = time.Now()
 		return nil
 	}); err != nil {
@@ -118,7 +118,7 @@ func (c *Comm) BeginOp(t *Thread, op, algo string) (seq uint64, end func() error
 	}
 	return tag.seq, func() error {
 		clear()
-		return t.Stream().Launch(op+" end", func(<-chan struct{}) error {
+		return t.Launch(op+" end", func(<-chan struct{}) error {
 			d := time.Since(start)
 			c.cfg.metrics.ObserveCollective(op, algo, d)
 			c.log(LevelTrace, "collective done", "op", op, "seq", tag.seq, "algorithm", algo, "duration", d)

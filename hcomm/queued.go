@@ -1,6 +1,7 @@
 package hcomm
 
 import (
+	"context"
 	"time"
 
 	"github.com/hcomm-dev/hcomm/device"
@@ -22,66 +23,84 @@ func WriteOnThread(t *Thread, ch *Channel, dst, src device.Ptr, n int64) error {
 // ReadOnThread enqueues a one-sided read of n bytes from the peer's src into
 // local dst (HcommReadOnThread).
 func ReadOnThread(t *Thread, ch *Channel, dst, src device.Ptr, n int64) error {
-	const op = "ReadOnThread"
+	return readOnThread("ReadOnThread", t, ch, dst, src, n)
+}
+
+func readOnThread(op string, t *Thread, ch *Channel, dst, src device.Ptr, n int64) error {
 	c, err := dp(op, t, ch)
 	if err != nil {
 		return err
 	}
-	if err := c.rangesCheck(op, ch, "src", src, "dst", dst, n); err != nil {
+	body, err := c.prepRead(op, ch, dst, src, n)
+	if err != nil {
 		return err
 	}
-	return c.launch(op, ch.RemoteRank(), t, func(stop <-chan struct{}) error {
-		b, err := c.dev.Bytes(dst, n)
-		if err != nil {
-			return err
-		}
-		return c.moved(ch, metrics.Read, n, ch.tr.Read(stop, b, src))
-	})
+	return c.launch(op, ch.RemoteRank(), t, body)
 }
 
 // WriteReduceOnThread enqueues peer[dst] = peer[dst] op local[src] over count
 // elements of dt (HcommWriteReduceOnThread).
 func WriteReduceOnThread(t *Thread, ch *Channel, dst, src device.Ptr, count int64, dt DataType, rop ReduceOp) error {
-	return reduceOnThread("WriteReduceOnThread", metrics.Write, t, ch, dst, src, count, dt, rop)
+	return reduceOnThread("WriteReduceOnThread", metrics.Write, t, ch, dst, src, count, dt, rop, -1)
+}
+
+// WriteReduceWithNotifyOnThread enqueues peer[dst] = peer[dst] op local[src]
+// over count elements of dt followed by a record of the peer's notify
+// remoteIdx, as one task (HcommWriteReduceWithNotifyOnThread, experimental
+// in HCCL; hcomm has it on every transport). The reduced bytes are visible to
+// the peer once its wait for the notify returns (guarantee 2).
+func WriteReduceWithNotifyOnThread(t *Thread, ch *Channel, dst, src device.Ptr, count int64, dt DataType, rop ReduceOp, remoteIdx int) error {
+	const op = "WriteReduceWithNotifyOnThread"
+	if remoteIdx < 0 { // reduceOnThread's "no record"
+		return errorOf(ch, op, "remote notify index %d is negative", remoteIdx)
+	}
+	return reduceOnThread(op, metrics.Write, t, ch, dst, src, count, dt, rop, remoteIdx)
 }
 
 // ReadReduceOnThread enqueues local[dst] = local[dst] op peer[src] over count
 // elements of dt (HcommReadReduceOnThread).
 func ReadReduceOnThread(t *Thread, ch *Channel, dst, src device.Ptr, count int64, dt DataType, rop ReduceOp) error {
-	return reduceOnThread("ReadReduceOnThread", metrics.Read, t, ch, dst, src, count, dt, rop)
+	return reduceOnThread("ReadReduceOnThread", metrics.Read, t, ch, dst, src, count, dt, rop, -1)
+}
+
+// WriteNbiOnThread is WriteOnThread (HcommWriteNbiOnThread). HCCL's Nbi
+// forms return before the transfer is issued to the hardware; every
+// *OnThread call of hcomm already returns once its task is enqueued, so the
+// two are the same.
+func WriteNbiOnThread(t *Thread, ch *Channel, dst, src device.Ptr, n int64) error {
+	return writeOnThread("WriteNbiOnThread", t, ch, dst, src, n, -1)
+}
+
+// ReadNbiOnThread is ReadOnThread (HcommReadNbiOnThread), as WriteNbiOnThread
+// is WriteOnThread.
+func ReadNbiOnThread(t *Thread, ch *Channel, dst, src device.Ptr, n int64) error {
+	return readOnThread("ReadNbiOnThread", t, ch, dst, src, n)
+}
+
+// WriteWithNotifyNbiOnThread is WriteWithNotifyOnThread
+// (HcommWriteWithNotifyNbiOnThread), as WriteNbiOnThread is WriteOnThread.
+func WriteWithNotifyNbiOnThread(t *Thread, ch *Channel, dst, src device.Ptr, n int64, remoteIdx int) error {
+	const op = "WriteWithNotifyNbiOnThread"
+	if remoteIdx < 0 {
+		return errorOf(ch, op, "remote notify index %d is negative", remoteIdx)
+	}
+	return writeOnThread(op, t, ch, dst, src, n, remoteIdx)
 }
 
 // reduceOnThread checks and enqueues a one-sided reduction over count
-// elements: dir metrics.Write reduces local src into the peer's dst,
-// metrics.Read the peer's src into local dst.
-func reduceOnThread(op, dir string, t *Thread, ch *Channel, dst, src device.Ptr, count int64, dt DataType, rop ReduceOp) error {
+// elements: dir metrics.Write reduces local src into the peer's dst (then
+// records the peer's notify remoteIdx when it is not negative), metrics.Read
+// the peer's src into local dst.
+func reduceOnThread(op, dir string, t *Thread, ch *Channel, dst, src device.Ptr, count int64, dt DataType, rop ReduceOp, remoteIdx int) error {
 	c, err := dp(op, t, ch)
 	if err != nil {
 		return err
 	}
-	n, err := checkReduce(c, op, ch.RemoteRank(), count, dt, rop)
+	body, err := c.prepReduce(op, dir, ch, dst, src, count, dt, rop, remoteIdx)
 	if err != nil {
 		return err
 	}
-	remote, local, remoteWhat, localWhat := dst, src, "dst", "src"
-	if dir == metrics.Read {
-		remote, local, remoteWhat, localWhat = src, dst, "src", "dst"
-	}
-	if err := c.rangesCheck(op, ch, remoteWhat, remote, localWhat, local, n); err != nil {
-		return err
-	}
-	return c.launch(op, ch.RemoteRank(), t, func(stop <-chan struct{}) error {
-		b, err := c.dev.Bytes(local, n)
-		if err != nil {
-			return err
-		}
-		if dir == metrics.Write {
-			err = ch.tr.WriteReduce(stop, remote, b, int(count), dt, rop)
-		} else {
-			err = ch.tr.ReadReduce(stop, b, remote, int(count), dt, rop)
-		}
-		return c.moved(ch, dir, n, err)
-	})
+	return c.launch(op, ch.RemoteRank(), t, body)
 }
 
 // ChannelNotifyRecordOnThread enqueues a record of the peer's notify
@@ -92,12 +111,11 @@ func ChannelNotifyRecordOnThread(t *Thread, ch *Channel, remoteIdx int) error {
 	if err != nil {
 		return err
 	}
-	if err := c.remoteIdxCheck(op, ch, remoteIdx); err != nil {
+	body, err := c.prepRecord(op, ch, remoteIdx)
+	if err != nil {
 		return err
 	}
-	return c.launch(op, ch.RemoteRank(), t, func(stop <-chan struct{}) error {
-		return ch.tr.NotifyRecord(stop, remoteIdx)
-	})
+	return c.launch(op, ch.RemoteRank(), t, body)
 }
 
 // ChannelNotifyWaitOnThread enqueues a wait for local notify localIdx of ch,
@@ -119,6 +137,23 @@ func ChannelNotifyWaitOnThread(t *Thread, ch *Channel, localIdx int, timeout tim
 	return c.launchWait(op, t, ch, localIdx, n, c.execTimeout(timeout))
 }
 
+// ChannelNotifyWaitOnThreadWithDefaultTimeout is ChannelNotifyWaitOnThread
+// with the communicator's notify wait timeout: the one SetNotifyWaitTimeOut
+// set, HCCL_EXEC_TIMEOUT until then
+// (HcommChannelNotifyWaitOnThreadWithDefaultTimeout).
+func ChannelNotifyWaitOnThreadWithDefaultTimeout(t *Thread, ch *Channel, localIdx int) error {
+	const op = "ChannelNotifyWaitOnThreadWithDefaultTimeout"
+	c, err := dp(op, t, ch)
+	if err != nil {
+		return err
+	}
+	n, err := c.localNotify(op, ch, localIdx)
+	if err != nil {
+		return err
+	}
+	return c.launchWait(op, t, ch, localIdx, n, c.notifyWaitTimeout())
+}
+
 // ChannelFenceOnThread enqueues a fence: the channel operations before it are
 // complete at the peer before those after it start (HcommChannelFenceOnThread).
 func ChannelFenceOnThread(t *Thread, ch *Channel) error {
@@ -132,11 +167,64 @@ func ChannelFenceOnThread(t *Thread, ch *Channel) error {
 	})
 }
 
+// FenceOnThread enqueues a fence of every channel of the thread's
+// communicator (HcommFenceOnThread, HCCL's "data-plane fence" of a thread):
+// the channel operations the thread issued before it are complete at their
+// peers before those after it start. Departure: HCCL fences what the
+// thread's engine has outstanding; hcomm does not track which channels a
+// thread used, and fences the channels the communicator holds when the task
+// runs (on shm and inproc a fence costs nothing, on tcp one round trip per
+// channel). Use ChannelFenceOnThread to fence one channel.
+func FenceOnThread(t *Thread) error {
+	const op = "FenceOnThread"
+	c, err := threadComm(op, t)
+	if err != nil {
+		return err
+	}
+	return c.launch(op, -1, t, func(stop <-chan struct{}) error {
+		c.mu.Lock()
+		chs := make([]*Channel, 0, len(c.channels))
+		for _, ch := range c.channels {
+			chs = append(chs, ch)
+		}
+		c.mu.Unlock()
+		for _, ch := range chs {
+			if err := ch.tr.Fence(stop); err != nil {
+				return c.errorf(op, ch.RemoteRank(), ResultOf(err), err, "fencing the channel to rank %d", ch.RemoteRank())
+			}
+		}
+		return nil
+	})
+}
+
+// ChannelDrainOnThread enqueues a fence of ch on t and blocks until every
+// task queued on t before it has run and the channel's operations are
+// complete at the peer (HcommChannelDrainOnThread, "a blocking wait for all
+// tasks"). It returns the first failure of the thread's work since its last
+// synchronization, as ThreadSynchronize does; the wait is bounded by the
+// tasks' own timeouts (a notify wait's is HCCL_EXEC_TIMEOUT).
+func ChannelDrainOnThread(t *Thread, ch *Channel) error {
+	const op = "ChannelDrainOnThread"
+	c, err := dp(op, t, ch)
+	if err != nil {
+		return err
+	}
+	if t.Batching() {
+		return c.errorf(op, ch.RemoteRank(), ErrPara, nil, "thread %s is in batch mode: a drain cannot wait for work that is not submitted (call BatchModeEnd first)", t.Name())
+	}
+	if err := c.launch(op, ch.RemoteRank(), t, func(stop <-chan struct{}) error {
+		return ch.tr.Fence(stop)
+	}); err != nil {
+		return err
+	}
+	return c.threadSync(context.Background(), op, t)
+}
+
 // ThreadNotifyRecordOnThread enqueues on t a record of dst's notify idx
 // (HcommThreadNotifyRecordOnThread).
 func ThreadNotifyRecordOnThread(t, dst *Thread, idx int) error {
-	if t == nil || dst == nil {
-		return noRankErr("ThreadNotifyRecordOnThread", "", ErrPtr, nil, "nil thread")
+	if err := threadErr("ThreadNotifyRecordOnThread", t, dst); err != nil {
+		return err
 	}
 	if err := t.NotifyRecord(dst, idx); err != nil {
 		return noRankErr("ThreadNotifyRecordOnThread", "", ErrPara, err, "")
@@ -147,8 +235,8 @@ func ThreadNotifyRecordOnThread(t, dst *Thread, idx int) error {
 // ThreadNotifyWaitOnThread enqueues on t a wait for its notify idx, which then
 // resets (HcommThreadNotifyWaitOnThread). timeout <= 0 waits forever, as in HCCL.
 func ThreadNotifyWaitOnThread(t *Thread, idx int, timeout time.Duration) error {
-	if t == nil {
-		return noRankErr("ThreadNotifyWaitOnThread", "", ErrPtr, nil, "nil thread")
+	if err := threadErr("ThreadNotifyWaitOnThread", t); err != nil {
+		return err
 	}
 	if err := t.NotifyWait(idx, timeout); err != nil {
 		return noRankErr("ThreadNotifyWaitOnThread", "", ErrPara, err, "")
@@ -156,11 +244,31 @@ func ThreadNotifyWaitOnThread(t *Thread, idx int, timeout time.Duration) error {
 	return nil
 }
 
+// ThreadNotifyWaitOnThreadWithDefaultTimeout is ThreadNotifyWaitOnThread with
+// the notify wait timeout of the communicator that acquired t (set by
+// SetNotifyWaitTimeOut, HCCL_EXEC_TIMEOUT until then)
+// (HcommThreadNotifyWaitOnThreadWithDefaultTimeout).
+func ThreadNotifyWaitOnThreadWithDefaultTimeout(t *Thread, idx int) error {
+	const op = "ThreadNotifyWaitOnThreadWithDefaultTimeout"
+	c, err := threadComm(op, t)
+	if err != nil {
+		return err
+	}
+	timeout := c.notifyWaitTimeout()
+	if timeout <= 0 {
+		timeout = 0 // forever
+	}
+	if err := t.NotifyWait(idx, timeout); err != nil {
+		return c.errorf(op, -1, ErrPara, err, "")
+	}
+	return nil
+}
+
 // LocalCopyOnThread enqueues a copy of n bytes of device memory from src to dst
 // (HcommLocalCopyOnThread).
 func LocalCopyOnThread(t *Thread, dst, src device.Ptr, n int64) error {
-	if t == nil {
-		return noRankErr("LocalCopyOnThread", "", ErrPtr, nil, "nil thread")
+	if err := threadErr("LocalCopyOnThread", t); err != nil {
+		return err
 	}
 	// The same checks as a device-to-device MemcpyAsync, then a streaming
 	// copy: a local copy in a schedule is usually the move of a result into
@@ -174,7 +282,7 @@ func LocalCopyOnThread(t *Thread, dst, src device.Ptr, n int64) error {
 			return noRankErr("LocalCopyOnThread", "", ErrPara, err, "%s range [%#x, +%d)", r.what, uintptr(r.p), n)
 		}
 	}
-	return t.Stream().Launch("LocalCopyOnThread", func(<-chan struct{}) error {
+	return t.Launch("LocalCopyOnThread", func(<-chan struct{}) error {
 		d, err := dev.Bytes(dst, n)
 		if err != nil {
 			return err
@@ -211,8 +319,8 @@ func LocalReduceToOnThread(t *Thread, dst, a, b device.Ptr, count int64, dt Data
 // localReduce checks and enqueues dst = a (op) b; a == dst is the
 // accumulating form (LocalReduceOnThread).
 func localReduce(op string, t *Thread, dst, a, b device.Ptr, count int64, dt DataType, rop ReduceOp) error {
-	if t == nil {
-		return noRankErr(op, "", ErrPtr, nil, "nil thread")
+	if err := threadErr(op, t); err != nil {
+		return err
 	}
 	if count < 0 || !dt.Valid() || !rop.Valid() {
 		return noRankErr(op, "", ErrPara, nil, "count %d, data type %v, op %v", count, dt, rop)
@@ -228,7 +336,7 @@ func localReduce(op string, t *Thread, dst, a, b device.Ptr, count int64, dt Dat
 			return noRankErr(op, "", ErrPara, err, "%s", names[i])
 		}
 	}
-	return t.Stream().Launch(op, func(<-chan struct{}) error {
+	return t.Launch(op, func(<-chan struct{}) error {
 		d, err := dev.Bytes(dst, n)
 		if err != nil {
 			return err
@@ -269,19 +377,9 @@ func writeOnThread(op string, t *Thread, ch *Channel, dst, src device.Ptr, n int
 	if err != nil {
 		return err
 	}
-	if err := c.rangesCheck(op, ch, "dst", dst, "src", src, n); err != nil {
+	body, err := c.prepWrite(op, ch, dst, src, n, remoteIdx)
+	if err != nil {
 		return err
 	}
-	if remoteIdx >= 0 {
-		if err := c.remoteIdxCheck(op, ch, remoteIdx); err != nil {
-			return err
-		}
-	}
-	return c.launch(op, ch.RemoteRank(), t, func(stop <-chan struct{}) error {
-		b, err := c.dev.Bytes(src, n)
-		if err != nil {
-			return err
-		}
-		return c.write(stop, ch, dst, b, remoteIdx)
-	})
+	return c.launch(op, ch.RemoteRank(), t, body)
 }

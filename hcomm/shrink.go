@@ -156,7 +156,7 @@ func (c *Comm) Shrink(ctx context.Context, exclude []int, cfg *Config) (*Comm, [
 		if coord == c.rank && decided[coord] == nil {
 			ch := make(chan error, 1)
 			decided[coord] = ch
-			go func() { ch <- c.decide(ctx, local, sus, multi) }()
+			go func() { ch <- c.decide(ctx, local, prefix, sus, multi) }()
 		}
 		p := shrinkProposal{Rank: c.rank, Suspects: sus.list(), Leaves: leaves}
 		if next != nil {
@@ -175,6 +175,7 @@ func (c *Comm) Shrink(ctx context.Context, exclude []int, cfg *Config) (*Comm, [
 			}
 			return nil, nil, nil
 		}
+		runShrinkHook("await", c.rank)
 		b, err := c.awaitDecision(ctx, s, cli, coord, multi)
 		if err != nil {
 			if c.dropCoord(ctx, cli, coord, sus, err) {
@@ -185,11 +186,23 @@ func (c *Comm) Shrink(ctx context.Context, exclude []int, cfg *Config) (*Comm, [
 			}
 			return fail(coord, ErrTimeout, err, "waiting for the decision of rank %d, the shrink's coordinator", coord)
 		}
-		if err := json.Unmarshal(b, &dec); err != nil || len(dec.Members) == 0 || (multi && len(dec.Standby) != len(dec.Members)) {
+		runShrinkHook("read", c.rank)
+		if dec, err = parseDecision(b, c.size, multi); err != nil {
 			if cli != nil {
 				cli.Close()
 			}
 			return fail(coord, ErrInternal, err, "the shrink's decision from rank %d is malformed", coord)
+		}
+		if multi && coord != c.rank {
+			// Replicate the decision before acting on it: a participant
+			// that loses the coordinator before reading it, and meets at
+			// this rank's store next, finds it here (shrink.md).
+			c.boot.mu.Lock()
+			sb := c.boot.standby
+			c.boot.mu.Unlock()
+			if sb != nil {
+				bootstrap.Prefix(sb.srv.Local(), prefix).Set(ctx, "decision", b)
+			}
 		}
 		break
 	}
@@ -200,15 +213,31 @@ func (c *Comm) Shrink(ctx context.Context, exclude []int, cfg *Config) (*Comm, [
 		}
 		return fail(c.rank, ErrRemote, ErrRankLost, "the survivors %v left this rank out: they found it lost or stuck", dec.Members)
 	}
-	for i, r := range dec.Members {
-		if r < 0 || r >= c.size || (i > 0 && r <= dec.Members[i-1]) {
-			if cli != nil {
+	// A decision read at another store than its coordinator's was copied
+	// there: its coordinator was lost before this rank read it. Its store
+	// is the new communicator's; if it cannot be joined, this rank builds
+	// its end over the store it read the decision from, with rank 0 lost
+	// from the start, as the members that joined it will find it lost.
+	storePfx, lost0 := "c", ""
+	if multi && dec.Coord != coord {
+		why := sus.reason(dec.Coord)
+		if why == "" {
+			dctx, dcancel := context.WithTimeout(ctx, 2*probeTimeout)
+			cc, err := bootstrap.Dial(dctx, c.boot.peers[dec.Coord].Standby, c.boot.secret, bootstrap.Claim{Rank: c.rank, NRanks: c.size})
+			dcancel()
+			if err == nil {
 				cli.Close()
+				cli, coord = cc, dec.Coord
+				cli.KeepAlive(keepAliveInterval)
+			} else {
+				why = fmt.Sprintf("rank %d, the shrink's coordinator, could not be joined: %v", dec.Coord, err)
 			}
-			return fail(coord, ErrInternal, nil, "the shrink's decision from rank %d lists the members %v", coord, dec.Members)
+		}
+		if why != "" {
+			storePfx, lost0, coord = prefix+"c", why, -1
 		}
 	}
-	nc, err := c.rebuild(op, k, dec, me, coord, cli, next, cfg)
+	nc, err := c.rebuild(op, k, dec, me, coord, cli, storePfx, lost0, next, cfg)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -294,8 +323,14 @@ func (c *Comm) awaitDecision(ctx context.Context, s bootstrap.Store, cli *bootst
 
 // rebuild makes this rank's end (rank me) of the communicator decided by
 // dec: over the coordinator's standby store (multi: cli is connected to it,
-// and it becomes the new communicator's rank-0 store) or over c's own store.
-func (c *Comm) rebuild(op string, k uint64, dec shrinkDecision, me, coord int, cli *bootstrap.Client, next *standby, cfg *Config) (*Comm, error) {
+// and it becomes the new communicator's rank-0 store, under storePfx) or
+// over c's own store. A non-empty lost0 says why rank 0 (the coordinator)
+// is lost already: cli is then another member's store, and the new
+// communicator starts failed (ErrRankLost naming rank 0). Multi, a rank
+// other than the coordinator keeps its old standby store serving, for a
+// late participant to find the decision there, until the new
+// communicator's Destroy or the connect timeout, whichever comes first.
+func (c *Comm) rebuild(op string, k uint64, dec shrinkDecision, me, coord int, cli *bootstrap.Client, storePfx, lost0 string, next *standby, cfg *Config) (*Comm, error) {
 	var conf Config
 	if cfg != nil {
 		conf = *cfg
@@ -328,6 +363,17 @@ func (c *Comm) rebuild(op string, k uint64, dec shrinkDecision, me, coord int, c
 		// store: the coordinator is its rank 0, and it publishes the losses
 		// of the new ranks.
 		var srv *standby
+		unhold := func() {}
+		if coord != c.rank {
+			c.boot.mu.Lock()
+			rel := c.boot.standby.hold()
+			c.boot.mu.Unlock()
+			t := time.AfterFunc(conf.ConnectTimeout, rel)
+			unhold = func() {
+				t.Stop()
+				rel()
+			}
+		}
 		if coord == c.rank {
 			srv = c.boot.takeStandby()
 			members := dec.Members
@@ -337,11 +383,12 @@ func (c *Comm) rebuild(op string, k uint64, dec shrinkDecision, me, coord int, c
 				}
 			})
 		}
-		boot = &bootState{store: bootstrap.Prefix(cli, "c"), client: cli, peers: peers, fabric: c.boot.fabric, iface: c.boot.iface,
+		boot = &bootState{store: bootstrap.Prefix(cli, storePfx), client: cli, peers: peers, fabric: c.boot.fabric, iface: c.boot.iface,
 			secret: c.boot.secret, standby: next, release: func() error {
 				cli.Close()
 				srv.close()
 				next.close()
+				unhold()
 				return nil
 			}}
 	} else {
@@ -358,6 +405,9 @@ func (c *Comm) rebuild(op string, k uint64, dec shrinkDecision, me, coord int, c
 	}
 	if cli != nil {
 		nc.watch()
+		if lost0 != "" {
+			nc.rankLost(0, lost0)
+		}
 	}
 	return nc, nil
 }

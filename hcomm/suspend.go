@@ -64,6 +64,7 @@ func (c *Comm) Suspend() error {
 		}
 	}
 	for _, ch := range chs {
+		ch.destroyed.Store(true) // a handle kept across Resume is refused by name
 		ch.tr.Close()
 	}
 	for _, d := range dls {
@@ -72,6 +73,7 @@ func (c *Comm) Suspend() error {
 	c.registry.Remove(buf, "hccl buffer")
 	err := c.dev.Free(buf)
 	c.log(slog.LevelInfo, "communicator suspended", "channels", len(chs), "hccl_buffer_bytes", c.bufSize)
+	c.setState(StatusSuspending) // state.go
 	if err != nil {
 		return c.errorf(op, -1, ErrRuntime, err, "freeing the HCCL buffer")
 	}
@@ -127,6 +129,7 @@ func (c *Comm) Resume() error {
 		return err // the buffer is back; the communicator stays unusable
 	}
 	c.log(slog.LevelInfo, "communicator resumed", "hccl_buffer_bytes", c.bufSize)
+	c.setState(StatusReady) // state.go
 	return nil
 }
 

@@ -38,8 +38,9 @@
 //     SIGQUIT, which makes the Go runtime print its goroutines), and the
 //     communicators are aborted;
 //  4. destroys every communicator once every rank has returned (a rank
-//     process waits for the others, so that rank 0's bootstrap store
-//     outlives their joins), and fails the test if a goroutine started
+//     process waits for the others, as ranks as goroutines do, so that rank
+//     0's bootstrap store serves the channel setups of ranks still running),
+//     and fails the test if a goroutine started
 //     under the ranks, a socket or memfd descriptor, or a memfd mapping
 //     (device memory, shm notifies) outlives them.
 //

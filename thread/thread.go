@@ -5,7 +5,10 @@
 package thread
 
 import (
+	"errors"
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hcomm-dev/hcomm/device"
@@ -23,7 +26,22 @@ type Thread struct {
 	stream   *device.Stream
 	owned    bool
 	notifies []*notify.Notify
+	owner    any // set once, before the thread is shared (SetOwner)
+	freed    atomic.Bool
+
+	bmu   sync.Mutex
+	batch *batch // the open batch (BeginBatch), or nil
 }
+
+// batch is the work a thread caches between BeginBatch and EndBatch.
+type batch struct {
+	tag   string
+	names []string
+	fns   []func(stop <-chan struct{}) error
+}
+
+// ErrFreed is the error of a call on a thread that Free released.
+var ErrFreed = errors.New("thread: freed")
 
 // Acquire creates n threads on dev, each with a new stream and notifyNum
 // notifies (HcclThreadAcquire). name prefixes the threads' names in errors.
@@ -71,6 +89,99 @@ func newThread(name string, s *device.Stream, owned bool, notifyNum int) *Thread
 // Name returns the thread's name.
 func (t *Thread) Name() string { return t.name }
 
+// SetOwner records the library object that acquired the thread (hcomm: its
+// communicator), for Owner. Call it once, before the thread is shared.
+func (t *Thread) SetOwner(v any) { t.owner = v }
+
+// Owner returns what SetOwner recorded, or nil.
+func (t *Thread) Owner() any { return t.owner }
+
+// Owned reports whether the thread created its stream (Acquire), rather
+// than wrapping the caller's (WithStream).
+func (t *Thread) Owned() bool { return t.owned }
+
+// Freed reports whether Free released the thread. Safe for concurrent use.
+func (t *Thread) Freed() bool { return t.freed.Load() }
+
+// Launch enqueues fn on the thread's stream, as Stream.Launch does, or,
+// between BeginBatch and EndBatch, adds it to the batch: EndBatch enqueues
+// the batch's functions as one task that runs them in order. Every call of
+// this package and of hcomm that enqueues on a thread goes through Launch,
+// so that a batch keeps them in issue order. A freed thread refuses it
+// (ErrFreed).
+func (t *Thread) Launch(name string, fn func(stop <-chan struct{}) error) error {
+	if t.freed.Load() {
+		return fmt.Errorf("thread: %s: %s: %w", t.name, name, ErrFreed)
+	}
+	t.bmu.Lock()
+	if b := t.batch; b != nil {
+		b.names = append(b.names, name)
+		b.fns = append(b.fns, fn)
+		t.bmu.Unlock()
+		return nil
+	}
+	t.bmu.Unlock()
+	return t.stream.Launch(name, fn)
+}
+
+// BeginBatch opens a batch on the thread (HcommBatchModeStart): until
+// EndBatch, Launch caches work instead of enqueueing it. tag names the
+// batch ("" for an unnamed one); a thread has at most one open batch, so a
+// second BeginBatch before EndBatch fails.
+func (t *Thread) BeginBatch(tag string) error {
+	if t.freed.Load() {
+		return fmt.Errorf("thread: %s: BeginBatch: %w", t.name, ErrFreed)
+	}
+	t.bmu.Lock()
+	defer t.bmu.Unlock()
+	if t.batch != nil {
+		return fmt.Errorf("thread: %s: BeginBatch %q: batch %q is still open", t.name, tag, t.batch.tag)
+	}
+	t.batch = &batch{tag: tag}
+	return nil
+}
+
+// EndBatch closes the batch BeginBatch opened with the same tag
+// (HcommBatchModeEnd) and enqueues its work as one stream task that runs
+// it in order; the first failure ends the task, and the rest of the batch
+// does not run (as a failed task makes the stream skip the tasks after it).
+// An empty batch enqueues nothing. It fails when no batch is open or its
+// tag differs; the batch then stays open.
+func (t *Thread) EndBatch(tag string) error {
+	t.bmu.Lock()
+	b := t.batch
+	if b == nil || b.tag != tag {
+		t.bmu.Unlock()
+		if b == nil {
+			return fmt.Errorf("thread: %s: EndBatch %q: no batch is open", t.name, tag)
+		}
+		return fmt.Errorf("thread: %s: EndBatch %q: the open batch is %q", t.name, tag, b.tag)
+	}
+	t.batch = nil
+	t.bmu.Unlock()
+	if len(b.fns) == 0 {
+		return nil
+	}
+	if t.freed.Load() {
+		return fmt.Errorf("thread: %s: EndBatch: %w", t.name, ErrFreed)
+	}
+	return t.stream.Launch("Batch "+tag, func(stop <-chan struct{}) error {
+		for i, fn := range b.fns {
+			if err := fn(stop); err != nil {
+				return fmt.Errorf("batch %q, call %d (%s): %w", tag, i, b.names[i], err)
+			}
+		}
+		return nil
+	})
+}
+
+// Batching reports whether a batch is open on the thread.
+func (t *Thread) Batching() bool {
+	t.bmu.Lock()
+	defer t.bmu.Unlock()
+	return t.batch != nil
+}
+
 // Stream returns the thread's stream (HcclThreadResGetInfo with
 // THREAD_RES_TYPE_STREAM).
 func (t *Thread) Stream() *device.Stream { return t.stream }
@@ -99,6 +210,15 @@ func (t *Thread) NotifyRecord(dst *Thread, idx int) error {
 	if err != nil {
 		return err
 	}
+	if t.Batching() {
+		return t.Launch("Notify.Record", func(<-chan struct{}) error {
+			n.Set()
+			return nil
+		})
+	}
+	if t.freed.Load() {
+		return fmt.Errorf("thread: %s: NotifyRecord: %w", t.name, ErrFreed)
+	}
 	return n.Record(t.stream)
 }
 
@@ -109,15 +229,28 @@ func (t *Thread) NotifyWait(idx int, timeout time.Duration) error {
 	if err != nil {
 		return err
 	}
+	if t.Batching() {
+		return t.Launch("Notify.Wait", func(stop <-chan struct{}) error {
+			return n.Await(stop, timeout)
+		})
+	}
+	if t.freed.Load() {
+		return fmt.Errorf("thread: %s: NotifyWait: %w", t.name, ErrFreed)
+	}
 	return n.Wait(t.stream, timeout)
 }
 
 // Free releases the thread: a stream it created is destroyed (after its queued
-// tasks finish); a wrapped stream is left to its owner. Free is idempotent.
+// tasks finish); a wrapped stream is left to its owner. Later calls on the
+// thread fail with ErrFreed; an open batch is dropped. Free is idempotent.
 func (t *Thread) Free() error {
 	if t == nil {
 		return nil
 	}
+	t.freed.Store(true)
+	t.bmu.Lock()
+	t.batch = nil
+	t.bmu.Unlock()
 	if t.owned {
 		return t.stream.Destroy()
 	}

@@ -101,3 +101,73 @@ func TestWithStreamLeavesStreamToOwner(t *testing.T) {
 	}
 	s.Destroy()
 }
+
+// A batch caches what Launch and the notify calls enqueue and runs it, in
+// order, as one task at EndBatch; mismatched Begin/End fail; a freed thread
+// refuses every call with ErrFreed.
+func TestBatchAndFree(t *testing.T) {
+	d, _ := device.Open(0)
+	defer d.Close()
+	ts, err := thread.Acquire(d, "b", 2, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ts[1].Free()
+	th := ts[0]
+	if err := th.EndBatch(""); err == nil {
+		t.Error("EndBatch without BeginBatch accepted")
+	}
+	if err := th.BeginBatch("x"); err != nil {
+		t.Fatal(err)
+	}
+	if err := th.BeginBatch("y"); err == nil {
+		t.Error("a second BeginBatch accepted")
+	}
+	var order []int
+	for i := range 3 {
+		if err := th.Launch("step", func(<-chan struct{}) error { order = append(order, i); return nil }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := th.NotifyRecord(ts[1], 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := ts[1].NotifyWait(0, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := ts[1].Stream().SynchronizeWithTimeout(100 * time.Millisecond); err == nil {
+		t.Error("the cached record ran before EndBatch")
+	}
+	if err := th.Stream().Query(); err != nil || len(order) != 0 {
+		t.Errorf("the stream has work before EndBatch: %v, ran %v", err, order)
+	}
+	if err := th.EndBatch("y"); err == nil {
+		t.Error("EndBatch with another tag accepted")
+	}
+	if err := th.EndBatch("x"); err != nil {
+		t.Fatal(err)
+	}
+	if err := th.Stream().SynchronizeWithTimeout(5 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := ts[1].Stream().SynchronizeWithTimeout(5 * time.Second); err != nil {
+		t.Fatalf("the batch's record: %v", err)
+	}
+	if len(order) != 3 || order[0] != 0 || order[2] != 2 {
+		t.Errorf("the batch ran %v, want [0 1 2]", order)
+	}
+	th.Free()
+	if !th.Freed() {
+		t.Error("Freed is false after Free")
+	}
+	for name, err := range map[string]error{
+		"Launch":       th.Launch("x", func(<-chan struct{}) error { return nil }),
+		"NotifyRecord": th.NotifyRecord(ts[1], 0),
+		"NotifyWait":   th.NotifyWait(0, time.Second),
+		"BeginBatch":   th.BeginBatch(""),
+	} {
+		if !errors.Is(err, thread.ErrFreed) {
+			t.Errorf("%s on a freed thread: %v, want ErrFreed", name, err)
+		}
+	}
+}

@@ -18,7 +18,9 @@
 //     writes issued before the record are in the waiter's memory (Write then
 //     NotifyRecord, and WriteWithNotify).
 //  4. Ordering: a Read sees the writes issued before it; Fence returns once
-//     earlier writes are applied; records arrive in the order they were made.
+//     earlier writes are applied; two writes (a write then a write-reduce, a
+//     write then an overlapping write) to the same bytes land in issue order
+//     with nothing between them; records arrive in the order they were made.
 //  5. ConcurrentThreads: goroutines sharing a channel, each with its region
 //     and notify, as a communicator's threads do.
 //  6. RangeRefusals: ranges outside the peer's registered memory fail (at the

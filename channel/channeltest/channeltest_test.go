@@ -174,7 +174,7 @@ func TestCasesCanFail(t *testing.T) {
 	good := Config{Dialers: func(TB) (channel.Dialer, channel.Dialer) {
 		d := inproc.NewDialer(inproc.NewFabric())
 		return d, d
-	}}
+	}, Closes: true, Goodbye: true}
 	for _, c := range []struct {
 		name   string
 		broken Config
@@ -208,12 +208,12 @@ func TestCasesCanFail(t *testing.T) {
 			}
 		}), "neither the call nor the Fence"},
 		{"Close", func() Config {
-			cfg := brokenConfig(func(*brokenTransport) {}) // inproc's Close ends nothing
+			cfg := brokenConfig(endsNothing) // a Close that ends nothing
 			cfg.Closes, cfg.LossWithin = true, 200*time.Millisecond
 			return cfg
 		}(), "after Close: no error"},
 		{"Close", func() Config {
-			cfg := brokenConfig(func(*brokenTransport) {})
+			cfg := brokenConfig(endsNothing)
 			cfg.Goodbye, cfg.LossWithin = true, 200*time.Millisecond
 			return cfg
 		}(), "did not end within"},
@@ -238,6 +238,10 @@ func TestCasesCanFail(t *testing.T) {
 		})
 	}
 }
+
+// endsNothing makes Close do nothing: the closed end keeps working and the
+// peer never learns of it.
+func endsNothing(t *brokenTransport) { t.close = func() error { return nil } }
 
 // lateWrites makes Write return before its bytes land: they are copied a
 // 20 ms later, while NotifyRecord takes effect at once.

@@ -225,10 +225,8 @@ func testOrdering(t TB, cfg Config) {
 				return
 			}
 		}
-		// Fence: a write and a write-reduce are in the peer's memory when it
-		// returns. They go to two ranges: a transport need not order two
-		// writes of one thread to the same bytes with nothing between them
-		// (tcp sends them on different sockets).
+		// Fence: a write and a write-reduce of two ranges are in the peer's
+		// memory when it returns.
 		fill(src, 42)
 		fill(mb[n:2*n], 43)
 		ones := bytes.Repeat([]byte{1}, n)
@@ -246,6 +244,43 @@ func testOrdering(t TB, cfg Config) {
 			t.Fatalf("rank %d: Fence: %v", a.rank, err)
 		}
 		sameBytes(t, fmt.Sprintf("rank %d: the peer's memory when Fence returned", a.rank), mb[:2*n], want)
+		// Two writes of one thread to the same bytes land in issue order, with
+		// nothing between them: a write then a write-reduce of the same range
+		// (a reduce-scatter's step), and a write then one that overlaps it.
+		// Both are large, so that a transport with several sockets splits
+		// them over all of them.
+		second := make([]byte, n/2)
+		for r := range 8 {
+			fill(src, uint64(100+r))
+			if err := tr.Write(nil, b.buf.Addr, src); err != nil {
+				t.Fatalf("rank %d round %d: Write: %v", a.rank, r, err)
+			}
+			if err := tr.WriteReduce(nil, b.buf.Addr, ones, n, reduce.Uint8, reduce.Sum); err != nil {
+				t.Fatalf("rank %d round %d: WriteReduce: %v", a.rank, r, err)
+			}
+			fill(second, uint64(200+r))
+			if err := tr.Write(nil, b.buf.Addr+n, src); err != nil {
+				t.Fatalf("rank %d round %d: Write: %v", a.rank, r, err)
+			}
+			if err := tr.Write(nil, b.buf.Addr+n+n/4, second); err != nil {
+				t.Fatalf("rank %d round %d: overlapping Write: %v", a.rank, r, err)
+			}
+			if err := tr.Fence(nil); err != nil {
+				t.Fatalf("rank %d round %d: Fence: %v", a.rank, r, err)
+			}
+			want := append([]byte(nil), src...)
+			for i := range want {
+				want[i]++
+			}
+			if !sameBytes(t, fmt.Sprintf("rank %d round %d: a Write then a WriteReduce of the same bytes", a.rank, r), mb[:n], want) {
+				return
+			}
+			want = append(want[:0], src...)
+			copy(want[n/4:], second)
+			if !sameBytes(t, fmt.Sprintf("rank %d round %d: a Write then a Write over half of it", a.rank, r), mb[n:2*n], want) {
+				return
+			}
+		}
 		// Records in order: when the second is seen, the first is set.
 		for r := range 50 {
 			if err := tr.NotifyRecord(nil, 2); err != nil {

@@ -16,6 +16,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"github.com/hcomm-dev/hcomm/channel"
 	"github.com/hcomm-dev/hcomm/device"
@@ -31,6 +32,8 @@ type Endpoint struct {
 	Registry *channel.Registry
 	Notifies []*notify.Notify
 	HCCLBuf  channel.Mem
+
+	closed atomic.Bool // this end's Transport is closed
 }
 
 // Fabric is the meeting place of the ranks of one process: endpoints by token.
@@ -131,19 +134,39 @@ func (d *Dialer) Connect(ctx context.Context, local *channel.Local, ex channel.E
 			remote = append(remote, m)
 		}
 	}
-	return &channel.Conn{Transport: &Transport{peer: peer}, Notifies: notifies,
+	return &channel.Conn{Transport: &Transport{local: ep, peer: peer}, Notifies: notifies,
 		PeerNotifyNum: len(peer.Notifies), RemoteMems: remote}, nil
 }
 
-// Transport is the inproc transport to one peer.
-type Transport struct{ peer *Endpoint }
+// Transport is the inproc transport to one peer. Its Close is seen by the
+// peer at once: the peer's waits on the channel fail with
+// channel.ErrPeerClosed, and so do its later calls.
+type Transport struct {
+	local     *Endpoint
+	peer      *Endpoint
+	closeOnce sync.Once
+}
 
 // Name returns "inproc".
 func (t *Transport) Name() string { return "inproc" }
 
+// usable fails an operation once either end is closed.
+func (t *Transport) usable() error {
+	if t.local.closed.Load() {
+		return fmt.Errorf("inproc: rank %d's end of the channel to rank %d: %w", t.local.Rank, t.peer.Rank, channel.ErrClosed)
+	}
+	if t.peer.closed.Load() {
+		return fmt.Errorf("inproc: rank %d closed its end of the channel: %w", t.peer.Rank, channel.ErrPeerClosed)
+	}
+	return nil
+}
+
 // peerBytes is the far end's check: the range must be memory the peer
 // registered, and live.
 func (t *Transport) peerBytes(p device.Ptr, n int64) ([]byte, error) {
+	if err := t.usable(); err != nil {
+		return nil, err
+	}
 	if _, ok := t.peer.Registry.Find(p, n); !ok {
 		return nil, fmt.Errorf("rank %d refuses range [%#x, +%d): not in its registered memory", t.peer.Rank, uintptr(p), n)
 	}
@@ -196,6 +219,9 @@ func (t *Transport) ReadReduce(_ <-chan struct{}, dst []byte, src device.Ptr, co
 
 // NotifyRecord sets the peer's notify idx.
 func (t *Transport) NotifyRecord(_ <-chan struct{}, idx int) error {
+	if err := t.usable(); err != nil {
+		return err
+	}
 	if idx < 0 || idx >= len(t.peer.Notifies) {
 		return fmt.Errorf("rank %d has no notify %d on this channel (it has %d)", t.peer.Rank, idx, len(t.peer.Notifies))
 	}
@@ -204,7 +230,24 @@ func (t *Transport) NotifyRecord(_ <-chan struct{}, idx int) error {
 }
 
 // Fence returns at once: an inproc write is complete when it returns.
-func (t *Transport) Fence(<-chan struct{}) error { return nil }
+func (t *Transport) Fence(<-chan struct{}) error { return t.usable() }
 
-// Close does nothing: the fabric owns nothing per transport.
-func (t *Transport) Close() error { return nil }
+// Close ends this end of the channel: its later calls fail with
+// channel.ErrClosed, waits on its notifies fail at once with
+// channel.ErrClosed, and the peer's with channel.ErrPeerClosed (the fabric
+// owns nothing per transport, so there is nothing else to release).
+// Idempotent.
+func (t *Transport) Close() error {
+	t.closeOnce.Do(func() {
+		t.local.closed.Store(true)
+		mine := fmt.Errorf("inproc: rank %d closed its end of the channel to rank %d: %w", t.local.Rank, t.peer.Rank, channel.ErrClosed)
+		for _, n := range t.local.Notifies {
+			n.Break(mine)
+		}
+		theirs := fmt.Errorf("inproc: rank %d closed its end of the channel: %w", t.local.Rank, channel.ErrPeerClosed)
+		for _, n := range t.peer.Notifies {
+			n.Break(theirs)
+		}
+	})
+	return nil
+}

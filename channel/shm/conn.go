@@ -215,7 +215,31 @@ func (t *Transport) watch() {
 			cause = fmt.Errorf("rank %d (pid %d) of %s is lost: %v: %w", t.peer, t.peerPID, t.name, err, channel.ErrPeerLost)
 		}
 		t.lose(cause)
+		if err == nil && m.Type == msgBye {
+			t.unmapPeer()
+		}
 		return
+	}
+}
+
+// unmapPeer unmaps the peer's memory and notify page once the peer closed
+// its end in order: nothing of this end may use them any more (every
+// operation fails on the peer's goodbye first), and a peer that closed a
+// channel to stop sharing memory (hcomm's ChannelDestroy, a deregistered
+// window) must not stay mapped here until this end closes too. This end's
+// own notify page stays until Close: its notifies point into it.
+func (t *Transport) unmapPeer() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, m := range t.mems {
+		if m.m != nil {
+			unix.Munmap(m.m)
+		}
+	}
+	t.mems = nil
+	if t.peerPage != nil {
+		unix.Munmap(t.peerPage)
+		t.peerPage = nil
 	}
 }
 

@@ -260,9 +260,10 @@ func (c *connecting) run(ctx context.Context, ex channel.Exchange) (*channel.Con
 	c.closeMine()
 	t := c.t
 	c.t, c.sock = nil, nil // the transport owns them now
-	t.startWatch()
-	return &channel.Conn{Transport: t, Notifies: append([]*notify.Notify(nil), t.notifies...),
-		PeerNotifyNum: t.peerNotify, RemoteMems: t.remoteMems()}, nil
+	conn := &channel.Conn{Transport: t, Notifies: append([]*notify.Notify(nil), t.notifies...),
+		PeerNotifyNum: t.peerNotify, RemoteMems: t.remoteMems()}
+	t.startWatch() // after remoteMems: a goodbye may come at once, and unmaps them
+	return conn, nil
 }
 
 // prepare describes this end's memory: the HCCL buffer first, then every

@@ -63,8 +63,10 @@
 // channel.ErrPeerLost that names the lost rank and its pid, and later
 // operations on the transport fail with it. A pending wait fails at once
 // instead of sitting out its timeout. A peer that closes its end cleanly
-// sends BYE first: the same happens with channel.ErrPeerClosed. Memory
-// mapped from the dead peer stays valid (the pages live until this end
+// sends BYE first: the same happens with channel.ErrPeerClosed, and this end
+// then unmaps the peer's memory and notify page at once (hcomm's
+// ChannelDestroy relies on it to stop sharing memory). Memory mapped from a
+// dead peer stays valid (the pages live until this end
 // unmaps them), so nothing faults; memfds have no name, so nothing is
 // left in /dev/shm or anywhere else when either process dies.
 //

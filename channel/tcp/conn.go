@@ -29,7 +29,7 @@ type sock struct {
 	wmu  sync.Mutex      // serialises frames on the socket
 	hdr  [headerLen]byte // under wmu
 	hdr2 [headerLen]byte // under wmu: the second frame of writePair
-	vec  [4][]byte       // under wmu
+	vec  [5][]byte       // under wmu
 	ovec []byte          // under wmu: writePair's ordering vector
 	sent atomic.Uint64   // frames written; changes under wmu
 
@@ -74,9 +74,17 @@ type conn struct {
 	dead    chan struct{}
 	closing atomic.Bool
 
-	pmu   sync.Mutex
-	pend  []*ordered
-	npend atomic.Int32
+	pmu      sync.Mutex
+	pend     []*ordered
+	npend    atomic.Int32
+	amu      sync.Mutex   // pcond's lock (not pmu: fail, which wakes the readers, may run under pmu)
+	pcond    *sync.Cond   // a reader blocked on an ordered data frame (awaitApplied)
+	nblocked atomic.Int32 // readers blocked in awaitApplied
+
+	dmu   sync.Mutex // the data log of order.go, sent data frames not yet ordered
+	drecs [][]drec   // per socket: data frames sent on it, oldest first
+	dover []drec     // per socket: the bounding range of records merged away (hi == 0: none)
+	dsync [][]uint64 // dsync[s][t]: frames on socket s after its latest ordered data frame follow the first dsync[s][t] frames of socket t
 
 	rmu    sync.Mutex
 	reads  map[uint64]*pendingRead
@@ -96,6 +104,11 @@ func newConn(d *Dialer, local *channel.Local, name string, notifies []*notify.No
 		hccl: local.HCCLBuf, notifies: notifies, peerNN: peerNN, chunk: d.opts.ChunkSize, timeout: d.opts.PeerTimeout,
 		dead: make(chan struct{}), reads: make(map[uint64]*pendingRead), fences: make(map[uint64]chan struct{}),
 		qsig: make(chan struct{}, 1)}
+	c.pcond = sync.NewCond(&c.amu)
+	c.drecs, c.dover, c.dsync = make([][]drec, len(ncs)), make([]drec, len(ncs)), make([][]uint64, len(ncs))
+	for i := range c.dsync {
+		c.dsync[i] = make([]uint64, len(ncs))
+	}
 	now := time.Now().UnixNano()
 	for i, nc := range ncs {
 		s := &sock{idx: i, nc: nc}
@@ -185,6 +198,9 @@ func (c *conn) fail(err error, tell bool) {
 	for _, n := range c.notifies {
 		n.Break(err)
 	}
+	c.amu.Lock()
+	c.pcond.Broadcast() // readers in awaitApplied
+	c.amu.Unlock()
 }
 
 // tellPeer sends an ERROR frame on every socket free at once (so that each

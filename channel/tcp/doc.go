@@ -40,9 +40,11 @@
 // when the matching wait returns, a Read sees the writes issued before it,
 // and Fence (answered only when its vector is reached) returns once every
 // earlier operation is applied at the peer. Operations issued concurrently
-// on different threads are not ordered with each other, and neither are two
-// writes of one thread to the same bytes with no record, read or fence
-// between them: their chunks may land in either order.
+// on different threads are not ordered with each other. Two writes of one
+// thread to the same bytes land in issue order too: a WRITE or WRITE_REDUCE
+// that overlaps a frame of another socket not yet known to be applied before
+// it carries the ordering vector as well, and the peer's reader applies it
+// only once the vector is reached (order.go; the common path carries none).
 //
 // WriteWithNotify (channel.WriteNotifier, what hcomm's WriteWithNotify calls
 // use) sends a write that fits one frame and its NOTIFY in one system call

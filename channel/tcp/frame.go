@@ -13,7 +13,7 @@ import (
 const (
 	// protoVersion is the version byte of every frame header and of the
 	// handshake. A receiver refuses any other value.
-	protoVersion = 1
+	protoVersion = 2
 	// headerLen is the size of a frame header.
 	headerLen = 32
 	// maxPayload bounds the payload of one frame. A sender splits larger
@@ -32,8 +32,8 @@ type frameType uint8
 
 // Frame types. The values are part of the wire format.
 const (
-	frameWrite       frameType = 1  // payload goes to the receiver's memory at addr
-	frameWriteReduce frameType = 2  // receiver[addr] = receiver[addr] op payload
+	frameWrite       frameType = 1  // payload goes to the receiver's memory at addr (after size bytes of ordering vector)
+	frameWriteReduce frameType = 2  // receiver[addr] = receiver[addr] op payload (after size bytes of ordering vector)
 	frameRead        frameType = 3  // ask for size bytes at addr; payload: ordering vector
 	frameReadResp    frameType = 4  // bytes of request id at offset addr
 	frameNotify      frameType = 5  // record notify id; payload: ordering vector
@@ -67,7 +67,7 @@ func (t frameType) String() string {
 //	4      4    length   payload bytes that follow the header
 //	8      8    id       request id (READ, READ_RESP, FENCE, FENCE_ACK), notify index (NOTIFY)
 //	16     8    addr     dst (WRITE, WRITE_REDUCE), src (READ), offset (READ_RESP)
-//	24     8    size     total length (READ)
+//	24     8    size     total length (READ); ordering-vector bytes at the head of the payload (WRITE, WRITE_REDUCE)
 //
 // Fields a type does not use must be zero.
 type header []byte
@@ -128,10 +128,19 @@ func (h header) check(streams int) error {
 		return nil
 	}
 	n := uint64(h.length())
+	// dataVector checks the ordering vector a WRITE or WRITE_REDUCE may
+	// carry at the head of its payload, and leaves n the data's length.
+	dataVector := func() error {
+		if v := h.size(); v != 0 && (v != 8*uint64(streams) || v > n) {
+			return fmt.Errorf("%v frame carries %d bytes of ordering vector in a payload of %d, want 0 or %d (%d sockets)", t, v, n, 8*streams, streams)
+		}
+		n -= h.size()
+		return nil
+	}
 	var err error
 	switch t {
 	case frameWrite:
-		err = firstErr(noReduce(), zero("id", h.id()), zero("size", h.size()))
+		err = firstErr(noReduce(), zero("id", h.id()), dataVector())
 		if err == nil && n > maxPayload {
 			err = fmt.Errorf("WRITE payload %d exceeds %d", n, maxPayload)
 		}
@@ -140,7 +149,9 @@ func (h header) check(streams int) error {
 		}
 	case frameWriteReduce:
 		dt, op := h.dtype(), h.op()
-		switch {
+		switch verr := dataVector(); {
+		case verr != nil:
+			err = verr
 		case !dt.Valid():
 			err = fmt.Errorf("WRITE_REDUCE data type %d is not supported", h[2])
 		case !op.Valid():
@@ -152,7 +163,7 @@ func (h header) check(streams int) error {
 		case h.addr()+n < h.addr():
 			err = fmt.Errorf("WRITE_REDUCE range [%#x, +%d) wraps around", h.addr(), n)
 		default:
-			err = firstErr(zero("id", h.id()), zero("size", h.size()))
+			err = zero("id", h.id())
 		}
 	case frameRead:
 		err = firstErr(noReduce(), vector())

@@ -3,9 +3,11 @@ package tcp
 import (
 	"bufio"
 	"bytes"
+	"errors"
 	"io"
 	"log/slog"
 	"net"
+	"sync"
 	"testing"
 	"time"
 
@@ -57,13 +59,16 @@ func FuzzFrame(f *testing.F) {
 	f.Add(frameBytes(frameNotify, 0, 0, 9, 0, 0, vec))                                        // no such notify
 	f.Add(cat(frameBytes(frameNotify, 0, 0, 0, 0, 0, append(make([]byte, 15), 1)),            // waits for socket 1
 		frameBytes(frameFence, 0, 0, 3, 0, 0, vec)))
-	f.Add(frameBytes(frameReadResp, 0, 0, 1, 0, 0, []byte("abc")))             // answers nothing
-	f.Add(frameBytes(frameFenceAck, 0, 0, 1, 0, 0, nil))                       // acknowledges nothing
-	f.Add(frameBytes(framePing, 0, 0, 0, 0, 0, nil))                           // heartbeat
-	f.Add(frameBytes(frameError, 0, 0, 0, 0, 0, []byte("boom")))               // the peer gives up
-	f.Add(frameBytes(frameClose, 0, 0, 0, 0, 0, nil))                          // the peer leaves
-	f.Add(append([]byte{2}, frameBytes(framePing, 0, 0, 0, 0, 0, nil)[1:]...)) // version 2
-	f.Add([]byte{1, 1, 0})                                                     // truncated header
+	f.Add(frameBytes(frameReadResp, 0, 0, 1, 0, 0, []byte("abc")))                             // answers nothing
+	f.Add(frameBytes(frameFenceAck, 0, 0, 1, 0, 0, nil))                                       // acknowledges nothing
+	f.Add(frameBytes(framePing, 0, 0, 0, 0, 0, nil))                                           // heartbeat
+	f.Add(frameBytes(frameError, 0, 0, 0, 0, 0, []byte("boom")))                               // the peer gives up
+	f.Add(frameBytes(frameClose, 0, 0, 0, 0, 0, nil))                                          // the peer leaves
+	f.Add(append([]byte{1}, frameBytes(framePing, 0, 0, 0, 0, 0, nil)[1:]...))                 // version 1, before ordered writes
+	f.Add(frameBytes(frameWrite, 0, 0, 0, 8, 16, append(make([]byte, 16), "hello"...)))        // ordered write, nothing before
+	f.Add(frameBytes(frameWrite, 0, 0, 0, 8, 16, append(append(make([]byte, 15), 1), 'x')))    // waits for socket 1
+	f.Add(frameBytes(frameWriteReduce, reduce.Float32, reduce.Sum, 0, 0, 8, make([]byte, 16))) // vector of one socket
+	f.Add([]byte{1, 1, 0})                                                                     // truncated header
 
 	dev, err := device.Open(0)
 	if err != nil {
@@ -88,6 +93,11 @@ func FuzzFrame(f *testing.F) {
 			timeout: time.Second, dead: make(chan struct{}), reads: make(map[uint64]*pendingRead),
 			fences: make(map[uint64]chan struct{}), qsig: make(chan struct{}, 1)}
 		c.socks = []*sock{{idx: 0, nc: nullConn{}}, {idx: 1, nc: nullConn{}}}
+		c.pcond = sync.NewCond(&c.amu)
+		// A data frame ordered after socket 1's frames waits for them; none
+		// come, so the channel fails as a peer timeout would fail it.
+		stall := time.AfterFunc(20*time.Millisecond, func() { c.fail(errors.New("fuzz: stalled"), false) })
+		defer stall.Stop()
 		br := bufio.NewReader(bytes.NewReader(data))
 		var scratch []byte
 		for c.failure() == nil {

@@ -15,7 +15,7 @@ import (
 // starts to look at the caller's stop channel (every millisecond).
 const watchDelay = 2 * time.Millisecond
 
-// writeWatched writes one frame like writeFrame, for a caller that may be
+// writeWatched writes one frame like writeVec, for a caller that may be
 // stopped: a write still going out after watchDelay (the peer stopped
 // reading and the kernel buffers are full) is watched, and when stop closes
 // the channel is killed, which ends the write; half a frame cannot be taken
@@ -23,12 +23,12 @@ const watchDelay = 2 * time.Millisecond
 //
 // Why a timer and not a goroutine per write: almost every write is done in
 // microseconds, and a reused timer costs no allocation.
-func (s *sock) writeWatched(c *conn, op string, stop <-chan struct{}, t frameType, dt reduce.DataType, rop reduce.Op, id, addr, size uint64, payload []byte) (bool, error) {
+func (s *sock) writeWatched(c *conn, op string, stop <-chan struct{}, t frameType, dt reduce.DataType, rop reduce.Op, id, addr, size uint64, vec, payload []byte) (bool, error) {
 	if stop == nil {
-		return false, s.writeFrame(t, dt, rop, id, addr, size, payload)
+		return false, s.writeVec(t, dt, rop, id, addr, size, vec, payload)
 	}
 	s.watchStart(c, op, stop)
-	err := s.writeFrame(t, dt, rop, id, addr, size, payload)
+	err := s.writeVec(t, dt, rop, id, addr, size, vec, payload)
 	return s.watchEnd(), err
 }
 

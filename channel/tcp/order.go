@@ -183,3 +183,136 @@ func (c *conn) Fence(stop <-chan struct{}) error {
 		return c.errorf("Fence", 0, 0, aborted("Fence", "stop closed"), "stopped while waiting for the acknowledgement")
 	}
 }
+
+// Ordered data frames (spec.md §3). Two data frames of one thread that
+// touch the same bytes must be applied in the order they were sent, but on
+// different sockets nothing orders them. The sender keeps a log of the data
+// frames it sent on each socket (their ranges and counts); a data frame
+// whose range overlaps a frame of another socket that is not yet known to
+// be ordered before it carries the ordering vector, and the receiver's
+// reader applies it only once every frame the vector counts is applied. A
+// reader that applied an ordered data frame has applied everything before
+// it on the other sockets, so later frames on its socket need no vector
+// for those: dsync records that, and the log forgets frames every other
+// socket has ordered itself after. The common path pays nothing: a write
+// that overlaps nothing unsettled (a collective's step after its notify
+// handshake usually finds its earlier writes settled by an ordered frame
+// already, or carries a vector the receiver finds satisfied at once) and
+// every write on a one-socket channel goes out as before.
+//
+// Why the reader waits instead of parking the frame as NOTIFY does: parking
+// would hold up to 16 MiB of payload per frame; waiting cannot deadlock,
+// since a frame's vector counts only frames sent before it, which are in
+// the kernel's hands already, and the earliest unapplied frame of all the
+// sockets never waits.
+
+// drec is a data frame in the sender's log: frame seq-1 of its socket,
+// covering [lo, hi) of the peer's memory.
+type drec struct {
+	seq    uint64
+	lo, hi uint64
+}
+
+// maxDrecs bounds the log of one socket; beyond it the oldest half is
+// merged into one bounding range (which may order more than it must).
+const maxDrecs = 32
+
+// dataVector returns the ordering vector a data frame of n bytes at addr
+// must carry on socket s, or nil when it overlaps no unsettled frame of
+// another socket. The caller holds s.wmu.
+func (c *conn) dataVector(s *sock, addr uint64, n int) []byte {
+	if len(c.socks) == 1 || n == 0 {
+		return nil
+	}
+	lo, hi := addr, addr+uint64(n)
+	c.dmu.Lock()
+	defer c.dmu.Unlock()
+	for t := range c.socks {
+		if t == s.idx {
+			continue
+		}
+		floor := c.dsync[s.idx][t]
+		if o := c.dover[t]; o.hi != 0 && o.seq > floor && o.lo < hi && lo < o.hi {
+			return c.vector()
+		}
+		recs := c.drecs[t]
+		for i := len(recs) - 1; i >= 0 && recs[i].seq > floor; i-- {
+			if r := recs[i]; r.lo < hi && lo < r.hi {
+				return c.vector()
+			}
+		}
+	}
+	return nil
+}
+
+// noteData logs a data frame of n bytes at addr that went out on s as its
+// frame seq-1, with the ordering vector vec (nil: none). The caller holds
+// s.wmu, so a socket's records are in the order of its frames.
+func (c *conn) noteData(s *sock, seq, addr uint64, n int, vec []byte) {
+	if len(c.socks) == 1 || n == 0 {
+		return
+	}
+	c.dmu.Lock()
+	defer c.dmu.Unlock()
+	if vec != nil {
+		row := c.dsync[s.idx]
+		for t := range row {
+			row[t] = max(row[t], binary.BigEndian.Uint64(vec[8*t:]))
+		}
+		c.pruneData()
+	}
+	recs := append(c.drecs[s.idx], drec{seq: seq, lo: addr, hi: addr + uint64(n)})
+	if len(recs) > maxDrecs {
+		o := &c.dover[s.idx]
+		for _, r := range recs[:maxDrecs/2] {
+			if o.hi == 0 {
+				*o = r
+				continue
+			}
+			o.lo, o.hi, o.seq = min(o.lo, r.lo), max(o.hi, r.hi), r.seq
+		}
+		recs = recs[:copy(recs, recs[maxDrecs/2:])]
+	}
+	c.drecs[s.idx] = recs
+}
+
+// pruneData forgets the data frames every other socket has ordered itself
+// after. The caller holds c.dmu.
+func (c *conn) pruneData() {
+	for t := range c.socks {
+		floor := ^uint64(0)
+		for s := range c.socks {
+			if s != t {
+				floor = min(floor, c.dsync[s][t])
+			}
+		}
+		recs := c.drecs[t]
+		k := 0
+		for k < len(recs) && recs[k].seq <= floor {
+			k++
+		}
+		c.drecs[t] = recs[:copy(recs, recs[k:])]
+		if c.dover[t].seq <= floor {
+			c.dover[t] = drec{}
+		}
+	}
+}
+
+// awaitApplied blocks a reader until every frame vec counts is applied, and
+// reports false if the channel failed first.
+func (c *conn) awaitApplied(vec []uint64) bool {
+	if c.satisfied(vec) {
+		return true
+	}
+	c.amu.Lock()
+	defer c.amu.Unlock()
+	c.nblocked.Add(1)
+	defer c.nblocked.Add(-1)
+	for !c.satisfied(vec) {
+		if c.failure() != nil {
+			return false
+		}
+		c.pcond.Wait()
+	}
+	return true
+}

@@ -141,6 +141,11 @@ func (c *conn) readLoop(s *sock) {
 		if c.npend.Load() > 0 {
 			c.runPending()
 		}
+		if c.nblocked.Load() > 0 {
+			c.amu.Lock()
+			c.pcond.Broadcast()
+			c.amu.Unlock()
+		}
 		if done {
 			return
 		}
@@ -155,6 +160,9 @@ func (c *conn) protocolErr(s *sock, h header, format string, args ...any) error 
 	switch h.typ() {
 	case frameWrite, frameWriteReduce:
 		addr, size = h.addr(), int64(h.length())
+		if h.size() <= uint64(h.length()) {
+			size -= int64(h.size()) // the ordering vector
+		}
 	case frameRead:
 		addr, size = h.addr(), int64(min(h.size(), 1<<62))
 	}
@@ -186,6 +194,13 @@ func (c *conn) handle(s *sock, br *bufio.Reader, h header, scratch *[]byte) (boo
 		return false, c.protocolErr(s, h, "%v", err)
 	}
 	n := int(h.length())
+	switch h.typ() {
+	case frameWrite, frameWriteReduce:
+		if err := c.dataOrder(s, br, h); err != nil {
+			return false, err
+		}
+		n -= int(h.size())
+	}
 	switch h.typ() {
 	case frameWrite:
 		b, err := c.local(h.addr(), uint64(n))
@@ -265,6 +280,31 @@ func (c *conn) handle(s *sock, br *bufio.Reader, h header, scratch *[]byte) (boo
 		return true, nil
 	}
 	return false, c.protocolErr(s, h, "unexpected frame")
+}
+
+// dataOrder reads the ordering vector a WRITE or WRITE_REDUCE carries (if
+// any) and waits until every frame it counts is applied (order.go).
+func (c *conn) dataOrder(s *sock, br *bufio.Reader, h header) error {
+	if h.size() == 0 {
+		return nil
+	}
+	var raw [8 * maxStreams]byte
+	var vec [maxStreams]uint64
+	p := raw[:h.size()]
+	if _, err := io.ReadFull(br, p); err != nil {
+		return err
+	}
+	v := vec[:len(c.socks)]
+	for i := range v {
+		v[i] = binary.BigEndian.Uint64(p[8*i:])
+	}
+	if v[s.idx] > s.applied.Load() {
+		return c.protocolErr(s, h, "claims %d earlier frames on socket %d, only %d arrived", v[s.idx], s.idx, s.applied.Load())
+	}
+	if !c.awaitApplied(v) {
+		return c.failure()
+	}
+	return nil
 }
 
 func grow(b *[]byte, n int) []byte {

@@ -21,18 +21,31 @@ const minChunk = 256 << 10
 
 // writeFrame writes one frame; the caller holds s.wmu.
 func (s *sock) writeFrame(t frameType, dt reduce.DataType, op reduce.Op, id, addr, size uint64, payload []byte) error {
+	return s.writeVec(t, dt, op, id, addr, size, nil, payload)
+}
+
+// writeVec writes one frame whose payload is vec followed by payload: a
+// WRITE or WRITE_REDUCE with its ordering vector (size is then len(vec)),
+// or any frame with vec nil. The caller holds s.wmu.
+func (s *sock) writeVec(t frameType, dt reduce.DataType, op reduce.Op, id, addr, size uint64, vec, payload []byte) error {
 	h := header(s.hdr[:])
-	h.encode(t, dt, op, uint32(len(payload)), id, addr, size)
+	h.encode(t, dt, op, uint32(len(vec)+len(payload)), id, addr, size)
 	now := time.Now().UnixNano()
 	s.sendSince.Store(now)
 	var err error
-	if len(payload) == 0 {
+	if len(vec)+len(payload) == 0 {
 		_, err = s.nc.Write(h)
 	} else {
-		s.vec[0], s.vec[1] = h, payload
-		bufs := net.Buffers(s.vec[:2])
+		k := 0
+		for _, b := range [3][]byte{h, vec, payload} {
+			if len(b) > 0 {
+				s.vec[k] = b
+				k++
+			}
+		}
+		bufs := net.Buffers(s.vec[:k])
 		_, err = bufs.WriteTo(s.nc)
-		s.vec[1] = nil
+		s.vec = [5][]byte{}
 	}
 	s.sendSince.Store(0)
 	s.lastTx.Store(now)
@@ -40,11 +53,12 @@ func (s *sock) writeFrame(t frameType, dt reduce.DataType, op reduce.Op, id, add
 	return err
 }
 
-// writePair writes a WRITE frame of payload at addr and the NOTIFY frame of
-// notify idx that follows it, in one system call; the caller holds s.wmu.
-// The notify's ordering vector counts the write (on this socket) and the
-// frames already sent on the others, as c.vector would after the write.
-func (s *sock) writePair(c *conn, addr uint64, payload []byte, idx uint64) error {
+// writePair writes a WRITE frame of payload at addr (with ordering vector
+// wvec when it is not nil) and the NOTIFY frame of notify idx that follows
+// it, in one system call; the caller holds s.wmu. The notify's ordering
+// vector counts the write (on this socket) and the frames already sent on
+// the others, as c.vector would after the write.
+func (s *sock) writePair(c *conn, addr uint64, wvec, payload []byte, idx uint64) error {
 	if len(s.ovec) != 8*len(c.socks) {
 		s.ovec = make([]byte, 8*len(c.socks))
 	}
@@ -56,15 +70,19 @@ func (s *sock) writePair(c *conn, addr uint64, payload []byte, idx uint64) error
 		binary.BigEndian.PutUint64(s.ovec[8*i:], n)
 	}
 	h := header(s.hdr[:])
-	h.encode(frameWrite, 0, 0, uint32(len(payload)), 0, addr, 0)
+	h.encode(frameWrite, 0, 0, uint32(len(wvec)+len(payload)), 0, addr, uint64(len(wvec)))
 	h2 := header(s.hdr2[:])
 	h2.encode(frameNotify, 0, 0, uint32(len(s.ovec)), idx, 0, 0)
 	now := time.Now().UnixNano()
 	s.sendSince.Store(now)
-	s.vec = [4][]byte{h, payload, h2, s.ovec}
+	s.vec = [5][]byte{h, wvec, payload, h2, s.ovec}
 	bufs := net.Buffers(s.vec[:])
+	if wvec == nil {
+		s.vec = [5][]byte{h, payload, h2, s.ovec}
+		bufs = s.vec[:4]
+	}
 	_, err := bufs.WriteTo(s.nc)
-	s.vec = [4][]byte{}
+	s.vec = [5][]byte{}
 	s.sendSince.Store(0)
 	s.lastTx.Store(now)
 	s.sent.Add(2)
@@ -88,7 +106,7 @@ func (c *conn) lockSock() *sock {
 // sendSmall writes one frame on some socket; see writeWatched for stop.
 func (c *conn) sendSmall(op string, stop <-chan struct{}, t frameType, id, addr, size uint64, payload []byte) error {
 	s := c.lockSock()
-	fired, err := s.writeWatched(c, op, stop, t, 0, 0, id, addr, size, payload)
+	fired, err := s.writeWatched(c, op, stop, t, 0, 0, id, addr, size, nil, payload)
 	s.wmu.Unlock()
 	if fired {
 		return c.errorf(op, addr, size64(size, payload), aborted(op, "stop closed"), "stopped while sending")
@@ -137,8 +155,16 @@ func (j *job) run(s *sock) {
 		}
 		off := i * j.cs
 		p := j.src[off:min(off+j.cs, len(j.src))]
+		addr := j.base + uint64(off)
 		s.wmu.Lock()
-		err := s.writeFrame(j.t, j.dt, j.op, j.id, j.base+uint64(off), 0, p)
+		var vec []byte
+		if j.t != frameReadResp {
+			vec = j.owner.dataVector(s, addr, len(p))
+		}
+		err := s.writeVec(j.t, j.dt, j.op, j.id, addr, uint64(len(vec)), vec, p)
+		if err == nil && j.t != frameReadResp {
+			j.owner.noteData(s, s.sent.Load(), addr, len(p), vec)
+		}
 		s.wmu.Unlock()
 		if err != nil {
 			err = j.owner.lost(j.name, s, err)
@@ -164,7 +190,14 @@ func (c *conn) sendData(op string, stop <-chan struct{}, t frameType, dt reduce.
 	cs := c.chunkSize(len(src))
 	if len(src) <= cs {
 		s := c.lockSock()
-		fired, err := s.writeWatched(c, op, stop, t, dt, rop, id, base, 0, src)
+		var vec []byte
+		if t != frameReadResp {
+			vec = c.dataVector(s, base, len(src))
+		}
+		fired, err := s.writeWatched(c, op, stop, t, dt, rop, id, base, uint64(len(vec)), vec, src)
+		if err == nil && !fired && t != frameReadResp {
+			c.noteData(s, s.sent.Load(), base, len(src), vec)
+		}
 		s.wmu.Unlock()
 		if fired {
 			return c.errorf(op, base, int64(len(src)), aborted(op, "stop closed"), "stopped while sending")
@@ -272,12 +305,16 @@ func (c *conn) WriteWithNotify(stop <-chan struct{}, dst device.Ptr, src []byte,
 	s := c.lockSock()
 	var err error
 	fired := false
+	vec := c.dataVector(s, uint64(dst), len(src))
 	if stop == nil {
-		err = s.writePair(c, uint64(dst), src, uint64(idx))
+		err = s.writePair(c, uint64(dst), vec, src, uint64(idx))
 	} else {
 		s.watchStart(c, op, stop)
-		err = s.writePair(c, uint64(dst), src, uint64(idx))
+		err = s.writePair(c, uint64(dst), vec, src, uint64(idx))
 		fired = s.watchEnd()
+	}
+	if err == nil && !fired {
+		c.noteData(s, s.sent.Load()-1, uint64(dst), len(src), vec) // the WRITE, before its NOTIFY
 	}
 	s.wmu.Unlock()
 	if fired {

@@ -55,7 +55,7 @@ func TestHandshakeLayout(t *testing.T) {
 	}
 	field := func(off, n int) []byte { return b[off : off+n] }
 	if string(field(0, 4)) != helloMagic || b[4] != protoVersion {
-		t.Errorf("proof starts %x, want the magic and version 1", field(0, 5))
+		t.Errorf("proof starts %x, want the magic and version %d", field(0, 5), protoVersion)
 	}
 	if !bytes.Equal(field(5, 16), p.nonce[:]) {
 		t.Errorf("nonce at 5: %x", field(5, 16))

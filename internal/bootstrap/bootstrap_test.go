@@ -545,3 +545,46 @@ func TestClientLost(t *testing.T) {
 		t.Fatal("the client's own Close counted as a loss")
 	}
 }
+
+// A rank that abandons a pending Get, says goodbye and closes its
+// connection at once (a communicator destroyed right after its init) is not
+// reported lost, though the server's answer to the abandoned Get finds the
+// connection reset before the server has read the goodbye behind it.
+func TestResetAfterByeNotLost(t *testing.T) {
+	sec, _ := NewSecret()
+	lost := make(chan string, 64)
+	srv, err := Listen("127.0.0.1:0", sec, ServerOptions{
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		OnLost: func(_ Store, rank int, reason string) { lost <- fmt.Sprintf("rank %d: %s", rank, reason) },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for i := range 40 {
+		c, err := Dial(ctx, srv.Addr().String(), sec, Claim{Rank: i % 16, NRanks: 16})
+		if err != nil {
+			t.Fatal(err)
+		}
+		const gets = 64
+		var req, bye []byte
+		for id := uint64(1); id <= gets; id++ {
+			req = append(req, frame(opGet, id, []byte("never"))...)
+			bye = append(bye, frame(opCancel, id)...)
+		}
+		if err := c.send(time.Time{}, req); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(5 * time.Millisecond) // the Gets wait on the server
+		c.send(time.Time{}, append(bye, frame(opBye, 0)...))
+		c.conn.(*net.TCPConn).SetLinger(0) // close resets the connection
+		c.Close()
+	}
+	select {
+	case r := <-lost:
+		t.Fatalf("a rank that said goodbye was reported lost: %s", r)
+	case <-time.After(200 * time.Millisecond):
+	}
+}

@@ -10,13 +10,16 @@
 package bench
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/hcomm-dev/hcomm/hcomm"
 	"github.com/hcomm-dev/hcomm/internal/reduce"
@@ -36,6 +39,14 @@ type Hooks struct {
 	// Scrape, with --metrics-addr, is called with the /metrics URL once the
 	// run is over, while the server still serves.
 	Scrape func(url string)
+	// Stall, when set, is called by every rank of a collective benchmark
+	// before each row, with the run's context: a test makes a rank hang
+	// with it to prove that -T ends the run.
+	Stall func(ctx context.Context, rank int)
+	// Environ replaces os.Environ for the JSON report's "env".
+	Environ func() []string
+	// Now replaces time.Now for the JSON report's start and end times.
+	Now func() time.Time
 }
 
 // Options is one benchmark run, parsed from the flags.
@@ -60,6 +71,12 @@ type Options struct {
 	Bidir       bool           // p2p: both directions at once
 	Protocol    hcomm.Protocol // p2p: the channels' protocol (picks the transport)
 	Register    bool           // -R 1: the buffers are symmetric windows (collectives.RegisterWindow)
+	JSONFile    string         // -J: also write nccl-tests' JSON report to this file (json.go)
+	PerIter     bool           // -I 1: time every iteration and report their statistics
+	PerIterSkip int            // -K: leading iterations left out of -I's statistics
+	Timeout     time.Duration  // -T: a wait longer than this aborts the run; 0 = none
+	Memory      bool           // -M 1: report the device memory each rank uses
+	Args        []string       // the command line, for the JSON report
 
 	corrupt func(rank int, inPlace bool, out []byte) // Hooks.Corrupt
 }
@@ -161,6 +178,7 @@ type errUsage struct{ error }
 // flags may also come first).
 func Parse(args []string, stderr io.Writer, getenv func(string) string) (Options, error) {
 	o := Options{MinBytes: 8, MaxBytes: 32 << 20}
+	args0 := args
 	fs := flag.NewFlagSet("hcomm bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Var(sizeFlag{&o.MinBytes}, "b", "minimum size in bytes (K/M/G suffixes)")
@@ -180,6 +198,11 @@ func Parse(args []string, stderr io.Writer, getenv func(string) string) (Options
 	fs.StringVar(&o.Plot, "plot", "", "write an SVG plot of busbw against size to this file")
 	fs.StringVar(&o.MetricsAddr, "metrics-addr", "", "serve Prometheus /metrics on host:port during the run")
 	fs.BoolVar(&o.Bidir, "bidir", false, "p2p: measure both directions of each pair at once")
+	fs.StringVar(&o.JSONFile, "J", "", "also write the report as nccl-tests 2.19's JSON to this file (a .json name; an existing file is kept and FILE.0, FILE.1, … written instead)")
+	perIter := fs.Int("I", 0, "1 times every iteration of the collectives (device events) and adds, per placement, the slowest rank's min, max and p99 iteration time (i_min, i_max, i_p99, µs) and their coefficient of variation (i_cv%, stdev/mean); the JSON report gets every iteration's time")
+	fs.IntVar(&o.PerIterSkip, "K", 0, "with -I 1: leading iterations left out of the per-iteration statistics")
+	timeout := fs.Float64("T", 0, "timeout in seconds: a wait for the stream or the other ranks longer than this aborts the run with an error (0: none)")
+	memory := fs.Int("M", 0, "1 reports the device memory per rank (HCCL buffer, benchmark buffers, total), as nccl-tests' \"GPU memory usage\"")
 	proto := fs.String("protocol", "auto", "p2p: the channels' protocol: auto, HCCS, SIO, HCCS_ONLY, PCIE, ROCE, UBC_CTP, UBC_TP, UB_MEM, UBOE (picks the transport)")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "usage: hcomm bench <%s> [flags]\n", strings.ReplaceAll(collNames(), ", ", "|"))
@@ -230,6 +253,10 @@ func Parse(args []string, stderr io.Writer, getenv func(string) string) (Options
 	}
 	o.Check = *check != 0
 	o.Register = *register == 1
+	o.PerIter = *perIter == 1
+	o.Memory = *memory == 1
+	o.Timeout = time.Duration(*timeout * float64(time.Second))
+	o.Args = append([]string{"hcomm", "bench"}, args0...)
 	if o.Protocol, err = parseProtocol(*proto); err != nil {
 		return o, errUsage{err}
 	}
@@ -238,6 +265,18 @@ func Parse(args []string, stderr io.Writer, getenv func(string) string) (Options
 		err = fmt.Errorf("-c %d: want 0 or 1", *check)
 	case *register != 0 && *register != 1:
 		err = fmt.Errorf("-R %d: want 0 or 1", *register)
+	case *perIter != 0 && *perIter != 1:
+		err = fmt.Errorf("-I %d: want 0 or 1", *perIter)
+	case *memory != 0 && *memory != 1:
+		err = fmt.Errorf("-M %d: want 0 or 1", *memory)
+	case *timeout < 0 || *timeout > 1e9:
+		err = fmt.Errorf("-T %g: want a number of seconds >= 0", *timeout)
+	case o.PerIterSkip < 0 || (o.PerIterSkip > 0 && o.PerIterSkip >= o.Iters):
+		err = fmt.Errorf("-K %d: want a count in [0, -n %d)", o.PerIterSkip, o.Iters)
+	case o.PerIterSkip > 0 && !o.PerIter:
+		err = fmt.Errorf("-K %d needs -I 1", o.PerIterSkip)
+	case o.JSONFile != "" && !strings.EqualFold(filepath.Ext(o.JSONFile), ".json"):
+		err = fmt.Errorf("-J %q: want a file name ending in .json (nccl-tests infers the format from it)", o.JSONFile)
 	case o.MinBytes > o.MaxBytes:
 		err = fmt.Errorf("-b %d is larger than -e %d", o.MinBytes, o.MaxBytes)
 	case o.StepFactor != 0 && o.StepFactor <= 1:

@@ -55,6 +55,9 @@ func runP2P(ctx context.Context, c *hcomm.Comm, o Options, rep *report) (bool, e
 		last = times
 	}
 	rep.p2pMatrices(s.n, sizes[0], first, sizes[len(sizes)-1], last, o.Bidir)
+	if err := rep.memory(ctx, c, 2*max(o.MaxBytes, 64)); err != nil { // the receive and source buffers
+		return false, err
+	}
 	return rep.footer(), nil
 }
 
@@ -288,7 +291,7 @@ func (s *p2pRun) measurePair(ctx context.Context, o Options, p p2pPair, size int
 		}
 		return hcomm.ChannelNotifyRecordOnThread(th, ch, p2pAck)
 	}
-	sync := func() error { return th.Stream().Synchronize(ctx) }
+	sync := func() error { return syncStream(ctx, me, th.Stream()) }
 	for i := 0; i < o.Warmup; i++ {
 		if err := iter(); err != nil {
 			return 0, 0, err

@@ -42,8 +42,8 @@ func openComms(o Options, cfg *hcomm.Config, getenv func(string) string, ranksSe
 // runRanks calls fn once per communicator, concurrently, and returns the
 // first error. A failing rank aborts every communicator of this process, so
 // that the others stop waiting for it.
-func runRanks(comms []*hcomm.Comm, fn func(ctx context.Context, c *hcomm.Comm) error) error {
-	ctx, cancel := context.WithCancel(context.Background())
+func runRanks(ctx context.Context, comms []*hcomm.Comm, fn func(ctx context.Context, c *hcomm.Comm) error) error {
+	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var (
 		wg    sync.WaitGroup
@@ -76,7 +76,14 @@ func Run(o Options, stdout, stderr io.Writer, h Hooks) (bool, error) {
 	if h.Getenv == nil {
 		h.Getenv = os.Getenv
 	}
+	if h.Now == nil {
+		h.Now = time.Now
+	}
+	if h.Environ == nil {
+		h.Environ = os.Environ
+	}
 	o.corrupt = h.Corrupt
+	start := h.Now()
 	cfg := &hcomm.Config{Name: "bench"}
 	stopMetrics, err := serveMetrics(o, cfg, stderr, h.Getenv, h.Scrape)
 	if err != nil {
@@ -92,15 +99,22 @@ func Run(o Options, stdout, stderr io.Writer, h Hooks) (bool, error) {
 			c.Destroy()
 		}
 	}()
-	rep := &report{o: o, out: stdout, nranks: comms[0].Size()}
+	rep := &report{o: o, out: stdout, nranks: comms[0].Size(), procRanks: len(comms)}
+	var jf *os.File
+	if o.JSONFile != "" && comms[0].Rank() == 0 {
+		if jf, err = createJSON(o.JSONFile, stdout, !o.JSON && !o.CSV); err != nil {
+			return false, err
+		}
+		defer jf.Close()
+	}
 	if h.Terminal != nil && h.Terminal() && !o.JSON && !o.CSV {
 		rep.progress = stderr
 	}
 	var ok bool
-	err = runRanks(comms, func(ctx context.Context, c *hcomm.Comm) error {
+	err = runRanks(withTimeout(context.Background(), o.Timeout), comms, func(ctx context.Context, c *hcomm.Comm) error {
 		r := rep
 		if c.Rank() != 0 {
-			r = &report{o: o, out: io.Discard, nranks: c.Size()} // the same figures, unprinted
+			r = &report{o: o, out: io.Discard, nranks: c.Size(), procRanks: len(comms)} // the same figures, unprinted
 		}
 		var pass bool
 		var err error
@@ -114,6 +128,11 @@ func Run(o Options, stdout, stderr io.Writer, h Hooks) (bool, error) {
 		}
 		return err
 	})
+	if jf != nil {
+		if jerr := writeJSON(jf, rep, start, h.Now(), h.Environ(), err); jerr != nil && err == nil {
+			err = jerr
+		}
+	}
 	if err != nil {
 		return false, err
 	}
@@ -128,7 +147,9 @@ func Run(o Options, stdout, stderr io.Writer, h Hooks) (bool, error) {
 // sumAll returns the element-wise sum of xs over all ranks (also a barrier).
 func sumAll(ctx context.Context, c *hcomm.Comm, xs ...float64) ([]float64, error) {
 	out := make([]float64, len(xs))
-	if err := collectives.AllReduceSlice(ctx, c, xs, out, hcomm.Sum, nil); err != nil {
+	if err := bounded(ctx, c.Rank(), "the other ranks (a barrier or a sum of the figures)", func(ctx context.Context) error {
+		return collectives.AllReduceSlice(ctx, c, xs, out, hcomm.Sum, nil)
+	}); err != nil {
 		return nil, err
 	}
 	return out, nil
@@ -144,10 +165,12 @@ func rankInfo(ctx context.Context, c *hcomm.Comm) ([]int, []string, error) {
 	host, _ := os.Hostname()
 	hb := make([]uint8, n*hostLen)
 	copy(hb[c.Rank()*hostLen:(c.Rank()+1)*hostLen-1], host)
-	if err := collectives.AllReduceSlice(ctx, c, pids, pids, hcomm.Sum, nil); err != nil {
-		return nil, nil, err
-	}
-	if err := collectives.AllReduceSlice(ctx, c, hb, hb, hcomm.Sum, nil); err != nil {
+	if err := bounded(ctx, c.Rank(), "the other ranks' pids and host names", func(ctx context.Context) error {
+		if err := collectives.AllReduceSlice(ctx, c, pids, pids, hcomm.Sum, nil); err != nil {
+			return err
+		}
+		return collectives.AllReduceSlice(ctx, c, hb, hb, hcomm.Sum, nil)
+	}); err != nil {
 		return nil, nil, err
 	}
 	ps := make([]int, n)
@@ -224,7 +247,17 @@ func runColl(ctx context.Context, c *hcomm.Comm, o Options, rep *report, h Hooks
 		ops = ops[:1]
 	}
 	rep.total = len(o.DataTypes) * len(ops) * len(sizes)
-	sync := func() error { return s.Synchronize(ctx) }
+	sync := func() error { return syncStream(ctx, me, s) }
+	var timer *iterTimer
+	if o.PerIter {
+		if timer, err = newIterTimer(dev, o.Iters); err != nil {
+			return false, err
+		}
+		defer timer.destroy()
+	}
+	if err := rep.memory(ctx, c, max(maxSend, 64)+max(maxRecv, 64)); err != nil {
+		return false, err
+	}
 	for _, dt := range o.DataTypes {
 		es := int64(dt.Size())
 		for _, op := range ops {
@@ -253,6 +286,9 @@ func runColl(ctx context.Context, c *hcomm.Comm, o Options, rep *report, h Hooks
 						send, recv = recvP.Add(so*es), recvP.Add(ro*es)
 					}
 					call := func() error { return cl.run(c, s, send, recv, sc, rc, dt, op, o.Root) }
+					if h.Stall != nil {
+						h.Stall(ctx, me)
+					}
 					for i := 0; i < o.Warmup; i++ {
 						if err := call(); err != nil {
 							return false, err
@@ -266,14 +302,30 @@ func runColl(ctx context.Context, c *hcomm.Comm, o Options, rep *report, h Hooks
 					}
 					t0 := time.Now()
 					for i := 0; i < o.Iters; i++ {
+						if err := timer.mark(s, i); err != nil {
+							return false, err
+						}
 						if err := call(); err != nil {
 							return false, err
 						}
+					}
+					if err := timer.mark(s, o.Iters); err != nil {
+						return false, err
 					}
 					if err := sync(); err != nil {
 						return false, err
 					}
 					elapsed := time.Since(t0).Seconds()
+					var iters *IterStats
+					if timer != nil {
+						mine, err := timer.times()
+						if err != nil {
+							return false, err
+						}
+						if iters, err = gatherIterStats(ctx, c, mine, o.PerIterSkip, rep.nprocs() > 1); err != nil {
+							return false, err
+						}
+					}
 					wrong := int64(-1)
 					if o.Check {
 						if wrong, err = checkOnce(c, dev, s, cl, call, sync, h, inPlace, send, recv, sc, rc, dt, o.Root, want, hostIn, hostOut); err != nil {
@@ -285,7 +337,7 @@ func runColl(ctx context.Context, c *hcomm.Comm, o Options, rep *report, h Hooks
 						return false, err
 					}
 					sec := tot[0] / float64(n) / float64(o.Iters)
-					res := &Result{TimeUs: sec * 1e6, Wrong: -1}
+					res := &Result{TimeUs: sec * 1e6, Wrong: -1, Iter: iters}
 					if sec > 0 {
 						res.AlgBW = float64(printed) / sec / 1e9
 						res.BusBW = res.AlgBW * cl.factor(n)
