@@ -190,6 +190,7 @@ func issueWindowed(c *hcomm.Comm, name string, k kind, s *device.Stream, o *Opti
 		return err
 	}
 	sc.drainGathers()
+	sc.drainPipes()
 	if sc.err == nil {
 		sc.do(endOp())
 	}

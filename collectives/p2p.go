@@ -159,6 +159,7 @@ func BatchSendRecv(items []SendRecvItem, c *hcomm.Comm, s *device.Stream) error 
 	if rc.err != nil {
 		sc.do(rc.err)
 	}
+	sc.drainPipes() // the receivers' last nAcks, as every collective ends
 	if sc.ok() {
 		sc.do(st.join(s))
 	}
