@@ -100,6 +100,12 @@ func allGather(c *hcomm.Comm, name string, h header, send device.Ptr, sendCount 
 		inWin = inWin && h.kind == kAllGather
 		return inWin
 	}
+	if grouping(c) {
+		o := o.copy() // the call as it was made, whatever the caller does to *o before GroupEnd
+		if recordCall(c, name, func() error { return allGather(c, name, h, send, sendCount, recv, counts, displs, dt, s, o) }) {
+			return nil // group.go: GroupEnd issues it
+		}
+	}
 	return issueWindowed(c, name, h.kind, s, o, maxCount*es, windowed, func(sc *sched, algo Algorithm) error {
 		me := c.Rank()
 		out := func(p int) device.Ptr { return recv.Add(displs[p] * es) }

@@ -15,6 +15,15 @@ type Options struct {
 	Algorithm Algorithm
 }
 
+// copy returns a copy of o (nil for nil).
+func (o *Options) copy() *Options {
+	if o == nil {
+		return nil
+	}
+	x := *o
+	return &x
+}
+
 func algoOf(o *Options) Algorithm {
 	if o == nil {
 		return AlgoAuto
@@ -101,6 +110,12 @@ func AllReduce(send, recv device.Ptr, count int64, dt hcomm.DataType, op hcomm.R
 		return err
 	}
 	h := header{kind: kAllReduce, dt: dt, op: op, flags: flagOp, count: count}
+	if grouping(c) {
+		o := o.copy() // the call as it was made, whatever the caller does to *o before GroupEnd
+		if recordCall(c, name, func() error { return AllReduce(send, recv, count, dt, op, c, s, o) }) {
+			return nil // group.go: GroupEnd issues it
+		}
+	}
 	return issue(c, name, kAllReduce, s, o, n, func(sc *sched, algo Algorithm) error {
 		switch algo {
 		case AlgoOneShot:
@@ -136,9 +151,6 @@ func issue(c *hcomm.Comm, name string, k kind, s *device.Stream, o *Options, n i
 // buffers lie in a window: windowed (called once, with st.mu held, before
 // body) says whether they do, for the selector.
 func issueWindowed(c *hcomm.Comm, name string, k kind, s *device.Stream, o *Options, n int64, windowed func(st *state) bool, body func(sc *sched, algo Algorithm) error) error {
-	if recordCall(c, name, func() error { return issueWindowed(c, name, k, s, o, n, windowed, body) }) {
-		return nil // group.go: GroupEnd issues it
-	}
 	st, err := lockLocal(c)
 	if err != nil {
 		return collErr(c, name, hcomm.ResultOf(err), err, "setting up the collectives")
@@ -178,6 +190,7 @@ func issueWindowed(c *hcomm.Comm, name string, k kind, s *device.Stream, o *Opti
 		return err
 	}
 	sc.drainGathers()
+	sc.drainPipes()
 	if sc.err == nil {
 		sc.do(endOp())
 	}

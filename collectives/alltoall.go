@@ -61,6 +61,12 @@ func alltoall(c *hcomm.Comm, name string, h header, send device.Ptr, sc_, sd []i
 		return err
 	}
 	me, n := c.Rank(), c.Size()
+	if grouping(c) {
+		o := o.copy() // the call as it was made, whatever the caller does to *o before GroupEnd
+		if recordCall(c, name, func() error { return alltoall(c, name, h, send, sc_, sd, recv, rc, rd, dt, s, o) }) {
+			return nil // group.go: GroupEnd issues it
+		}
+	}
 	return issue(c, name, h.kind, s, o, extent(sc_, sd)*es, func(sched *sched, algo Algorithm) error {
 		if algo != AlgoPairwise {
 			return collErr(c, name, hcomm.ErrNotSupport, nil, "algorithm %v is not available for %s", algo, name)

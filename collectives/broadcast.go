@@ -23,6 +23,12 @@ func Broadcast(buf device.Ptr, count int64, dt hcomm.DataType, root int, c *hcom
 		return err
 	}
 	h := header{kind: kBroadcast, dt: dt, flags: flagRoot, root: int32(root), count: count}
+	if grouping(c) {
+		o := o.copy() // the call as it was made, whatever the caller does to *o before GroupEnd
+		if recordCall(c, name, func() error { return Broadcast(buf, count, dt, root, c, s, o) }) {
+			return nil // group.go: GroupEnd issues it
+		}
+	}
 	return issue(c, name, kBroadcast, s, o, n, func(sc *sched, algo Algorithm) error {
 		switch {
 		case c.Size() == 1:

@@ -3,6 +3,7 @@ package collectives
 import (
 	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"github.com/hcomm-dev/hcomm/device"
 	"github.com/hcomm-dev/hcomm/hcomm"
@@ -55,6 +56,10 @@ import (
 type group struct {
 	mu    sync.Mutex
 	depth int
+	// open mirrors depth > 0 for the collectives' fast path, which reads
+	// it without the lock: a call made while no group is open pays one
+	// atomic load, and no closure is built for it.
+	open  atomic.Bool
 	calls []groupCall
 	items []groupItem // the sends and receives, in call order
 	n     int         // calls recorded so far, collectives and sends/receives: their numbers in errors
@@ -112,6 +117,7 @@ func GroupStart(c *hcomm.Comm) error {
 		g.issued.Wait()
 	}
 	g.depth++
+	g.open.Store(true)
 	g.mu.Unlock()
 	return nil
 }
@@ -137,6 +143,7 @@ func GroupEnd(c *hcomm.Comm) error {
 		return collErr(c, name, hcomm.ErrPara, nil, "no group is open (GroupEnd without GroupStart)")
 	}
 	g.depth--
+	g.open.Store(g.depth > 0)
 	if g.depth > 0 {
 		g.mu.Unlock()
 		return nil
@@ -183,6 +190,14 @@ func groupErr(c *hcomm.Comm, i int, name string, err error) error {
 	return collErr(c, "GroupEnd", hcomm.ResultOf(err), err, "call %d of the group, %s", i+1, name)
 }
 
+// grouping reports, without a lock, whether a group is open on c: the
+// collectives call it before they build what recordCall records, so that a
+// call outside a group allocates nothing for groups.
+func grouping(c *hcomm.Comm) bool {
+	g := groupOf(c)
+	return g != nil && g.open.Load()
+}
+
 // recordCall records a collective in c's open group and reports whether it
 // did; issue issues it at GroupEnd.
 func recordCall(c *hcomm.Comm, name string, issue func() error) bool {
@@ -222,6 +237,9 @@ func recordItems(c *hcomm.Comm, items []SendRecvItem, s *device.Stream) bool {
 // inGroup returns an error when a group is open on c: op, which waits for
 // its result, cannot be part of one.
 func inGroup(c *hcomm.Comm, op string) error {
+	if !grouping(c) {
+		return nil
+	}
 	g := groupOf(c)
 	if g == nil {
 		return nil

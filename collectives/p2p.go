@@ -78,7 +78,7 @@ func BatchSendRecv(items []SendRecvItem, c *hcomm.Comm, s *device.Stream) error 
 			recvSizes[it.RemoteRank] = append(recvSizes[it.RemoteRank], b)
 		}
 	}
-	if recordItems(c, items, s) {
+	if grouping(c) && recordItems(c, items, s) {
 		return nil // group.go: GroupEnd issues them with the group's other sends and receives
 	}
 	var peers []int
@@ -172,6 +172,7 @@ func BatchSendRecv(items []SendRecvItem, c *hcomm.Comm, s *device.Stream) error 
 	if rc.err != nil {
 		sc.do(rc.err)
 	}
+	sc.drainPipes() // the receivers' last nAcks, as every collective ends
 	if sc.ok() {
 		sc.do(st.join(s))
 	}

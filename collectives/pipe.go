@@ -63,8 +63,10 @@ func (s *sched) pipeSend(peer int, src device.Ptr, n int64) {
 	i := st.sent[peer]
 	st.sent[peer]++
 	k := i % 2
-	if i >= 2 {
-		s.wait(peer, nAck+int(k)) // the peer consumed the slot's previous piece
+	for st.acked[peer]+2 <= i {
+		// The peer consumed the slot's previous piece.
+		s.wait(peer, nAck+int(st.acked[peer]%2))
+		st.acked[peer]++
 	}
 	s.writeNotify(peer, s.peerSlot(peer, st.lay.inboxSlotOff(st.comm.Rank(), k)), src, n, nData+int(k))
 }
@@ -80,6 +82,26 @@ func (s *sched) pipeRecv(peer int) (slot device.Ptr, done func()) {
 	k := j % 2
 	s.wait(peer, nData+int(k))
 	return s.mySlot(st.lay.inboxSlotOff(peer, k)), func() { s.record(peer, nAck+int(k)) }
+}
+
+// drainPipes waits until every peer has consumed every piece this rank wrote
+// into its inbox (the nAck of each piece not waited for yet). A collective
+// ends with it, as with drainGathers: the receiver's nAck of its last pieces
+// is the last thing it issues to this rank, and nothing else in the
+// collective waits for it; without the wait this rank's stream could be done,
+// and the rank destroy its communicator, while the receiver's stream still
+// has that record to issue, which then fails with ErrPeerClosed. The wait
+// costs a one-way latency at the end (the receiver records nAck as soon as it
+// has consumed the piece), not a round trip: the record is already under way
+// when this rank's stream reaches the wait.
+func (s *sched) drainPipes() {
+	st := s.st
+	for p := range st.acked {
+		for st.acked[p] < st.sent[p] {
+			s.wait(p, nAck+int(st.acked[p]%2))
+			st.acked[p]++
+		}
+	}
 }
 
 // claimGather returns this rank's next gather slot, once every rank that read

@@ -26,6 +26,12 @@ func Reduce(send, recv device.Ptr, count int64, dt hcomm.DataType, op hcomm.Redu
 		}
 	}
 	h := header{kind: kReduce, dt: dt, op: op, flags: flagOp | flagRoot, root: int32(root), count: count}
+	if grouping(c) {
+		o := o.copy() // the call as it was made, whatever the caller does to *o before GroupEnd
+		if recordCall(c, name, func() error { return Reduce(send, recv, count, dt, op, root, c, s, o) }) {
+			return nil // group.go: GroupEnd issues it
+		}
+	}
 	return issue(c, name, kReduce, s, o, count*es, func(sc *sched, algo Algorithm) error {
 		switch algo {
 		case AlgoOneShot:

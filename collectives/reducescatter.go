@@ -51,6 +51,12 @@ func reduceScatter(c *hcomm.Comm, name string, h header, send device.Ptr, counts
 	if err := checkBuf(c, name, "recv", recv, counts[me]*es); err != nil {
 		return err
 	}
+	if grouping(c) {
+		o := o.copy() // the call as it was made, whatever the caller does to *o before GroupEnd
+		if recordCall(c, name, func() error { return reduceScatter(c, name, h, send, counts, displs, recv, dt, op, s, o) }) {
+			return nil // group.go: GroupEnd issues it
+		}
+	}
 	return issue(c, name, h.kind, s, o, total*es, func(sc *sched, algo Algorithm) error {
 		switch algo {
 		case AlgoOneShot:

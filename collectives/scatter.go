@@ -42,6 +42,12 @@ func rooted(c *hcomm.Comm, name string, k kind, send, recv device.Ptr, count int
 		return err
 	}
 	h := header{kind: k, dt: dt, flags: flagRoot, root: int32(root), count: count}
+	if grouping(c) {
+		o := o.copy() // the call as it was made, whatever the caller does to *o before GroupEnd
+		if recordCall(c, name, func() error { return rooted(c, name, k, send, recv, count, dt, root, s, o) }) {
+			return nil // group.go: GroupEnd issues it
+		}
+	}
 	return issue(c, name, k, s, o, block, func(sc *sched, algo Algorithm) error {
 		if algo != AlgoPairwise {
 			return collErr(c, name, hcomm.ErrNotSupport, nil, "algorithm %v is not available for %s", algo, name)

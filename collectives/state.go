@@ -92,6 +92,7 @@ type state struct {
 	hellos    []uint64           // handshakes with each peer so far (their parity)
 	sent      []uint64           // pieces written into each peer's inbox
 	recvd     []uint64           // pieces consumed from each peer's inbox
+	acked     []uint64           // pieces written into each peer's inbox whose nAck this rank has waited for
 	gathers   []uint64           // pieces each rank has published in its gather slots
 	readers   [2][]int           // the ranks that read this rank's gather slot k last
 	others    []int              // every rank but this one (sched.others)
@@ -211,6 +212,7 @@ func (st *state) init1() {
 	st.hellos = make([]uint64, c.Size())
 	st.sent = make([]uint64, c.Size())
 	st.recvd = make([]uint64, c.Size())
+	st.acked = make([]uint64, c.Size())
 	st.gathers = make([]uint64, c.Size())
 	buf, size, _ := c.GetHcclBuffer()
 	st.buf = buf
