@@ -40,7 +40,9 @@ func (st *state) undoPipes(peer int, sent, recvd uint64) {
 	st.undoing.Store(true)
 }
 
-// settlePipes applies what undoPipes recorded. st.mu is held.
+// settlePipes applies what undoPipes recorded. st.mu is held. The pieces a
+// call sent are all counted as acknowledged by its end (drainPipes), so that
+// acked goes back by as many as sent.
 func (st *state) settlePipes() {
 	if !st.undoing.Load() {
 		return
@@ -49,6 +51,7 @@ func (st *state) settlePipes() {
 	defer st.undoMu.Unlock()
 	for p := range st.undoS {
 		st.sent[p] -= st.undoS[p]
+		st.acked[p] -= st.undoS[p] // the call's drainPipes counted them as acknowledged
 		st.recvd[p] -= st.undoR[p]
 		st.undoS[p], st.undoR[p] = 0, 0
 	}
@@ -96,6 +99,7 @@ func (s *sched) pipeRecv(peer int) (slot device.Ptr, done func()) {
 // when this rank's stream reaches the wait.
 func (s *sched) drainPipes() {
 	st := s.st
+	st.settlePipes()
 	for p := range st.acked {
 		for st.acked[p] < st.sent[p] {
 			s.wait(p, nAck+int(st.acked[p]%2))
