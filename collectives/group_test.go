@@ -356,9 +356,10 @@ func TestGroupMismatchDestroy(t *testing.T) {
 // TestSendRecvSideFailureReachesCaller: a receive runs on the side thread; when
 // it fails (here: its buffer was freed before the copy ran), the failure
 // reaches the caller's stream, whose Synchronize reports it, instead of the
-// receive returning with no data.
+// receive returning with no data. (The sender then waits in vain for the
+// receiver's acknowledgement and fails after the execution timeout.)
 func TestSendRecvSideFailureReachesCaller(t *testing.T) {
-	comms := hcommtest.Options{Config: &hcomm.Config{ExecTimeout: 30 * time.Second}}.New(t, 2, hcommtest.Transports()[0])
+	comms := hcommtest.Options{Config: &hcomm.Config{ExecTimeout: 2 * time.Second}}.New(t, 2, hcommtest.Transports()[0])
 	rs := []*groupRank{newGroupRank(t, comms[0], "a"), newGroupRank(t, comms[1])}
 	d := comms[1].Device()
 	buf, err := d.Malloc(4 * groupCount)
@@ -388,7 +389,5 @@ func TestSendRecvSideFailureReachesCaller(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "not in any live allocation") {
 		t.Errorf("receiver's Synchronize: %v, want the side thread's failure (its buffer was freed)", err)
 	}
-	if err := <-sent; err != nil {
-		t.Errorf("sender: %v", err)
-	}
+	<-sent
 }

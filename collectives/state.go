@@ -404,17 +404,17 @@ func (st *state) fork(s *device.Stream) (*hcomm.Thread, error) {
 // takes it from the side stream (so that the side thread runs the next
 // collective's work) and fails with it, and s's Synchronize reports it.
 func (st *state) join(s *device.Stream) error {
-	if err := st.afterSide(s, "collectives join", func(err error) error { return err }); err != nil {
+	if err := st.afterSide(s, "collectives join"); err != nil {
 		return err
 	}
 	return st.joinedEv.Record(s)
 }
 
 // afterSide enqueues on s a task that waits for everything enqueued on the
-// side thread so far, takes the side stream's unreported failure
-// (Stream.TakeError) and returns what then makes of it. The wait gives up
-// when s is aborted or its device closed.
-func (st *state) afterSide(s *device.Stream, name string, then func(error) error) error {
+// side thread so far, then takes the side stream's unreported failure
+// (Stream.TakeError) and fails with it. The wait gives up when s is aborted
+// or its device closed.
+func (st *state) afterSide(s *device.Stream, name string) error {
 	side := st.side.Stream()
 	// A fresh event per call: the task reads it when it runs, and the next
 	// collective may record again before then.
@@ -442,7 +442,7 @@ func (st *state) afterSide(s *device.Stream, name string, then func(error) error
 		if err := ev.Synchronize(ctx); err != nil && ctx.Err() != nil {
 			return fmt.Errorf("%s: stream aborted while waiting for the side thread: %w", name, err)
 		}
-		return then(side.TakeError())
+		return side.TakeError()
 	})
 	if err != nil {
 		ev.Destroy()
