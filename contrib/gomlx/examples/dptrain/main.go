@@ -109,15 +109,6 @@ func (o Options) check() error {
 	return nil
 }
 
-func launched() bool {
-	for _, v := range []string{"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS"} {
-		if os.Getenv(v) != "" {
-			return true
-		}
-	}
-	return false
-}
-
 // newBackend is GoMLX's pure-Go backend, its operations run one after
 // another within a graph (its parallel mode races in v0.26.0; the ranks
 // are the parallelism here).
@@ -133,7 +124,7 @@ func Run(o Options, out io.Writer) (*Result, error) {
 		o.LR = map[string]float64{"mlp": 0.01, "attn": 0.003}[o.Model]
 	}
 	var comms []*hcomm.Comm
-	if launched() {
+	if _, ok := hcomm.Launched(nil); ok {
 		c, err := hcomm.InitFromEnv(&hcomm.Config{Name: "dptrain", BufferSize: 8 << 20})
 		if err != nil {
 			return nil, err
