@@ -192,51 +192,13 @@ func reduceScatterOrdered(sc *sched, send device.Ptr, counts, displs []int64, re
 
 // reduceOrdered: the all-reduce's ordered reduce-scatter on blocks of n
 // pieces, after which the root alone reads every rank's result from its
-// gather slot (as reduceRing does).
+// gather slot (as reduceRing does). Rank p holds piece p.
 func reduceOrdered(sc *sched, send, recv device.Ptr, count int64, dt hcomm.DataType, op hcomm.ReduceOp, root int) {
-	st := sc.st
-	me, n := st.comm.Rank(), st.comm.Size()
-	es := int64(dt.Size())
-	block := int64(n) * (st.lay.piece / es)
-	var readers []int
-	if me != root {
-		readers = []int{root}
-	}
-	var gather func()
-	for base := int64(0); base < count; base += block {
-		cnt := min(block, count-base)
-		k, slot := sc.claimGather(readers)
-		orderedReduceScatter(sc, func(p int) (int64, int64) { return chunk(cnt, n, p) }, send.Add(base*es), slot, dt, op)
-		sc.publish(k, readers)
-		// Every rank counts every publish, reader or not: the gather slot
-		// counters must agree on all ranks for the collectives that follow.
-		ks := make([]uint64, n)
-		for p := 0; p < n; p++ {
-			if p != me {
-				ks[p] = sc.nextGather(p)
-			}
-		}
-		var next func()
-		if me == root {
-			out := recv.Add(base * es)
-			off, c := chunk(cnt, n, me)
-			sc.copy(out.Add(off*es), slot, c*es)
-			next = func() {
-				for i := 1; i < n; i++ {
-					p := mod(me-i, n)
-					off, c := chunk(cnt, n, p)
-					sc.readGather(p, ks[p], out.Add(off*es), 0, c*es)
-				}
-			}
-		}
-		if gather != nil {
-			gather()
-		}
-		gather = next
-	}
-	if gather != nil {
-		gather()
-	}
+	n := sc.st.comm.Size()
+	reduceBlocks(sc, send, recv, count, dt, root, func(p int) int { return p },
+		func(cnt int64, in, slot device.Ptr) {
+			orderedReduceScatter(sc, func(p int) (int64, int64) { return chunk(cnt, n, p) }, in, slot, dt, op)
+		})
 }
 
 // testJitter, when not nil, is run as a stream task of its own before each

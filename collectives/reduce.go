@@ -47,27 +47,18 @@ func Reduce(send, recv device.Ptr, count int64, dt hcomm.DataType, op hcomm.Redu
 					sc.reduce(recv, at(p), count, dt, op)
 				}
 			}
-		case AlgoTree:
+		case AlgoTree, AlgoRing, AlgoOrdered:
 			sc.open(h, algo)
-			if n == 1 {
+			switch {
+			case n == 1:
 				sc.copy(recv, send, count*es)
-				return nil
+			case algo == AlgoTree:
+				reduceTree(sc, send, recv, count, dt, op, root)
+			case algo == AlgoRing:
+				reduceRing(sc, send, recv, count, dt, op, root)
+			default:
+				reduceOrdered(sc, send, recv, count, dt, op, root)
 			}
-			reduceTree(sc, send, recv, count, dt, op, root)
-		case AlgoRing:
-			sc.open(h, algo)
-			if n == 1 {
-				sc.copy(recv, send, count*es)
-				return nil
-			}
-			reduceRing(sc, send, recv, count, dt, op, root)
-		case AlgoOrdered:
-			sc.open(h, algo)
-			if n == 1 {
-				sc.copy(recv, send, count*es)
-				return nil
-			}
-			reduceOrdered(sc, send, recv, count, dt, op, root)
 		default:
 			return collErr(c, name, hcomm.ErrNotSupport, nil, "algorithm %v is not available for %s", algo, name)
 		}
@@ -76,8 +67,23 @@ func Reduce(send, recv device.Ptr, count int64, dt hcomm.DataType, op hcomm.Redu
 }
 
 // reduceRing: the all-reduce's blocked ring reduce-scatter, after which the
-// root alone reads every rank's result from its gather slot.
+// root alone reads every rank's result from its gather slot. After the ring,
+// rank p holds piece p+1.
 func reduceRing(sc *sched, send, recv device.Ptr, count int64, dt hcomm.DataType, op hcomm.ReduceOp, root int) {
+	n := sc.st.comm.Size()
+	reduceBlocks(sc, send, recv, count, dt, root, func(p int) int { return mod(p+1, n) },
+		func(cnt int64, in, slot device.Ptr) {
+			ringReduceScatter(sc, 0, func(c int) (int64, int64) { return chunk(cnt, n, c) }, in,
+				func(int) device.Ptr { return slot }, dt, op)
+		})
+}
+
+// reduceBlocks is a Reduce made of a reduce-scatter over blocks of n pieces:
+// rs reduces the block of cnt elements at in, leaving this rank's piece in
+// slot (its gather slot), and piece(p) is the piece rank p holds then; the
+// root alone reads every rank's piece from its slot, one block behind.
+func reduceBlocks(sc *sched, send, recv device.Ptr, count int64, dt hcomm.DataType, root int,
+	piece func(p int) int, rs func(cnt int64, in, slot device.Ptr)) {
 	st := sc.st
 	me, n := st.comm.Rank(), st.comm.Size()
 	es := int64(dt.Size())
@@ -89,10 +95,8 @@ func reduceRing(sc *sched, send, recv device.Ptr, count int64, dt hcomm.DataType
 	var gather func()
 	for base := int64(0); base < count; base += block {
 		cnt := min(block, count-base)
-		in := send.Add(base * es)
 		k, slot := sc.claimGather(readers)
-		ringReduceScatter(sc, 0, func(c int) (int64, int64) { return chunk(cnt, n, c) }, in,
-			func(int) device.Ptr { return slot }, dt, op)
+		rs(cnt, send.Add(base*es), slot)
 		sc.publish(k, readers)
 		// Every rank counts every publish, reader or not: the gather slot
 		// counters must agree on all ranks for the collectives that follow.
@@ -105,12 +109,12 @@ func reduceRing(sc *sched, send, recv device.Ptr, count int64, dt hcomm.DataType
 		var next func()
 		if me == root {
 			out := recv.Add(base * es)
-			off, c := chunk(cnt, n, mod(me+1, n))
+			off, c := chunk(cnt, n, piece(me))
 			sc.copy(out.Add(off*es), slot, c*es)
 			next = func() {
 				for i := 1; i < n; i++ {
 					p := mod(me-i, n)
-					off, c := chunk(cnt, n, mod(p+1, n))
+					off, c := chunk(cnt, n, piece(p))
 					sc.readGather(p, ks[p], out.Add(off*es), 0, c*es)
 				}
 			}

@@ -236,6 +236,13 @@ func (c *Comm) rankLost(rank int, reason string) bool {
 	if l := c.cfg.logger; l != nil {
 		l.Warn("hcomm: rank lost; failing every pending operation", "comm", c.name, "rank", c.rank, "lost", rank, "reason", reason)
 	}
+	c.breakChannels(e)
+	return true
+}
+
+// breakChannels fails every pending and later wait on the notifies of c's
+// channels with err (a lost rank, a revocation).
+func (c *Comm) breakChannels(err error) {
 	c.mu.Lock()
 	chs := make([]*Channel, 0, len(c.channels))
 	for _, ch := range c.channels {
@@ -244,10 +251,9 @@ func (c *Comm) rankLost(rank int, reason string) bool {
 	c.mu.Unlock()
 	for _, ch := range chs {
 		for _, n := range ch.notifies {
-			n.Break(e)
+			n.Break(err)
 		}
 	}
-	return true
 }
 
 // LostRanks returns the ranks this rank knows to be lost, sorted: those its

@@ -170,17 +170,7 @@ func (c *Comm) revokeLocal(by int, lost []int) bool {
 	if l := c.cfg.logger; l != nil {
 		l.Warn("hcomm: communicator revoked; failing every pending operation", "comm", c.name, "rank", c.rank, "by", by)
 	}
-	c.mu.Lock()
-	chs := make([]*Channel, 0, len(c.channels))
-	for _, ch := range c.channels {
-		chs = append(chs, ch)
-	}
-	c.mu.Unlock()
-	for _, ch := range chs {
-		for _, n := range ch.notifies {
-			n.Break(e)
-		}
-	}
+	c.breakChannels(e)
 	return true
 }
 
