@@ -83,8 +83,8 @@ func checkAlgo(c *hcomm.Comm, name string, k kind, algo Algorithm, n int64, lay 
 	if !has(k, algo) {
 		return collErr(c, name, hcomm.ErrNotSupport, nil, "%v has no %v algorithm (it has %v)", k, algo, algorithms[k])
 	}
-	if algo == AlgoOneShot && n > lay.inline() {
-		return collErr(c, name, hcomm.ErrPara, nil, "oneshot takes at most %d bytes per rank with this HCCL buffer, got %d", lay.inline(), n)
+	if (algo == AlgoOneShot || algo == AlgoRD) && n > lay.inline() {
+		return collErr(c, name, hcomm.ErrPara, nil, "%v takes at most %d bytes per rank with this HCCL buffer, got %d", algo, lay.inline(), n)
 	}
 	return nil
 }
@@ -120,6 +120,8 @@ func AllReduce(send, recv device.Ptr, count int64, dt hcomm.DataType, op hcomm.R
 		switch algo {
 		case AlgoOneShot:
 			allReduceOneShot(sc, h, send, recv, count, dt, op)
+		case AlgoRD:
+			allReduceRD(sc, h, send, recv, count, dt, op)
 		case AlgoRing:
 			sc.open(h, algo)
 			allReduceRing(sc, send, recv, count, dt, op)

@@ -439,8 +439,13 @@ func (x *helloCall) verify() error {
 	return nil
 }
 
-// open runs the handshake with every peer, without inline payload.
+// open runs the handshake without inline payload: with every peer, or
+// above helloFullMax ranks the butterfly (butterfly.go).
 func (s *sched) open(h header, algo Algorithm) {
 	h.algo = algo
+	if s.sparse() {
+		s.butterfly(h)
+		return
+	}
 	s.hello(h, s.others(), 0, 0, nil)
 }

@@ -150,10 +150,10 @@ func algosOf(name string) []collectives.Algorithm {
 	return append([]collectives.Algorithm{collectives.AlgoAuto}, collectives.Algorithms(name)...)
 }
 
-// fits reports whether an algorithm can carry a case: the one-shot path only
-// takes what fits the hello slots.
+// fits reports whether an algorithm can carry a case: the one-shot path and
+// recursive doubling only take what fits the hello slots.
 func fits(algo collectives.Algorithm, bytes, inline int64) bool {
-	return algo != collectives.AlgoOneShot || bytes <= inline
+	return (algo != collectives.AlgoOneShot && algo != collectives.AlgoRD) || bytes <= inline
 }
 
 func dtypes() []hcomm.DataType {

@@ -21,6 +21,7 @@ const (
 	AlgoHier                      // two levels: reduce within each host, all-reduce among one rank per host, broadcast within each host
 	AlgoTree                      // binomial tree, pipelined in pieces: log2(n) hops (broadcast, reduce)
 	AlgoOrdered                   // every rank reduces its piece from all ranks' inputs in rank order: the same bits whatever the transport (HCCL_DETERMINISTIC=strict)
+	AlgoRD                        // recursive doubling: log2(n) exchanges of the whole (small) message, inline with the butterfly handshake (all-reduce)
 )
 
 func (a Algorithm) String() string {
@@ -43,6 +44,8 @@ func (a Algorithm) String() string {
 		return "tree"
 	case AlgoOrdered:
 		return "ordered"
+	case AlgoRD:
+		return "rd"
 	}
 	return fmt.Sprintf("Algorithm(%d)", int(a))
 }
@@ -50,7 +53,7 @@ func (a Algorithm) String() string {
 // algorithms lists, per collective, the schedules it has, in the order the
 // selector considers them.
 var algorithms = [kSendRecv + 1][]Algorithm{
-	kAllReduce:      {AlgoOneShot, AlgoHD, AlgoHier, AlgoRing, AlgoOrdered},
+	kAllReduce:      {AlgoOneShot, AlgoRD, AlgoHD, AlgoHier, AlgoRing, AlgoOrdered},
 	kBroadcast:      {AlgoOneShot, AlgoDirect, AlgoTree, AlgoRing},
 	kAllGather:      {AlgoOneShot, AlgoDirect, AlgoRing},
 	kAllGatherV:     {AlgoDirect},
@@ -152,6 +155,7 @@ var hcclAlgoNames = map[string]Algorithm{
 	"direct":   AlgoDirect,
 	"oneshot":  AlgoOneShot,
 	"ordered":  AlgoOrdered,
+	"rd":       AlgoRD,
 	"na":       AlgoAuto,
 }
 
@@ -191,7 +195,7 @@ func parseAlgo(v string) (map[kind]Algorithm, error) {
 			}
 			a, ok := hcclAlgoNames[strings.ToLower(strings.TrimSpace(name))]
 			if !ok {
-				return 0, fmt.Errorf("%q: algorithm %q is not available in hcomm (have ring, H-D_R, hier, NB/tree, pairwise, fullmesh, oneshot, ordered, NA)", part, name)
+				return 0, fmt.Errorf("%q: algorithm %q is not available in hcomm (have ring, H-D_R, rd, hier, NB/tree, pairwise, fullmesh, oneshot, ordered, NA)", part, name)
 			}
 			switch strings.ToLower(strings.TrimSpace(lvl)) {
 			case "level0":
