@@ -53,10 +53,10 @@ func DefaultCostModel() CostModel {
 	return CostModel{
 		// inproc and shm: a hand-off is a flag in shared memory and a
 		// wake-up; a byte is a memmove.
-		Mapped: LinkCost{Alpha: 8e-6, Overhead: 1e-6, Beta: 0.15e-9, Gamma: 0.25e-9},
+		Mapped: LinkCost{Alpha: 8e-6, Overhead: 1e-6, Beta: 0.08e-9, Gamma: 0.1e-9},
 		// tcp over loopback: a hand-off is a system call each side and a
 		// wake-up; each message costs its sender and receiver a system call.
-		Network: LinkCost{Alpha: 40e-6, Overhead: 12e-6, Beta: 0.6e-9, Gamma: 0.25e-9},
+		Network: LinkCost{Alpha: 40e-6, Overhead: 12e-6, Beta: 0.6e-9, Gamma: 0.1e-9},
 	}
 }
 

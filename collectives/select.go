@@ -2,6 +2,7 @@ package collectives
 
 import (
 	"fmt"
+	"math"
 	"os"
 	"strings"
 )
@@ -81,63 +82,65 @@ func has(k kind, a Algorithm) bool {
 
 // choose is the selector: the algorithm for a collective of kind k moving
 // bytes per rank (the size the one-shot path would carry inline) among n
-// ranks, given the layout and whether every peer's memory is mapped (inproc,
-// shm: a read is a memmove) or behind a network (tcp: a read is a round
-// trip). The thresholds come from the per-algorithm table in BENCHMARKS.md.
-func choose(k kind, bytes int64, n int, l layout, mapped, multiHost, windowed bool) Algorithm {
-	if has(k, AlgoOneShot) && bytes <= l.inline() {
-		return AlgoOneShot
+// ranks, given the layout, the cost model, and whether every peer's memory
+// is mapped (inproc, shm: a read is a memmove) or behind a network (tcp: a
+// read is a round trip). It picks the schedule whose modelled time
+// (costOf, under the link class's LinkCost) is least among those that can
+// carry the call, after the rules the model does not see:
+//
+//   - ranks that span hosts reduce in two levels (hier) above the inline
+//     size;
+//   - where memory is mapped, an all-gather from a window reads in place
+//     and a broadcast above the inline size reads the root's pieces
+//     (direct): one copy per receiver, made in parallel, which the model's
+//     per-link terms do not capture; the reduce takes the tree (measured);
+//   - the direct schedules are for mapped memory only (over a network a
+//     read is a round trip per piece and peer);
+//   - above helloFullMax ranks every collective opens with the butterfly,
+//     and the one-shot schedules (a hello to every peer) are left out, so
+//     that a mismatch reaches every rank;
+//   - ordered is HCCL_DETERMINISTIC=strict's (strictAlgo), never chosen
+//     here.
+//
+// The choice depends only on what every rank knows alike (k, bytes, n, the
+// layout, the model and the transport), so that every rank makes it.
+func choose(k kind, bytes int64, n int, l layout, cm CostModel, mapped, multiHost, windowed bool) Algorithm {
+	if k == kAllReduce && multiHost && bytes > l.inline() {
+		return AlgoHier
 	}
-	switch k {
-	case kAllReduce:
-		if multiHost {
-			return AlgoHier
-		}
-		// With two ranks halving-doubling is one exchange each way with no
-		// publish step: it wins up to several MiB (BENCHMARKS.md: 1 MiB,
-		// 11.9 against 8.3 GB/s; 8 MiB, 8.8 against 6.4); the ring's
-		// cache-sized blocks win above, and with more ranks everywhere
-		// measured (4 ranks, 1 MiB: 4.9 against 3.2).
-		if bytes <= hdMax && n == 2 {
-			return AlgoHD
-		}
-		return AlgoRing
-	case kBroadcast:
-		switch {
-		case mapped:
-			return AlgoDirect
-		case bytes <= treeMax && n > 2:
-			return AlgoTree
-		}
-		return AlgoRing
-	case kReduce:
-		// Up the tree each piece is written once and reduced once per
-		// hop; the ring's reduce-scatter plus gather moves more
-		// (BENCHMARKS.md: 4 ranks, 64 MiB, 4.1 against 3.4 GB/s).
+	if k == kAllGather && mapped && windowed || k == kBroadcast && mapped && bytes > l.inline() {
+		return AlgoDirect
+	}
+	if k == kReduce && bytes > l.inline() {
+		// Measured, not modelled (BENCHMARKS.md: 4 ranks, 64 MiB, 4.1
+		// against 3.4 GB/s): up the tree each piece is written once and
+		// reduced once per hop; the ring's reduce-scatter and gather move
+		// it through more memory than the model's β terms see.
 		return AlgoTree
-	case kAllGather:
-		// With two ranks the ring is one write and one copy per piece with
-		// no publish step; with more, reading each owner's piece directly
-		// beats forwarding it n-1 times. From a window, a direct read is
-		// the only copy: it wins with two ranks too (BENCHMARKS.md).
-		if mapped && (n > 2 || windowed) {
-			return AlgoDirect
-		}
-		return AlgoRing
-	case kReduceScatter, kReduceScatterV:
-		return AlgoRing
 	}
-	return algorithms[k][len(algorithms[k])-1]
+	sh := shape{k: k, n: n, bytes: bytes, inline: l.inline(), piece: l.piece, mapped: mapped}
+	lc := cm.class(mapped)
+	best, bestCost := Algorithm(-1), math.Inf(1)
+	for _, a := range algorithms[k] {
+		switch {
+		case a == AlgoOrdered || a == AlgoHier:
+			continue
+		case a == AlgoDirect && !mapped:
+			continue
+		case a == AlgoOneShot && n > helloFullMax:
+			continue
+		}
+		if c := costOf(a, sh, lc); c < bestCost {
+			best, bestCost = a, c
+		}
+	}
+	if best < 0 {
+		// Nothing the model can carry (one schedule, and it cannot):
+		// the last listed, as before there was a model.
+		return algorithms[k][len(algorithms[k])-1]
+	}
+	return best
 }
-
-// treeMax is the largest message the selector sends down (or up) a tree
-// where a read crosses a network: above it the ring's single pass over each
-// link wins.
-const treeMax = 1 << 20
-
-// hdMax is the largest message (bytes per rank) the selector gives to
-// halving-doubling.
-const hdMax = 8 << 20
 
 // hcclAlgoNames maps HCCL_ALGO's algorithm names (and hcomm's own) to
 // schedules (names are case-insensitive). HCCL's NHR, NHR_V1, AHC and pipeline have no hcomm

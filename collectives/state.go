@@ -101,6 +101,7 @@ type state struct {
 	multiHost bool               // ranks span hosts, some with several ranks: the two-level schedule pays
 	mapped    bool               // every peer's memory is mapped (inproc, shm): a read is a memmove
 	forced    map[kind]Algorithm // HCCL_ALGO
+	costs     CostModel          // the selector's cost model (HCOMM_COST_MODEL over the defaults)
 	windows   int                // windows registered so far (the next one's id - 1)
 	wins      []*Window          // the live windows (window.go)
 
@@ -222,6 +223,9 @@ func (st *state) init1() {
 	st.noCheck = os.Getenv("HCOMM_COLL_CHECK") == "0"
 	st.strict = c.Config().Deterministic == hcomm.DeterministicStrict
 	st.forced, st.err = envAlgo()
+	if st.err == nil {
+		st.costs, st.err = envCostModel()
+	}
 	if st.err == nil && st.lay.helloSlot > 0 {
 		// The buffer stays allocated until the communicator is destroyed,
 		// after its streams' work: the handshake's tasks read and write
