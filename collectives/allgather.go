@@ -120,6 +120,8 @@ func allGather(c *hcomm.Comm, name string, h header, send device.Ptr, sendCount 
 					sc.copy(out(p), at(p), counts[p]*es)
 				}
 			}
+		case AlgoRD:
+			allGatherRD(sc, h, send, recv, sendCount*es)
 		case AlgoDirect:
 			if inWin {
 				h.flags |= flagWindow

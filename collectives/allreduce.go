@@ -83,8 +83,11 @@ func checkAlgo(c *hcomm.Comm, name string, k kind, algo Algorithm, n int64, lay 
 	if !has(k, algo) {
 		return collErr(c, name, hcomm.ErrNotSupport, nil, "%v has no %v algorithm (it has %v)", k, algo, algorithms[k])
 	}
-	if (algo == AlgoOneShot || algo == AlgoRD) && n > lay.inline() {
-		return collErr(c, name, hcomm.ErrPara, nil, "%v takes at most %d bytes per rank with this HCCL buffer, got %d", algo, lay.inline(), n)
+	if algo == AlgoOneShot && n > lay.inline() {
+		return collErr(c, name, hcomm.ErrPara, nil, "oneshot takes at most %d bytes per rank with this HCCL buffer, got %d", lay.inline(), n)
+	}
+	if p := rdPayload(k, n, c.Size()); algo == AlgoRD && p > lay.inline() {
+		return collErr(c, name, hcomm.ErrPara, nil, "rd carries at most %d bytes with this HCCL buffer, %v of %d bytes per rank among %d ranks needs %d", lay.inline(), k, n, c.Size(), p)
 	}
 	return nil
 }

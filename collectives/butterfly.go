@@ -97,53 +97,93 @@ func butterflySteps(me, n int) []bfStep {
 	return steps
 }
 
+// bfMode is what a butterfly's hellos carry and how a rank combines its
+// partner's with its own.
+type bfMode uint8
+
+const (
+	bfHello  bfMode = iota // the header alone: the handshake
+	bfReduce               // a partial result, reduced lower virtual rank first (all-reduce, reduce, reduce-scatter)
+	bfGather               // every rank's block at its place, copied over (all-gather)
+	bfBcast                // the root's data, once a rank has it (broadcast)
+)
+
 // bfCall is one butterfly in flight: what its stream task needs.
 type bfCall struct {
 	s     *sched
 	h     header
 	steps []bfStep
-	src   device.Ptr // this rank's inline payload (the all-reduce's input)
-	n     int64      // its bytes; 0 for the handshake alone
-	red   *reduceArgs
+	mode  bfMode
+	src   device.Ptr // this rank's input: the payload (bfReduce), its block (bfGather), the root's data (bfBcast)
+	n     int64      // the payload's bytes; 0 for the handshake alone
+	block int64      // bfGather: bytes per rank's block
+	root  int        // bfBcast: the root
+	red   reduceArgs // bfReduce: count, type, op
+	out   device.Ptr // where the result goes (0: nowhere)
+	outLo int64      // the part of the payload that goes there
+	outN  int64
 	opSeq uint64
 }
 
 // butterfly opens a collective with the butterfly handshake (header only).
 func (s *sched) butterfly(h header) {
-	s.butterflyWith(h, 0, 0, nil)
+	s.butterflyWith(&bfCall{h: h})
 }
 
-// butterflyWith issues the butterfly task: with red, the recursive-doubling
-// all-reduce of the n bytes at src into red.recv.
-func (s *sched) butterflyWith(h header, src device.Ptr, n int64, red *reduceArgs) {
+// butterflyWith issues the butterfly task x (h, mode and the data fields
+// set by the caller).
+func (s *sched) butterflyWith(x *bfCall) {
 	st := s.st
 	me := st.comm.Rank()
-	h.seq = st.seq
-	h.from = int32(me)
-	h.size = int32(st.comm.Size())
-	if n > st.lay.inline() {
-		s.do(fmt.Errorf("%v: %d bytes of inline payload, the hello slots hold %d", h.kind, n, st.lay.inline()))
+	x.s, x.opSeq = s, s.opSeq
+	x.h.seq = st.seq
+	x.h.from = int32(me)
+	x.h.size = int32(st.comm.Size())
+	if x.n > st.lay.inline() {
+		s.do(fmt.Errorf("%v: %d bytes of inline payload, the hello slots hold %d", x.h.kind, x.n, st.lay.inline()))
 	}
-	steps := butterflySteps(me, st.comm.Size())
+	x.steps = butterflySteps(me, st.comm.Size())
 	// A peer met twice (a fold) takes two parities, in the same order on
 	// both sides: its hello in, then this rank's out (or the reverse).
-	for i := range steps {
-		p := steps[i].peer
-		steps[i].par = st.hellos[p] % 2
+	for i := range x.steps {
+		p := x.steps[i].peer
+		x.steps[i].par = st.hellos[p] % 2
 		st.hellos[p]++
 	}
 	if !s.ok() {
 		return
 	}
-	if len(steps) == 0 {
-		if red != nil {
-			s.copy(red.recv, src, n)
+	if len(x.steps) == 0 {
+		switch x.mode {
+		case bfReduce:
+			s.copy(x.out, x.src.Add(x.outLo), x.outN)
+		case bfGather:
+			s.copy(x.out, x.src, x.block)
 		}
 		return
 	}
-	x := &bfCall{s: s, h: h, steps: steps, src: src, n: n, red: red, opSeq: s.opSeq}
 	s.jitter()
 	s.launchStop("collective butterfly", x.run)
+}
+
+// virt is rank q's virtual rank in the butterfly among n = pow + r ranks
+// (a folded rank's is its folder's).
+func virt(q, r int) int {
+	if q < 2*r {
+		return q / 2
+	}
+	return q - r
+}
+
+// foldR returns r of n = pow + r.
+func foldR(n int) int { return n - 1<<lg2(n) }
+
+// bitOf returns the mask of a butterfly round with peer p (0 for a fold).
+func bitOf(me, p, r int) int {
+	if p/2 == me/2 && me < 2*r && p < 2*r {
+		return 0
+	}
+	return virt(me, r) ^ virt(p, r)
 }
 
 // bfFailure is what a butterfly learnt of a mismatch: the two calls, or the
@@ -159,19 +199,33 @@ type bfFailure struct {
 func (x *bfCall) run(stop <-chan struct{}) error {
 	s, st := x.s, x.s.st
 	lay := st.lay
-	me := int(x.h.from)
+	me, size := int(x.h.from), st.comm.Size()
+	r := foldR(size)
 	view := st.hello.Bytes()
 	own := func(k int) int64 { return lay.helloOff(me, uint64(k)) }
 	cur := 0
 	b := view[own(cur) : own(cur)+lay.helloSlot]
 	x.h.encode(b)
-	if x.n > 0 {
-		in, err := st.comm.Device().Map(x.src, x.n)
-		if err != nil {
-			return err
+	have := true // bfBcast: this rank holds the root's data
+	if in := x.n; in > 0 {
+		at, src := int64(0), x.src
+		switch x.mode {
+		case bfGather:
+			at, in = int64(me)*x.block, x.block
+		case bfBcast:
+			have = me == x.root
+			if !have {
+				in = 0
+			}
 		}
-		copy(b[headerSize:], in.Bytes())
-		in.Unmap()
+		if in > 0 {
+			v, err := st.comm.Device().Map(src, in)
+			if err != nil {
+				return err
+			}
+			copy(b[headerSize+at:], v.Bytes())
+			v.Unmap()
+		}
 	}
 	var (
 		bad    *bfFailure
@@ -181,6 +235,9 @@ func (x *bfCall) run(stop <-chan struct{}) error {
 		p := stp.peer
 		if stp.send {
 			length := headerSize + x.n
+			if !have {
+				length = headerSize
+			}
 			b := view[own(cur) : own(cur)+lay.helloSlot]
 			if bad != nil {
 				length = x.poison(b, bad)
@@ -205,7 +262,23 @@ func (x *bfCall) run(stop <-chan struct{}) error {
 		if f := x.check(view[off:off+lay.helloSlot], off, p); f != nil && bad == nil {
 			bad = f
 		}
-		if bad != nil || x.red == nil || x.n == 0 {
+		if bad != nil || x.mode == bfHello || x.n == 0 {
+			continue
+		}
+		// What the partner holds: all of it after its rounds (a folded
+		// rank's result), its own block or its folded partner's (a fold
+		// in), or what the ranks of its half of the round hold.
+		bit := bitOf(me, p, r)
+		partnerHas := func(q int) bool {
+			switch {
+			case stp.final:
+				return true
+			case bit == 0:
+				return q == p
+			}
+			return virt(q, r)&^(bit-1) == virt(p, r)&^(bit-1)
+		}
+		if x.mode == bfBcast && (have || !partnerHas(x.root)) {
 			continue
 		}
 		if err := st.hello.Fetch(off+headerSize, x.n); err != nil {
@@ -216,35 +289,47 @@ func (x *bfCall) run(stop <-chan struct{}) error {
 			result = theirs
 			continue
 		}
-		next := 1 - cur
 		mine := view[own(cur)+headerSize : own(cur)+headerSize+x.n]
-		dst := view[own(next) : own(next)+headerSize+x.n]
-		copy(dst[:headerSize], view[own(cur):own(cur)+headerSize])
-		lo, hi := mine, theirs
-		if !stp.lowerMine {
-			lo, hi = theirs, mine
+		switch x.mode {
+		case bfBcast:
+			copy(mine, theirs)
+			have = true
+		case bfGather:
+			for q := 0; q < size; q++ {
+				if q != me && partnerHas(q) {
+					copy(mine[int64(q)*x.block:int64(q+1)*x.block], theirs[int64(q)*x.block:])
+				}
+			}
+		case bfReduce:
+			next := 1 - cur
+			dst := view[own(next) : own(next)+headerSize+x.n]
+			copy(dst[:headerSize], view[own(cur):own(cur)+headerSize])
+			lo, hi := mine, theirs
+			if !stp.lowerMine {
+				lo, hi = theirs, mine
+			}
+			if err := reduce.Reduce3(dst[headerSize:], lo, hi, int(x.red.count), x.red.dt, x.red.op); err != nil {
+				return err
+			}
+			cur = next
 		}
-		if err := reduce.Reduce3(dst[headerSize:], lo, hi, int(x.red.count), x.red.dt, x.red.op); err != nil {
-			return err
-		}
-		cur = next
 	}
 	if bad != nil {
 		return x.failure(bad)
 	}
-	if x.red == nil || x.n == 0 {
+	if x.mode == bfHello || x.outN == 0 {
 		return nil
 	}
 	if result == nil {
 		result = view[own(cur)+headerSize : own(cur)+headerSize+x.n]
 	}
-	out, err := st.comm.Device().Map(x.red.recv, x.n)
+	out, err := st.comm.Device().Map(x.out, x.outN)
 	if err != nil {
 		return err
 	}
 	defer out.Unmap()
-	copy(out.Bytes(), result)
-	return out.Flush(0, x.n)
+	copy(out.Bytes(), result[x.outLo:x.outLo+x.outN])
+	return out.Flush(0, x.outN)
 }
 
 // check compares peer p's hello b (at off in the hello region; its header
@@ -330,5 +415,50 @@ func (x *bfCall) failure(f *bfFailure) error {
 // every rank's partial result inline (the data must fit a hello slot).
 func allReduceRD(sc *sched, h header, send, recv device.Ptr, count int64, dt hcomm.DataType, op hcomm.ReduceOp) {
 	h.algo = AlgoRD
-	sc.butterflyWith(h, send, count*int64(dt.Size()), &reduceArgs{recv: recv, count: count, dt: dt, op: op})
+	n := count * int64(dt.Size())
+	sc.butterflyWith(&bfCall{h: h, mode: bfReduce, src: send, n: n, red: reduceArgs{count: count, dt: dt, op: op}, out: recv, outN: n})
+}
+
+// reduceRD is the recursive-doubling all-reduce of send whose result only
+// root keeps (Reduce).
+func reduceRD(sc *sched, h header, send, recv device.Ptr, count int64, dt hcomm.DataType, op hcomm.ReduceOp, root int) {
+	h.algo = AlgoRD
+	n := count * int64(dt.Size())
+	x := &bfCall{h: h, mode: bfReduce, src: send, n: n, red: reduceArgs{count: count, dt: dt, op: op}}
+	if sc.st.comm.Rank() == root {
+		x.out, x.outN = recv, n
+	}
+	sc.butterflyWith(x)
+}
+
+// reduceScatterRD is the recursive-doubling all-reduce of the whole input
+// (total elements) of which each rank keeps its part, cnt elements at off:
+// log2(n) hand-offs where the ring takes n-1 (small messages).
+func reduceScatterRD(sc *sched, h header, send, recv device.Ptr, total, off, cnt int64, dt hcomm.DataType, op hcomm.ReduceOp) {
+	h.algo = AlgoRD
+	es := int64(dt.Size())
+	sc.butterflyWith(&bfCall{h: h, mode: bfReduce, src: send, n: total * es, red: reduceArgs{count: total, dt: dt, op: op},
+		out: recv, outLo: off * es, outN: cnt * es})
+}
+
+// allGatherRD is the recursive-doubling all-gather: each hello carries the
+// whole output, with the blocks this rank holds so far in place, and each
+// round copies over the blocks the partner held (the output must fit a
+// hello slot).
+func allGatherRD(sc *sched, h header, send, recv device.Ptr, block int64) {
+	h.algo = AlgoRD
+	n := int64(sc.st.comm.Size()) * block
+	sc.butterflyWith(&bfCall{h: h, mode: bfGather, src: send, n: n, block: block, out: recv, outN: n})
+}
+
+// broadcastRD is the recursive-doubling broadcast: the root's data rides
+// the butterfly's hellos from the ranks that hold it, log2(n) hand-offs with
+// the handshake included (the data must fit a hello slot).
+func broadcastRD(sc *sched, h header, buf device.Ptr, bytes int64, root int) {
+	h.algo = AlgoRD
+	x := &bfCall{h: h, mode: bfBcast, src: buf, n: bytes, root: root}
+	if sc.st.comm.Rank() != root {
+		x.out, x.outN = buf, bytes
+	}
+	sc.butterflyWith(x)
 }

@@ -66,11 +66,21 @@ func butterflyCost(n int, lc LinkCost, payload, red float64) float64 {
 	return c
 }
 
+// rdPayload is what each hello of the recursive-doubling form of collective
+// k carries for a call of bytes per rank among n ranks: the whole output for
+// the all-gather, the message otherwise.
+func rdPayload(k kind, bytes int64, n int) int64 {
+	if k == kAllGather {
+		return bytes * int64(n)
+	}
+	return bytes
+}
+
 // costOf returns the modelled time (seconds) of algorithm a for the call.
 func costOf(a Algorithm, sh shape, lc LinkCost) float64 {
 	n, S := sh.n, float64(sh.bytes)
 	inf := math.Inf(1)
-	if (a == AlgoOneShot || a == AlgoRD) && sh.bytes > sh.inline {
+	if a == AlgoOneShot && sh.bytes > sh.inline || a == AlgoRD && rdPayload(sh.k, sh.bytes, sh.n) > sh.inline {
 		return inf
 	}
 	if n <= 1 {
@@ -120,6 +130,8 @@ func costOf(a Algorithm, sh shape, lc LinkCost) float64 {
 		switch a {
 		case AlgoOneShot:
 			return mesh + (N-1)*S*lc.Beta
+		case AlgoRD:
+			return butterflyCost(n, lc, S, 0)
 		case AlgoDirect:
 			// The root publishes each piece; every rank reads it: in
 			// parallel where memory is mapped, through the root's link
@@ -139,6 +151,8 @@ func costOf(a Algorithm, sh shape, lc LinkCost) float64 {
 		switch a {
 		case AlgoOneShot:
 			return mesh + (N-1)*S*(lc.Beta+lc.Gamma)
+		case AlgoRD:
+			return butterflyCost(n, lc, S, S)
 		case AlgoTree:
 			d := float64(depth(n))
 			return hs + d*(lc.Alpha+2*lc.Overhead+P*(lc.Beta+lc.Gamma)) + (pieces-1)*d*(2*lc.Overhead+P*(lc.Beta+lc.Gamma))
@@ -150,6 +164,8 @@ func costOf(a Algorithm, sh shape, lc LinkCost) float64 {
 		switch a {
 		case AlgoOneShot:
 			return mesh + (N-1)*S*lc.Beta
+		case AlgoRD:
+			return butterflyCost(n, lc, N*S, 0) + N*S*memBeta
 		case AlgoDirect:
 			// Each rank publishes its input and reads every other's:
 			// a publish and a read per piece and peer.
@@ -161,6 +177,8 @@ func costOf(a Algorithm, sh shape, lc LinkCost) float64 {
 		switch a {
 		case AlgoOneShot:
 			return mesh + (N-1)*S*lc.Beta + (N-1)/N*S*lc.Gamma
+		case AlgoRD:
+			return butterflyCost(n, lc, S, S)
 		case AlgoRing:
 			return hs + (N-1)*(lc.Alpha+2*math.Max(1, math.Ceil(S/N/float64(sh.piece)))*lc.Overhead) + (N-1)/N*S*(lc.Beta+lc.Gamma)
 		}

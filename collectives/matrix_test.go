@@ -177,8 +177,8 @@ func (m matrixCase) String() string {
 
 func testAllGather(t *testing.T, comms []*hcomm.Comm, m matrixCase, algo collectives.Algorithm, inPlace bool) {
 	n, es, cnt := len(comms), int64(m.dt.Size()), int(m.count)
-	if !fits(algo, m.count*es, m.inline) {
-		return
+	if !fits(algo, m.count*es, m.inline) || algo == collectives.AlgoRD && int64(n)*m.count*es > m.inline {
+		return // rd's hellos carry the whole output
 	}
 	desc := fmt.Sprintf("AllGather %v %v in-place=%v", m, algo, inPlace)
 	withBuffers(t, comms,

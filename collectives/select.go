@@ -22,7 +22,7 @@ const (
 	AlgoHier                      // two levels: reduce within each host, all-reduce among one rank per host, broadcast within each host
 	AlgoTree                      // binomial tree, pipelined in pieces: log2(n) hops (broadcast, reduce)
 	AlgoOrdered                   // every rank reduces its piece from all ranks' inputs in rank order: the same bits whatever the transport (HCCL_DETERMINISTIC=strict)
-	AlgoRD                        // recursive doubling: log2(n) exchanges of the whole (small) message, inline with the butterfly handshake (all-reduce)
+	AlgoRD                        // recursive doubling: log2(n) exchanges of the whole (small) message, inline with the butterfly handshake
 )
 
 func (a Algorithm) String() string {
@@ -55,12 +55,12 @@ func (a Algorithm) String() string {
 // selector considers them.
 var algorithms = [kSendRecv + 1][]Algorithm{
 	kAllReduce:      {AlgoOneShot, AlgoRD, AlgoHD, AlgoHier, AlgoRing, AlgoOrdered},
-	kBroadcast:      {AlgoOneShot, AlgoDirect, AlgoTree, AlgoRing},
-	kAllGather:      {AlgoOneShot, AlgoDirect, AlgoRing},
+	kBroadcast:      {AlgoOneShot, AlgoRD, AlgoDirect, AlgoTree, AlgoRing},
+	kAllGather:      {AlgoOneShot, AlgoRD, AlgoDirect, AlgoRing},
 	kAllGatherV:     {AlgoDirect},
-	kReduceScatter:  {AlgoOneShot, AlgoRing, AlgoOrdered},
+	kReduceScatter:  {AlgoOneShot, AlgoRD, AlgoRing, AlgoOrdered},
 	kReduceScatterV: {AlgoRing, AlgoOrdered},
-	kReduce:         {AlgoOneShot, AlgoTree, AlgoRing, AlgoOrdered},
+	kReduce:         {AlgoOneShot, AlgoRD, AlgoTree, AlgoRing, AlgoOrdered},
 	kScatter:        {AlgoPairwise},
 	kGather:         {AlgoPairwise},
 	kAlltoAll:       {AlgoPairwise},
