@@ -93,7 +93,7 @@ func TestPredictClosedForms(t *testing.T) {
 // ranks; recursive doubling for small ones among many (log2 n hand-offs
 // where the one-shot's handshake costs 2(n-1) messages per rank);
 // halving-doubling for mid sizes; the ring where bandwidth dominates; the
-// tree for broadcasts below the ring's size. Every choice is the cheapest
+// tree for broadcasts between rd's and the ring's sizes. Every choice is the cheapest
 // schedule the model knows for the call, and a model without latency terms
 // takes the ring.
 func TestChooseByCost(t *testing.T) {
@@ -117,11 +117,16 @@ func TestChooseByCost(t *testing.T) {
 		{kAllReduce, 1024, 1 << 20, AlgoHD},
 		{kAllReduce, 4096, 16, AlgoRD},
 		{kAllReduce, 4096, 16 << 20, AlgoHD},
-		{kBroadcast, 16, 16, AlgoTree},
+		{kBroadcast, 16, 16, AlgoRD},
+		{kAllGather, 16, 16, AlgoRD},
+		{kAllGather, 16, 64 << 10, AlgoRing},
+		{kReduceScatter, 64, 4096, AlgoRD},
+		{kReduceScatter, 64, 16 << 20, AlgoRing},
 		{kBroadcast, 64, 1 << 20, AlgoTree},
 		{kBroadcast, 64, 64 << 20, AlgoRing},
 		{kBroadcast, 4096, 16 << 20, AlgoTree},
-		{kReduce, 1024, 16, AlgoTree},
+		{kReduce, 1024, 16, AlgoRD},
+		{kReduce, 1024, 1 << 20, AlgoTree},
 		{kBarrier, 4096, 0, AlgoOneShot},
 	}
 	for _, tc := range cases {
