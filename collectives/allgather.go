@@ -171,6 +171,10 @@ func allGather(c *hcomm.Comm, name string, h header, send device.Ptr, sendCount 
 			sc.open(h, algo)
 			sc.copy(out(me), send, sendCount*es)
 			allGatherRing(sc, out, counts, es)
+		case AlgoBruck:
+			sc.open(h, algo)
+			sc.copy(out(me), send, sendCount*es)
+			allGatherBruck(sc, out, sendCount*es)
 		default:
 			return collErr(c, name, hcomm.ErrNotSupport, nil, "algorithm %v is not available for %s", algo, name)
 		}

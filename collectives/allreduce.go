@@ -131,6 +131,17 @@ func AllReduce(send, recv device.Ptr, count int64, dt hcomm.DataType, op hcomm.R
 		case AlgoHD:
 			sc.open(h, algo)
 			allReduceHD(sc, send, recv, count, dt, op)
+		case AlgoTree:
+			// A reduce up the binomial tree to rank 0 and a broadcast down
+			// it, each pipelined in pieces: 2 log2(n) hops deep, each piece
+			// reduced once per hop.
+			sc.open(h, algo)
+			if c.Size() == 1 {
+				sc.copy(recv, send, n)
+				break
+			}
+			reduceTree(sc, send, recv, count, dt, op, 0)
+			broadcastTree(sc, recv, n, 0)
 		case AlgoHier:
 			sc.open(h, algo)
 			allReduceHier(sc, s, send, recv, count, dt, op)

@@ -118,6 +118,12 @@ func costOf(a Algorithm, sh shape, lc LinkCost) float64 {
 				c += 2*(lc.Alpha+2*pieces*lc.Overhead+S*lc.Beta) + S*lc.Gamma
 			}
 			return c
+		case AlgoTree:
+			// Reduce up the tree, broadcast down it, pipelined in pieces:
+			// each stage a rank's children's pieces in and one out.
+			d := float64(depth(n))
+			stage := d * (2*lc.Overhead + P*(lc.Beta+lc.Gamma))
+			return hs + 2*d*(lc.Alpha+2*lc.Overhead+P*lc.Beta) + d*P*lc.Gamma + 2*(pieces-1)*stage
 		case AlgoRing:
 			// A reduce-scatter around the ring, then every rank reads the
 			// others' results: per block of n pieces, n-1 pipe steps and
@@ -171,7 +177,9 @@ func costOf(a Algorithm, sh shape, lc LinkCost) float64 {
 			// a publish and a read per piece and peer.
 			return hs + 2*lc.Alpha + pieces*4*(N-1)*lc.Overhead + S*lc.Beta + (N-1)*S*lc.Beta
 		case AlgoRing:
-			return hs + (N-1)*(lc.Alpha+pieces*2*lc.Overhead) + 2*(N-1)*S*lc.Beta
+			return hs + (N-1)*(lc.Alpha+pieces*2*lc.Overhead) + (N-1)*S*(lc.Beta+memBeta)
+		case AlgoBruck:
+			return hs + float64(depth(n))*lc.Alpha + (N-1)*pieces*2*lc.Overhead + (N-1)*S*(lc.Beta+memBeta)
 		}
 	case kReduceScatter, kReduceScatterV:
 		switch a {

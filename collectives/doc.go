@@ -58,9 +58,10 @@
 //
 //   - oneshot: data inline with the hello, one hand-off: small messages
 //     among up to helloFullMax ranks.
-//   - rd: recursive doubling, the all-reduce's data inline in the butterfly
-//     handshake: log2(n) hand-offs for the whole collective (small messages
-//     among many ranks).
+//   - rd: recursive doubling, the data inline in the butterfly handshake:
+//     log2(n) hand-offs for the whole collective (all-reduce, broadcast,
+//     reduce, reduce-scatter, all-gather of small messages among many
+//     ranks).
 //   - ring: pieces through each neighbour's inbox slots; every link carries
 //     the data once. The all-reduce runs a ring reduce-scatter on blocks of
 //     n pieces, so that a block stays in cache from its first step to its
@@ -72,7 +73,10 @@
 //     shared memory, all-reduce among one rank per host over the network,
 //     broadcast within each host; picked when ranks span hosts.
 //   - tree: a binomial tree, pipelined in pieces, log2(n) hops (broadcast,
-//     reduce); picked for small and mid-size messages over a network.
+//     reduce, and all-reduce as a reduce then a broadcast); picked for
+//     small and mid-size messages over a network.
+//   - bruck: Bruck's all-gather, ⌈log2 n⌉ rounds at distances 1, 2, 4, …
+//     through the pipes: all-gathers above the inline size over a network.
 //   - direct: every rank reads each piece straight from its owner's HCCL
 //     buffer (broadcast, all-gather); the choice wherever a read is a
 //     memmove (inproc, shm).

@@ -20,9 +20,10 @@ const (
 	AlgoPairwise                  // n-1 rounds, in round r rank i exchanges with ranks i+r and i-r (all-to-all, scatter, gather)
 	AlgoHD                        // recursive halving-doubling (HCCL's H-D_R), folding rank counts that are not powers of two
 	AlgoHier                      // two levels: reduce within each host, all-reduce among one rank per host, broadcast within each host
-	AlgoTree                      // binomial tree, pipelined in pieces: log2(n) hops (broadcast, reduce)
+	AlgoTree                      // binomial tree, pipelined in pieces: log2(n) hops (broadcast, reduce; all-reduce as a reduce and a broadcast)
 	AlgoOrdered                   // every rank reduces its piece from all ranks' inputs in rank order: the same bits whatever the transport (HCCL_DETERMINISTIC=strict)
 	AlgoRD                        // recursive doubling: log2(n) exchanges of the whole (small) message, inline with the butterfly handshake
+	AlgoBruck                     // Bruck's all-gather: ⌈log2 n⌉ rounds at distances 1, 2, 4, … through the pipes
 )
 
 func (a Algorithm) String() string {
@@ -47,6 +48,8 @@ func (a Algorithm) String() string {
 		return "ordered"
 	case AlgoRD:
 		return "rd"
+	case AlgoBruck:
+		return "bruck"
 	}
 	return fmt.Sprintf("Algorithm(%d)", int(a))
 }
@@ -54,9 +57,9 @@ func (a Algorithm) String() string {
 // algorithms lists, per collective, the schedules it has, in the order the
 // selector considers them.
 var algorithms = [kSendRecv + 1][]Algorithm{
-	kAllReduce:      {AlgoOneShot, AlgoRD, AlgoHD, AlgoHier, AlgoRing, AlgoOrdered},
+	kAllReduce:      {AlgoOneShot, AlgoRD, AlgoHD, AlgoTree, AlgoHier, AlgoRing, AlgoOrdered},
 	kBroadcast:      {AlgoOneShot, AlgoRD, AlgoDirect, AlgoTree, AlgoRing},
-	kAllGather:      {AlgoOneShot, AlgoRD, AlgoDirect, AlgoRing},
+	kAllGather:      {AlgoOneShot, AlgoRD, AlgoDirect, AlgoRing, AlgoBruck},
 	kAllGatherV:     {AlgoDirect},
 	kReduceScatter:  {AlgoOneShot, AlgoRD, AlgoRing, AlgoOrdered},
 	kReduceScatterV: {AlgoRing, AlgoOrdered},
@@ -159,6 +162,7 @@ var hcclAlgoNames = map[string]Algorithm{
 	"oneshot":  AlgoOneShot,
 	"ordered":  AlgoOrdered,
 	"rd":       AlgoRD,
+	"bruck":    AlgoBruck,
 	"na":       AlgoAuto,
 }
 
@@ -198,7 +202,7 @@ func parseAlgo(v string) (map[kind]Algorithm, error) {
 			}
 			a, ok := hcclAlgoNames[strings.ToLower(strings.TrimSpace(name))]
 			if !ok {
-				return 0, fmt.Errorf("%q: algorithm %q is not available in hcomm (have ring, H-D_R, rd, hier, NB/tree, pairwise, fullmesh, oneshot, ordered, NA)", part, name)
+				return 0, fmt.Errorf("%q: algorithm %q is not available in hcomm (have ring, H-D_R, rd, bruck, hier, NB/tree, pairwise, fullmesh, oneshot, ordered, NA)", part, name)
 			}
 			switch strings.ToLower(strings.TrimSpace(lvl)) {
 			case "level0":
