@@ -198,6 +198,44 @@ func costOf(a Algorithm, sh shape, lc LinkCost) float64 {
 	return hs + (N-1)*(lc.Alpha+2*lc.Overhead) + (N-1)/N*S*lc.Beta
 }
 
+// Choose returns the algorithm the selector picks under this model for the
+// named collective among ranks ranks on one host (no two-level schedule, no
+// window), with bytes per rank (for ReduceScatter, the whole input), over
+// links of the mapped or network class, with an HCCL buffer of bufSize
+// bytes; HCCL_ALGO and Options.Algorithm, which override the selector, are
+// not consulted. Bad input is an error, as for Predict.
+func (m CostModel) Choose(collective string, ranks int, bytes, bufSize int64, mapped bool) (Algorithm, error) {
+	k, l, err := predictArgs("Choose", collective, ranks, bytes, bufSize)
+	if err != nil {
+		return AlgoAuto, err
+	}
+	return choose(k, bytes, ranks, l, m, mapped, false, false), nil
+}
+
+// predictArgs checks Predict's and Choose's arguments and returns the
+// collective's kind and the layout.
+func predictArgs(fn, collective string, ranks int, bytes, bufSize int64) (kind, layout, error) {
+	var k kind
+	for i, name := range kindNames {
+		if name != "" && strings.EqualFold(name, collective) {
+			k = kind(i)
+		}
+	}
+	switch {
+	case k == 0 || k == kSendRecv:
+		return 0, layout{}, fmt.Errorf("collectives: %s: unknown collective %q", fn, collective)
+	case ranks < 1:
+		return 0, layout{}, fmt.Errorf("collectives: %s: %d ranks", fn, ranks)
+	case bytes < 0:
+		return 0, layout{}, fmt.Errorf("collectives: %s: %d bytes", fn, bytes)
+	}
+	l, err := newLayout(ranks, bufSize)
+	if err != nil {
+		return 0, layout{}, fmt.Errorf("collectives: %s: %w", fn, err)
+	}
+	return k, l, nil
+}
+
 // Predict returns what the cost model expects the named collective
 // ("AllReduce", "Broadcast", ... as Algorithms takes) to take with algorithm
 // a among ranks ranks, bytes per rank (for ReduceScatter, the whole input),
@@ -207,25 +245,12 @@ func costOf(a Algorithm, sh shape, lc LinkCost) float64 {
 // cannot carry, is an error. It is what the selector compares: the
 // simulator shows it beside its own prediction.
 func (m CostModel) Predict(collective string, a Algorithm, ranks int, bytes, bufSize int64, mapped bool) (time.Duration, error) {
-	var k kind
-	for i, name := range kindNames {
-		if name != "" && strings.EqualFold(name, collective) {
-			k = kind(i)
-		}
-	}
-	switch {
-	case k == 0 || k == kSendRecv:
-		return 0, fmt.Errorf("collectives: Predict: unknown collective %q", collective)
-	case ranks < 1:
-		return 0, fmt.Errorf("collectives: Predict: %d ranks", ranks)
-	case bytes < 0:
-		return 0, fmt.Errorf("collectives: Predict: %d bytes", bytes)
-	case !has(k, a):
-		return 0, fmt.Errorf("collectives: Predict: %v has no %v algorithm (it has %v)", k, a, algorithms[k])
-	}
-	l, err := newLayout(ranks, bufSize)
+	k, l, err := predictArgs("Predict", collective, ranks, bytes, bufSize)
 	if err != nil {
-		return 0, fmt.Errorf("collectives: Predict: %w", err)
+		return 0, err
+	}
+	if !has(k, a) {
+		return 0, fmt.Errorf("collectives: Predict: %v has no %v algorithm (it has %v)", k, a, algorithms[k])
 	}
 	c := costOf(a, shape{k: k, n: ranks, bytes: bytes, inline: l.inline(), piece: l.piece, mapped: mapped}, m.class(mapped))
 	if math.IsInf(c, 1) {

@@ -149,6 +149,12 @@ func TestChooseByCost(t *testing.T) {
 			}
 		}
 	}
+	if a, err := cm.Choose("AllReduce", 4096, 16, 400<<20, false); err != nil || a != AlgoRD {
+		t.Errorf("Choose(AllReduce, 4096 ranks, 16 bytes) = %v, %v; want rd", a, err)
+	}
+	if _, err := cm.Choose("AllReduce", 0, 16, 400<<20, false); err == nil {
+		t.Error("Choose with 0 ranks: no error")
+	}
 	bw, err := ParseCostModel("network:alpha=0,o=0", cm)
 	if err != nil {
 		t.Fatal(err)
