@@ -142,3 +142,19 @@ type Transport interface {
 type WriteNotifier interface {
 	WriteWithNotify(stop <-chan struct{}, dst device.Ptr, src []byte, idx int) error
 }
+
+// Poller is implemented by a transport whose receiving a waiting caller can
+// drive (tcp). Such a transport's records arrive through its own goroutines,
+// which sleep in the network poller; a waiter that sleeps too is woken
+// through the host twice. Instead, hcomm's notify waits call Poll before
+// they sleep: the waiter reads the channel's sockets itself for a bounded
+// time, as Open MPI's progress engine polls its endpoints, and applies
+// whatever arrives — its own record, and everything else the peer sent.
+type Poller interface {
+	// Poll receives and applies what the peer sent, without blocking, until
+	// done reports true (Poll reports true), stop closes, the channel fails
+	// or the transport's own bound on polling passes (Poll reports false: the
+	// caller then waits as it would have). done is called on the polling
+	// goroutine only. Safe for concurrent use.
+	Poll(stop <-chan struct{}, done func() bool) bool
+}
