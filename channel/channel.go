@@ -22,6 +22,7 @@ package channel
 import (
 	"errors"
 	"sync"
+	"time"
 
 	"github.com/hcomm-dev/hcomm/device"
 	"github.com/hcomm-dev/hcomm/internal/reduce"
@@ -152,9 +153,10 @@ type WriteNotifier interface {
 // whatever arrives — its own record, and everything else the peer sent.
 type Poller interface {
 	// Poll receives and applies what the peer sent, without blocking, until
-	// done reports true (Poll reports true), stop closes, the channel fails
-	// or the transport's own bound on polling passes (Poll reports false: the
-	// caller then waits as it would have). done is called on the polling
-	// goroutine only. Safe for concurrent use.
-	Poll(stop <-chan struct{}, done func() bool) bool
+	// done reports true (Poll reports true), stop closes, the channel fails,
+	// limit passes (when it is positive) or the transport's own bound on
+	// polling does (Poll reports false: the caller then waits as it would
+	// have). done is called on the polling goroutine only. Safe for
+	// concurrent use.
+	Poll(stop <-chan struct{}, limit time.Duration, done func() bool) bool
 }

@@ -47,7 +47,7 @@ func (c *Comm) awaitNotify(op string, ch *Channel, idx int, n *notify.Notify, ti
 	var err error
 	// A transport whose waiters can receive for themselves (tcp) polls
 	// first; its records would otherwise come through the network poller.
-	if p, ok := ch.tr.(channel.Poller); !ok || !p.Poll(stop, n.TryReset) {
+	if p, ok := ch.tr.(channel.Poller); !ok || !p.Poll(stop, timeout, n.TryReset) {
 		err = c.waitReporting(n, timeout, stop, tag)
 	}
 	if timed {

@@ -106,18 +106,23 @@ func (c *conn) endRead(s *sock, err error) {
 
 // Poll receives and applies what the peer sent, reading the channel's
 // sockets itself without blocking, until done reports true, stop closes,
-// the channel fails, or Options.Spin passes (channel.Poller). It reports
+// the channel fails, or Options.Spin (or a shorter positive limit) passes
+// (channel.Poller). It reports
 // whether done reported true; the caller then sleeps as usual (the
 // background readers deliver what comes later). Between looks it yields the
 // processor to the process's other goroutines and, with Options.Yield, to
 // the host's other threads (sched_yield), so that ranks outnumbering the
 // cores still progress. Safe for concurrent use: callers on several threads take turns
 // on each socket, and whoever reads applies every frame for all of them.
-func (c *conn) Poll(stop <-chan struct{}, done func() bool) bool {
+func (c *conn) Poll(stop <-chan struct{}, limit time.Duration, done func() bool) bool {
 	if done() {
 		return true
 	}
-	if c.spin <= 0 {
+	spin := c.spin
+	if limit > 0 && limit < spin {
+		spin = limit
+	}
+	if spin <= 0 {
 		return false
 	}
 	start := time.Now()
@@ -133,7 +138,7 @@ func (c *conn) Poll(stop <-chan struct{}, done func() bool) bool {
 			return false
 		default:
 		}
-		if i&7 == 7 && time.Since(start) >= c.spin {
+		if i&7 == 7 && time.Since(start) >= spin {
 			return false
 		}
 		runtime.Gosched()
@@ -163,7 +168,7 @@ func (c *conn) pollOnce() {
 // awaitPolling waits for ch to close, polling the channel's sockets first
 // for at most Options.Spin: the wait of Read and Fence for their answer.
 func (c *conn) awaitPolling(stop <-chan struct{}, ch <-chan struct{}) {
-	c.Poll(stop, func() bool {
+	c.Poll(stop, 0, func() bool {
 		select {
 		case <-ch:
 			return true
