@@ -126,7 +126,8 @@ func (c *conn) Poll(stop <-chan struct{}, limit time.Duration, done func() bool)
 		return false
 	}
 	start := time.Now()
-	for i := 0; ; i++ {
+	last := start
+	for {
 		c.pollOnce()
 		if done() {
 			return true
@@ -138,15 +139,24 @@ func (c *conn) Poll(stop <-chan struct{}, limit time.Duration, done func() bool)
 			return false
 		default:
 		}
-		if i&7 == 7 && time.Since(start) >= spin {
+		now := time.Now()
+		if now.Sub(start) >= spin || now.Sub(last) >= lostProcessor {
 			return false
 		}
+		last = now
 		runtime.Gosched()
 		if c.yield {
 			osYield()
 		}
 	}
 }
+
+// lostProcessor is the gap between two looks of Poll that tells it the
+// host has more runnable threads than processors: someone else ran in
+// between. Poll then sleeps rather than spin on: a sleeper that the network
+// poller wakes is scheduled ahead of spinners, and the processor goes to
+// the threads that have work.
+const lostProcessor = 50 * time.Microsecond
 
 // pollOnce drains every socket of the channel nobody else is reading.
 func (c *conn) pollOnce() {
