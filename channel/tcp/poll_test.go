@@ -21,8 +21,17 @@ func pollFor(tr channel.Transport, c *channel.Conn, n int, stop <-chan struct{})
 	return tr.(channel.Poller).Poll(stop, 0, c.Notifies[n].TryReset)
 }
 
+// steady turns off, for the tests that need Poll to last its whole spin on
+// a loaded machine, the early sleep of a Poll that lost its processor.
+func steady(trs ...channel.Transport) {
+	for _, tr := range trs {
+		tr.(*conn).lostGap = 0
+	}
+}
+
 func TestPollReceivesAFrameSentInPieces(t *testing.T) {
 	rp := connectRaw(t, Options{Spin: 10 * time.Second})
+	steady(rp.c1.Transport)
 	mine := rp.r1.bytes(t)
 	clear(mine)
 	var wire []byte
@@ -124,6 +133,7 @@ func TestPollTwoWaitersOneChannel(t *testing.T) {
 // the peer.
 func TestPollPeerDiesMidPoll(t *testing.T) {
 	rp := connectRaw(t, Options{Spin: 30 * time.Second})
+	steady(rp.c1.Transport)
 	got := make(chan bool, 1)
 	go func() { got <- pollFor(rp.c1.Transport, rp.c1, 0, nil) }()
 	h := make(header, headerLen)
@@ -155,6 +165,7 @@ func TestPollPeerDiesMidPoll(t *testing.T) {
 
 func TestPollEndsOnStopAndSpin(t *testing.T) {
 	p := connectPair(t, Options{Spin: 30 * time.Second}, Options{Spin: 20 * time.Millisecond}, 4096, 1)
+	steady(p.c0.Transport, p.c1.Transport)
 	stop := make(chan struct{})
 	time.AfterFunc(20*time.Millisecond, func() { close(stop) })
 	start := time.Now()
@@ -241,5 +252,24 @@ func TestPollOneProcessor(t *testing.T) {
 	}
 	if err := <-errc; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestPollSleepsWhenItLostItsProcessor: a look that comes long after the
+// last one (someone else had the processor) ends the poll early, so that
+// the waiter sleeps and the network poller wakes it.
+func TestPollSleepsWhenItLostItsProcessor(t *testing.T) {
+	p := connectPair(t, Options{Spin: 30 * time.Second}, Options{}, 4096, 1)
+	start := time.Now()
+	looks := 0
+	ok := p.c0.Transport.(channel.Poller).Poll(nil, 0, func() bool {
+		looks++
+		if looks == 3 {
+			time.Sleep(2 * lostProcessor) // as if descheduled between looks
+		}
+		return false
+	})
+	if ok || time.Since(start) > 10*time.Second {
+		t.Fatalf("Poll = %v after %v and %d looks; want false soon after the gap", ok, time.Since(start), looks)
 	}
 }

@@ -140,7 +140,7 @@ func (c *conn) Poll(stop <-chan struct{}, limit time.Duration, done func() bool)
 		default:
 		}
 		now := time.Now()
-		if now.Sub(start) >= spin || now.Sub(last) >= lostProcessor {
+		if now.Sub(start) >= spin || c.lostGap > 0 && now.Sub(last) >= c.lostGap {
 			return false
 		}
 		last = now
