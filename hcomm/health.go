@@ -114,7 +114,14 @@ func (c *Comm) watch() {
 	lctx, lcancel := context.WithCancel(context.Background())
 	c.health = &health{cancel: cancel, done: make(chan struct{}), lostCtx: lctx, lostCancel: lcancel, lostSet: make(map[int]string)}
 	var wg sync.WaitGroup
-	if c.rank != 0 && c.boot.client != nil {
+	switch {
+	case c.rank != 0 && c.boot.mail != nil:
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c.watchRingLost0(ctx)
+		}()
+	case c.rank != 0 && c.boot.client != nil:
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -188,15 +195,21 @@ var errNoEvent = errors.New("hcomm: loss event numbered but never set")
 
 // eventGrace is how long an event numbered in the counter may stay unset
 // before the watch skips it: a publisher that died (or timed out) between
-// numbering its event and setting it must not stop the watch.
-const eventGrace = time.Second
+// numbering its event and setting it must not stop the watch. The watch
+// looks at the counter once per grace, at least a second and at most the
+// liveness timeout: every rank's look is a request to rank 0's store, so
+// the grace grows with the rank count (a 10th of a second per rank).
+func (c *Comm) eventGrace() time.Duration {
+	return min(max(time.Second, time.Duration(c.size)*100*time.Millisecond), c.cfg.livenessTimeout())
+}
 
 // nextEvent waits for loss event i. It waits in slices of eventGrace; after
 // one in which the counter shows later events while event i is still
 // missing, it gives up on i (errNoEvent).
 func (c *Comm) nextEvent(ctx context.Context, i int) ([]byte, error) {
+	grace := c.eventGrace()
 	for {
-		gctx, gcancel := context.WithTimeout(ctx, eventGrace)
+		gctx, gcancel := context.WithTimeout(ctx, grace)
 		b, err := c.boot.store.Get(gctx, eventPfx+strconv.Itoa(i))
 		timedOut := err != nil && ctx.Err() == nil && gctx.Err() != nil
 		gcancel()
