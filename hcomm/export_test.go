@@ -17,3 +17,8 @@ func SetPeersHook(f func(rank int)) { peersHook = f }
 // RootServed returns how many messages rank 0's bootstrap store has served
 // (bootstrap.Server.Served); c must be rank 0 of a multi-process init.
 func RootServed(c *Comm) int64 { return c.boot.root.Served() }
+
+// SetRingHook sets the hook a joining rank runs before each step of its
+// ring gather (ring.go); call it before any communicator exists, and set
+// it back to nil when done.
+func SetRingHook(f func(rank, step int)) { ringHook = f }

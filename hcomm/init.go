@@ -444,6 +444,9 @@ func rendezvous(ctx context.Context, cli *bootstrap.Client, js joinSpec, ifc boo
 		return nil, ErrPara, fmt.Errorf("rank %d (on %s) has no bootstrap mailbox: is it an older hcomm?", succ, next.where())
 	}
 	nc, err := mb.dial(ctx, next.Mailbox)
+	if errors.Is(err, bootstrap.ErrGone) {
+		return nil, ErrRemote, fmt.Errorf("rank %d connecting to rank %d's bootstrap mailbox: rank %d is lost: it is gone (nothing listens at %s): %w", js.rank, succ, succ, next.Mailbox, ErrRankLost)
+	}
 	if err != nil {
 		return nil, ErrTCPConnect, fmt.Errorf("rank %d connecting to rank %d's bootstrap mailbox: %w", js.rank, succ, err)
 	}

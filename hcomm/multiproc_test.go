@@ -47,6 +47,13 @@ func TestHelperRank(t *testing.T) {
 			}
 		})
 	}
+	if role == "die-mid-ring" { // rank 2 dies at the second step of the ring gather
+		hcomm.SetRingHook(func(rank, step int) {
+			if rank == 2 && step == 1 {
+				os.Exit(3)
+			}
+		})
+	}
 	var c *hcomm.Comm
 	var err error
 	if rs := os.Getenv("HCOMM_TEST_ROOT"); rs != "" { // InitRootInfo with a root info from another process
@@ -74,6 +81,16 @@ func TestHelperRank(t *testing.T) {
 	}()
 	switch role {
 	case "empty", "die-before-list": // init, then destroy at once
+	case "die-mid-ring":
+		// A rank whose ring gather ended before rank 2 died learns of the
+		// loss at its first collective.
+		v := []float32{1}
+		err := collectives.AllReduceSlice(context.Background(), c, v, v, hcomm.Sum, nil)
+		if err == nil {
+			t.Fatal("all-reduce after rank 2 died: no error")
+		}
+		fmt.Printf("OPERROR %s\n", strings.ReplaceAll(err.Error(), "\n", " "))
+		c.Abort()
 	case "work":
 		if err := rankWork(c, "", sizes); err != nil { // the transport is hcomm's choice
 			t.Fatal(err)
@@ -395,6 +412,39 @@ func TestMultiProcessLostBeforeList(t *testing.T) {
 	}
 }
 
+// A rank that dies halfway through the ring that passes the ranks'
+// descriptions around fails every other rank at once (well within
+// HCCL_CONNECT_TIMEOUT, 30 s here) with an error naming it: the init of
+// the ranks still waiting for descriptions that pass through it, the first
+// collective of those that had them all before it died.
+func TestMultiProcessLostMidRing(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short")
+	}
+	const n = 5
+	env := masterEnv(t, "127.0.0.1")
+	start := time.Now()
+	procs := launchRanks(t, context.Background(), n, "die-mid-ring", nil, func(int) []string { return env })
+	for _, p := range procs {
+		err := <-p.done
+		p.done <- err // for the cleanup
+		if p.rank == 2 {
+			if err == nil {
+				t.Errorf("rank 2 did not die")
+			}
+			continue
+		}
+		if d := time.Since(start); d > 15*time.Second {
+			t.Errorf("rank %d failed after %v; want it at once", p.rank, d)
+		}
+		out := p.log.String()
+		if !strings.Contains(out, "rank 2 is lost") || !strings.Contains(out, "rank lost") {
+			t.Errorf("rank %d: %v, want its init or first collective to fail naming rank 2 lost; output:\n%s", p.rank, err, out)
+		}
+		t.Logf("rank %d: %s", p.rank, lastLine(out, "rank 2 is lost"))
+	}
+}
+
 // Rank 0 is this test process (GetRootInfo, InitRootInfo); ranks 1 and 2
 // are processes that get the root info as a string. Transports are left to
 // hcomm: shm (or tcp) between processes.
@@ -490,4 +540,18 @@ func checkSurvivors(t *testing.T, procs []*rankProc, victim int, since time.Time
 		}
 		t.Logf("rank %d failed %v after the loss of rank %d: %s", p.rank, took.Round(time.Millisecond), victim, line)
 	}
+}
+
+// lastLine returns the last line of out that contains sub, clipped.
+func lastLine(out, sub string) string {
+	var l string
+	for _, line := range strings.Split(out, "\n") {
+		if strings.Contains(line, sub) {
+			l = line
+		}
+	}
+	if len(l) > 300 {
+		l = l[:300] + "…"
+	}
+	return l
 }

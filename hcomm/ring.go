@@ -184,10 +184,23 @@ func ringGather(ctx context.Context, m *mailbox, next *bootstrap.Client, root *b
 	succ, pred := (r+1)%n, (r+n-1)%n
 	local := m.local()
 	for s := 0; s < n-1; s++ {
+		if ringHook != nil {
+			ringHook(r, s)
+		}
 		key := "boot/ring/" + strconv.Itoa(s)
 		if err := next.Set(ctx, key, all[(r-s+n)%n]); err != nil {
 			if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
 				return nil, cause
+			}
+			if errors.Is(err, bootstrap.ErrClosed) && ctx.Err() == nil {
+				// The successor's mailbox went: its process died (no
+				// goodbye), or it failed its init and closed (its own
+				// loss event says why).
+				why := "its bootstrap mailbox closed (it failed during its setup)"
+				if next.Lost() {
+					why = "it is gone: its bootstrap mailbox went away without a goodbye"
+				}
+				return nil, fmt.Errorf("rank %d handing the ranks' descriptions to rank %d: rank %d is lost: %s: %w", r, succ, succ, why, ErrRankLost)
 			}
 			return nil, fmt.Errorf("rank %d handing the ranks' descriptions to rank %d: %w", r, succ, err)
 		}
@@ -203,6 +216,11 @@ func ringGather(ctx context.Context, m *mailbox, next *bootstrap.Client, root *b
 	}
 	return all, nil
 }
+
+// ringHook, when set (by tests, before any communicator exists), runs in
+// every joining rank before each step s of its ring gather: a test makes a
+// rank die there.
+var ringHook func(rank, step int)
 
 // watchRing cancels ctx (with the reason as cause) when the ring gather
 // cannot end: a rank lost, the job failed. It returns a function that stops
