@@ -18,7 +18,7 @@ func SetPeersHook(f func(rank int)) { peersHook = f }
 // (bootstrap.Server.Served); c must be rank 0 of a multi-process init.
 func RootServed(c *Comm) int64 { return c.boot.root.Served() }
 
-// SetRingHook sets the hook a joining rank runs before each step of its
-// ring gather (ring.go); call it before any communicator exists, and set
-// it back to nil when done.
-func SetRingHook(f func(rank, step int)) { ringHook = f }
+// SetGatherHook sets the hook a joining rank runs at the steps of its tree
+// gather (ring.go); call it before any communicator exists, and set it
+// back to nil when done.
+func SetGatherHook(f func(rank, step int)) { gatherHook = f }

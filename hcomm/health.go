@@ -114,6 +114,13 @@ func (c *Comm) watch() {
 	lctx, lcancel := context.WithCancel(context.Background())
 	c.health = &health{cancel: cancel, done: make(chan struct{}), lostCtx: lctx, lostCancel: lcancel, lostSet: make(map[int]string)}
 	var wg sync.WaitGroup
+	if c.boot.mail != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c.watchSucc(ctx)
+		}()
+	}
 	switch {
 	case c.rank != 0 && c.boot.mail != nil:
 		wg.Add(1)

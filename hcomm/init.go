@@ -426,32 +426,29 @@ func rendezvous(ctx context.Context, cli *bootstrap.Client, js joinSpec, ifc boo
 	if peersHook != nil && js.rank != 0 {
 		peersHook(js.rank)
 	}
-	// The successor's description, from rank 0's store: where its mailbox
-	// is. Everything else comes around the ring.
-	succ := (js.rank + 1) % js.nRanks
-	b, err := cli.Get(ctx, "info/"+strconv.Itoa(succ))
+	// A rank lost meanwhile (its connection to rank 0's store or to a
+	// mailbox ended, or rank 0's store published it), or the job failed,
+	// ends the rest at once, with that as the error.
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	stop := watchGather(ctx, cancel, mb, cli)
+	defer stop()
+	// From rank 0's store: the descriptions of this rank's ring successor
+	// (which watches this rank's liveness) and tree parent (the gather's
+	// way up). Everything else comes down the tree.
+	succ, parent := (js.rank+1)%js.nRanks, treeParent(js.rank)
+	nc, code, err := dialPeer(ctx, cli, mb, js, succ)
 	if err != nil {
-		if errors.Is(err, bootstrap.ErrJobFailed) {
-			return nil, ErrPara, err
+		return nil, code, err
+	}
+	mb.setRing(succ, nc)
+	var pc *bootstrap.Client
+	if js.rank != 0 {
+		if pc, code, err = dialPeer(ctx, cli, mb, js, parent); err != nil {
+			return nil, code, err
 		}
-		return nil, ErrTimeout, fmt.Errorf("rank %d waiting for rank %d to join: %w", js.rank, succ, err)
 	}
-	next, err := checkInfo(b, succ, js.nRanks)
-	if err != nil {
-		return nil, ErrPara, err
-	}
-	if next.Mailbox == "" {
-		return nil, ErrPara, fmt.Errorf("rank %d (on %s) has no bootstrap mailbox: is it an older hcomm?", succ, next.where())
-	}
-	nc, err := mb.dial(ctx, next.Mailbox)
-	if errors.Is(err, bootstrap.ErrGone) {
-		return nil, ErrRemote, fmt.Errorf("rank %d connecting to rank %d's bootstrap mailbox: rank %d is lost: it is gone (nothing listens at %s): %w", js.rank, succ, succ, next.Mailbox, ErrRankLost)
-	}
-	if err != nil {
-		return nil, ErrTCPConnect, fmt.Errorf("rank %d connecting to rank %d's bootstrap mailbox: %w", js.rank, succ, err)
-	}
-	nc.KeepAlive(keepAliveInterval) // the successor's mailbox watches this rank's liveness
-	all, err := ringGather(ctx, mb, nc, cli, mine)
+	all, err := treeGather(ctx, mb, pc, mine)
 	if err != nil {
 		switch {
 		case errors.Is(err, ErrRankLost):
@@ -470,6 +467,47 @@ func rendezvous(ctx context.Context, cli *bootstrap.Client, js joinSpec, ifc boo
 		peers[r] = p
 	}
 	return peers, Success, nil
+}
+
+// dialPeer reads rank r's description from rank 0's store (cli), waiting
+// for it to join, and connects to its mailbox.
+func dialPeer(ctx context.Context, cli *bootstrap.Client, mb *mailbox, js joinSpec, r int) (*bootstrap.Client, Result, error) {
+	b, err := cli.Get(ctx, "info/"+strconv.Itoa(r))
+	if cause := context.Cause(ctx); err != nil && cause != nil && !errors.Is(cause, context.Canceled) && !errors.Is(cause, context.DeadlineExceeded) {
+		err = cause // the watch's verdict: a rank lost, the job failed
+	}
+	if err != nil {
+		if errors.Is(err, ErrRankLost) {
+			return nil, ErrRemote, err
+		}
+		if errors.Is(err, bootstrap.ErrJobFailed) {
+			return nil, ErrPara, err
+		}
+		return nil, ErrTimeout, fmt.Errorf("rank %d waiting for rank %d to join: %w", js.rank, r, err)
+	}
+	p, err := checkInfo(b, r, js.nRanks)
+	if err != nil {
+		return nil, ErrPara, err
+	}
+	if p.Mailbox == "" {
+		return nil, ErrPara, fmt.Errorf("rank %d (on %s) has no bootstrap mailbox: is it an older hcomm?", r, p.where())
+	}
+	nc, err := mb.dial(ctx, p.Mailbox)
+	if cause := context.Cause(ctx); err != nil && cause != nil && !errors.Is(cause, context.Canceled) && !errors.Is(cause, context.DeadlineExceeded) {
+		return nil, ErrRemote, cause // the watch's verdict: a rank lost, the job failed
+	}
+	if errors.Is(err, bootstrap.ErrGone) {
+		// Its process died — or it failed its init and closed: then the
+		// watch says why in a moment (the job failed, its own loss).
+		if v := awaitVerdict(ctx, verdictWait); v != nil {
+			return nil, ErrRemote, v
+		}
+		return nil, ErrRemote, fmt.Errorf("rank %d connecting to rank %d's bootstrap mailbox: rank %d is lost: it is gone (nothing listens at %s): %w", js.rank, r, r, p.Mailbox, ErrRankLost)
+	}
+	if err != nil {
+		return nil, ErrTCPConnect, fmt.Errorf("rank %d connecting to rank %d's bootstrap mailbox: %w", js.rank, r, err)
+	}
+	return nc, Success, nil
 }
 
 // checkInfo parses rank r's description and checks that it fits a

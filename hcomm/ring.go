@@ -43,6 +43,8 @@ type mailbox struct {
 	conns  map[string]*mailConn // by address
 	closed bool
 	onLost func(rank int, reason string)
+	ring   *bootstrap.Client // the connection to the ring successor's mailbox, once made
+	succ   int
 	lost   chan struct{} // closed at the first loss the store reports
 	lostR  int
 	lostW  string
@@ -161,71 +163,172 @@ func (m *mailbox) close() {
 	m.srv.Close()
 }
 
-// ringGather is the rendezvous's ring all-gather: this rank (r of n) hands
-// its successor, whose mailbox next is connected to, the description it
-// holds, and takes its predecessor's from its own mailbox, n-1 times; it
-// returns the n descriptions, by rank. Every rank talks to its two
-// neighbours only; rank 0's store sees none of it. It ends early when the
-// ring cannot go on: a neighbour lost (this rank's mailbox reports its
-// predecessor, the successor's refuses a hand-over), a loss rank 0's store
-// publishes (watch: a rank elsewhere on the ring), rank 0's store failing
-// the job or going away without a goodbye, or ctx.
-func ringGather(ctx context.Context, m *mailbox, next *bootstrap.Client, root *bootstrap.Client, mine []byte) ([][]byte, error) {
-	n, r := m.size, m.rank
-	all := make([][]byte, n)
-	all[r] = mine
-	if n == 1 {
-		return all, nil
+// treeParent is rank r's parent in the binomial tree rooted at rank 0: r
+// without its lowest set bit. Rank r's subtree is the ranks [r,
+// r+lowbit(r)) (rank 0's: all n); its children are r+1, r+2, r+4, … below
+// r+lowbit(r) and n.
+func treeParent(r int) int { return r & (r - 1) }
+
+// treeChildren returns rank r's children in the binomial tree of n ranks,
+// nearest first.
+func treeChildren(r, n int) []int {
+	var out []int
+	for k := 1; r+k < n && (r == 0 || k < r&-r); k <<= 1 {
+		out = append(out, r+k)
 	}
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	stop := watchRing(ctx, cancel, m, root)
-	defer stop()
-	succ, pred := (r+1)%n, (r+n-1)%n
-	local := m.local()
-	for s := 0; s < n-1; s++ {
-		if ringHook != nil {
-			ringHook(r, s)
-		}
-		key := "boot/ring/" + strconv.Itoa(s)
-		if err := next.Set(ctx, key, all[(r-s+n)%n]); err != nil {
-			if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
-				return nil, cause
-			}
-			if errors.Is(err, bootstrap.ErrClosed) && ctx.Err() == nil {
-				// The successor's mailbox went: its process died (no
-				// goodbye), or it failed its init and closed (its own
-				// loss event says why).
-				why := "its bootstrap mailbox closed (it failed during its setup)"
-				if next.Lost() {
-					why = "it is gone: its bootstrap mailbox went away without a goodbye"
-				}
-				return nil, fmt.Errorf("rank %d handing the ranks' descriptions to rank %d: rank %d is lost: %s: %w", r, succ, succ, why, ErrRankLost)
-			}
-			return nil, fmt.Errorf("rank %d handing the ranks' descriptions to rank %d: %w", r, succ, err)
-		}
-		v, err := local.Get(ctx, key)
-		if err != nil {
-			if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
-				return nil, cause
-			}
-			return nil, fmt.Errorf("rank %d waiting for the ranks' descriptions from rank %d: %w", r, pred, err)
-		}
-		local.Delete(ctx, key)
-		all[(r-1-s+n)%n] = v
-	}
-	return all, nil
+	return out
 }
 
-// ringHook, when set (by tests, before any communicator exists), runs in
-// every joining rank before each step s of its ring gather: a test makes a
-// rank die there.
-var ringHook func(rank, step int)
+// treeSpan is the number of ranks in rank r's subtree of n ranks.
+func treeSpan(r, n int) int {
+	if r == 0 {
+		return n
+	}
+	return min(r&-r, n-r)
+}
 
-// watchRing cancels ctx (with the reason as cause) when the ring gather
+// Keys of the gather in the mailboxes.
+const (
+	gatherUp      = "boot/up/"      // + child rank: its subtree's descriptions, in the parent's mailbox
+	gatherAll     = "boot/all"      // every description, in each parent's mailbox
+	gatherRead    = "boot/read"     // counter: children that read gatherAll
+	gatherReadAll = "boot/read-all" // set by the child that read it last
+)
+
+// treeGather is the rendezvous's all-gather of the ranks' descriptions, up
+// and down the binomial tree rooted at rank 0 (treeParent), over the ranks'
+// mailboxes: this rank (m.rank of m.size) takes its children's subtrees
+// from its mailbox, hands its own subtree to its parent's (parent: the
+// connection to it; nil on rank 0), reads every description back from
+// there, and serves it to its children, returning once every child has
+// read it — so that a rank may close its mailbox the moment its init
+// returns. 2·log2(n) hops; rank 0's store sees none of it. It returns the
+// n descriptions, by rank.
+//
+// It ends early when ctx does — the rendezvous runs it under watchGather,
+// whose verdict (a rank lost, the job failed) it returns as its error — or
+// this rank's parent refuses: it names the parent lost.
+func treeGather(ctx context.Context, m *mailbox, parent *bootstrap.Client, mine []byte) ([][]byte, error) {
+	n, r := m.size, m.rank
+	if n == 1 {
+		return [][]byte{mine}, nil
+	}
+	// why returns the cause of a failure: the watch's verdict when it
+	// ended ctx, else err, said of the call (doing, to peer; -1: this
+	// rank's own mailbox) that failed.
+	why := func(err error, peer int, doing string) error {
+		if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
+			return cause
+		}
+		if peer < 0 {
+			return fmt.Errorf("rank %d %s: %w", r, doing, err)
+		}
+		if errors.Is(err, bootstrap.ErrClosed) && ctx.Err() == nil {
+			// The parent's mailbox went: its process died (no goodbye), or
+			// it failed its init and closed — the job failed (rank 0's
+			// store says why to every rank), or it published its own
+			// loss: the watch's verdict says so, in a moment.
+			what := "it is gone: its bootstrap mailbox went away without a goodbye"
+			if !parent.Lost() {
+				if v := awaitVerdict(ctx, verdictWait); v != nil {
+					return v
+				}
+				what = "its bootstrap mailbox closed (it failed during its setup)"
+			}
+			return fmt.Errorf("rank %d %s rank %d: rank %d is lost: %s: %w", r, doing, peer, peer, what, ErrRankLost)
+		}
+		return fmt.Errorf("rank %d %s rank %d: %w", r, doing, peer, err)
+	}
+	local := m.local()
+	kids := treeChildren(r, n)
+	if gatherHook != nil {
+		gatherHook(r, 0)
+	}
+	sub := []json.RawMessage{mine}
+	for _, k := range kids {
+		v, err := local.Get(ctx, gatherUp+strconv.Itoa(k))
+		if err != nil {
+			return nil, why(err, -1, fmt.Sprintf("waiting for the descriptions of rank %d's subtree", k))
+		}
+		var part []json.RawMessage
+		if err := json.Unmarshal(v, &part); err != nil || len(part) != treeSpan(k, n) {
+			return nil, fmt.Errorf("rank %d: rank %d sent %d malformed descriptions of its subtree (want %d)", r, k, len(part), treeSpan(k, n))
+		}
+		sub = append(sub, part...)
+		local.Delete(ctx, gatherUp+strconv.Itoa(k))
+	}
+	all, _ := json.Marshal(sub)
+	if r != 0 {
+		p := treeParent(r)
+		if err := parent.Set(ctx, gatherUp+strconv.Itoa(r), all); err != nil {
+			return nil, why(err, p, "handing its subtree's descriptions to")
+		}
+		if gatherHook != nil {
+			gatherHook(r, 1)
+		}
+		v, err := parent.Get(ctx, gatherAll)
+		if err != nil {
+			return nil, why(err, p, "waiting for every rank's description from")
+		}
+		all = v
+		k, err := parent.Add(ctx, gatherRead, 1)
+		if err == nil && k == int64(len(treeChildren(p, n))) {
+			err = parent.Set(ctx, gatherReadAll, []byte{1})
+		}
+		if err != nil {
+			return nil, why(err, p, "telling that it read every description to")
+		}
+	}
+	if len(kids) > 0 {
+		if err := local.Set(ctx, gatherAll, all); err != nil {
+			return nil, why(err, -1, "serving every description to its children")
+		}
+		if _, err := local.Get(ctx, gatherReadAll); err != nil {
+			return nil, why(err, -1, "waiting for its children to read every description")
+		}
+	}
+	var out []json.RawMessage
+	if err := json.Unmarshal(all, &out); err != nil || len(out) != n {
+		return nil, fmt.Errorf("rank %d: the descriptions of every rank are malformed (%d of %d)", r, len(out), n)
+	}
+	res := make([][]byte, n)
+	for i, b := range out {
+		res[i] = b
+	}
+	return res, nil
+}
+
+// gatherHook, when set (by tests, before any communicator exists), runs in
+// every joining rank at two points of its tree gather: step 0 before it
+// takes its children's descriptions, step 1 (not on rank 0) after it
+// handed its subtree's to its parent, before it reads every description
+// back. A test makes a rank die there.
+var gatherHook func(rank, step int)
+
+// verdictWait bounds how long a rank whose peer closed its mailbox during
+// the rendezvous waits for the word on why (awaitVerdict).
+const verdictWait = time.Second
+
+// awaitVerdict waits, at most d, for the watch (watchGather) to end ctx
+// with its verdict, and returns it; nil when none came (or ctx ended
+// otherwise).
+func awaitVerdict(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) && !errors.Is(cause, context.DeadlineExceeded) {
+		return cause
+	}
+	return nil
+}
+
+// watchGather cancels ctx (with the reason as cause) when the tree gather
 // cannot end: a rank lost, the job failed. It returns a function that stops
 // the watch and waits for it.
-func watchRing(ctx context.Context, cancel context.CancelCauseFunc, m *mailbox, root *bootstrap.Client) (stop func()) {
+func watchGather(ctx context.Context, cancel context.CancelCauseFunc, m *mailbox, root *bootstrap.Client) (stop func()) {
 	wctx, wcancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Add(2)
@@ -237,10 +340,10 @@ func watchRing(ctx context.Context, cancel context.CancelCauseFunc, m *mailbox, 
 		}
 		var ev lossEvent
 		if json.Unmarshal(b, &ev) != nil {
-			cancel(fmt.Errorf("rank %d passing the ranks' descriptions around the ring: a rank was lost (malformed event %q): %w", m.rank, b, ErrRankLost))
+			cancel(fmt.Errorf("rank %d gathering the ranks' descriptions: a rank was lost (malformed event %q): %w", m.rank, b, ErrRankLost))
 			return
 		}
-		cancel(fmt.Errorf("rank %d passing the ranks' descriptions around the ring: rank %d is lost: %s: %w", m.rank, ev.Rank, ev.Reason, ErrRankLost))
+		cancel(fmt.Errorf("rank %d gathering the ranks' descriptions: rank %d is lost: %s: %w", m.rank, ev.Rank, ev.Reason, ErrRankLost))
 	}()
 	go func() { // this rank's predecessor lost; rank 0's store failing the job or lost
 		defer wg.Done()
@@ -250,22 +353,54 @@ func watchRing(ctx context.Context, cancel context.CancelCauseFunc, m *mailbox, 
 			m.mu.Lock()
 			rank, why := m.lostR, m.lostW
 			m.mu.Unlock()
-			cancel(fmt.Errorf("rank %d passing the ranks' descriptions around the ring: rank %d is lost: %s: %w", m.rank, rank, why, ErrRankLost))
+			cancel(fmt.Errorf("rank %d gathering the ranks' descriptions: rank %d is lost: %s: %w", m.rank, rank, why, ErrRankLost))
 		case <-root.Done():
 			switch err := root.Err(); {
 			case errors.Is(err, bootstrap.ErrJobFailed):
 				cancel(err)
 			case root.Lost():
-				cancel(fmt.Errorf("rank %d passing the ranks' descriptions around the ring: rank 0 is lost: its bootstrap store went away without a goodbye: %w", m.rank, ErrRankLost))
+				cancel(fmt.Errorf("rank %d gathering the ranks' descriptions: rank 0 is lost: its bootstrap store went away without a goodbye: %w", m.rank, ErrRankLost))
 			}
-			// The store closed with a goodbye: rank 0 has every
-			// description and no longer needs the ring; neither does this
-			// rank need rank 0's store to finish it.
+			// The store closed with a goodbye: rank 0's init returned,
+			// and this rank no longer needs rank 0 to finish the gather
+			// (its parent, if rank 0, gave it every description).
 		}
 	}()
 	return func() {
 		wcancel()
 		wg.Wait()
+	}
+}
+
+// setRing records the connection to the ring successor's mailbox; this
+// rank pings it (the successor watches this rank's liveness) and watches
+// it in turn (watchSucc).
+func (m *mailbox) setRing(succ int, cli *bootstrap.Client) {
+	m.mu.Lock()
+	m.ring, m.succ = cli, succ
+	m.mu.Unlock()
+	cli.KeepAlive(keepAliveInterval)
+}
+
+// watchSucc runs on each rank of a communicator with a ring for its life
+// (until ctx ends): when the connection to its ring successor's mailbox
+// ends without the successor's goodbye, the successor's process died (or
+// the network between failed), and c learns it is lost — without rank 0's
+// store, which may be gone with it.
+func (c *Comm) watchSucc(ctx context.Context) {
+	m := c.boot.mail
+	m.mu.Lock()
+	cli, succ := m.ring, m.succ
+	m.mu.Unlock()
+	if cli == nil {
+		return
+	}
+	select {
+	case <-ctx.Done():
+	case <-cli.Done():
+		if cli.Lost() && ctx.Err() == nil {
+			c.rankLost(succ, "it is gone: its bootstrap mailbox went away without a goodbye (its process died or its network failed)")
+		}
 	}
 }
 

@@ -109,10 +109,14 @@ func dial(ctx context.Context, addr string, secret Secret, claim Claim, retry bo
 			backoff *= 2
 		}
 	}
-	if ctx.Err() != nil {
-		return nil, fmt.Errorf("bootstrap: rank %d could not reach the store of rank 0 at %s (last error: %v): %w", rank, addr, last, ctx.Err())
+	what := "the store of rank 0"
+	if !retry {
+		what = "the store"
 	}
-	return nil, fmt.Errorf("bootstrap: rank %d could not reach the store of rank 0 at %s: %w", rank, addr, last)
+	if ctx.Err() != nil {
+		return nil, fmt.Errorf("bootstrap: rank %d could not reach %s at %s (last error: %v): %w", rank, what, addr, last, ctx.Err())
+	}
+	return nil, fmt.Errorf("bootstrap: rank %d could not reach %s at %s: %w", rank, what, addr, last)
 }
 
 // Errors of Probe.
