@@ -18,7 +18,9 @@ import (
 func bootLoad(t *testing.T, n int) (int64, time.Duration) {
 	t.Helper()
 	cfg := &hcomm.Config{Name: "bootscale", Transport: hcomm.TransportTCP, BufferSize: 64 << 10,
-		ConnectTimeout: 60 * time.Second, ExecTimeout: 60 * time.Second}
+		ConnectTimeout: 60 * time.Second, ExecTimeout: 60 * time.Second,
+		LivenessTimeout: time.Minute} // 64 ranks in one process under -race starve their pings
+
 	root, err := hcomm.GetRootInfo(cfg)
 	if err != nil {
 		t.Fatal(err)

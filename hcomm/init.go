@@ -436,17 +436,28 @@ func rendezvous(ctx context.Context, cli *bootstrap.Client, js joinSpec, ifc boo
 	// From rank 0's store: the descriptions of this rank's ring successor
 	// (which watches this rank's liveness) and tree parent (the gather's
 	// way up). Everything else comes down the tree.
+	// The two at once: each waits for its rank to join.
 	succ, parent := (js.rank+1)%js.nRanks, treeParent(js.rank)
+	var (
+		pc    *bootstrap.Client
+		pcode Result
+		perr  error
+		pdone = make(chan struct{})
+	)
+	go func() {
+		defer close(pdone)
+		if js.rank != 0 {
+			pc, pcode, perr = dialPeer(ctx, cli, mb, js, parent)
+		}
+	}()
 	nc, code, err := dialPeer(ctx, cli, mb, js, succ)
+	<-pdone
 	if err != nil {
 		return nil, code, err
 	}
 	mb.setRing(succ, nc)
-	var pc *bootstrap.Client
-	if js.rank != 0 {
-		if pc, code, err = dialPeer(ctx, cli, mb, js, parent); err != nil {
-			return nil, code, err
-		}
+	if perr != nil {
+		return nil, pcode, perr
 	}
 	all, err := treeGather(ctx, mb, pc, mine)
 	if err != nil {
@@ -496,12 +507,14 @@ func dialPeer(ctx context.Context, cli *bootstrap.Client, mb *mailbox, js joinSp
 	if cause := context.Cause(ctx); err != nil && cause != nil && !errors.Is(cause, context.Canceled) && !errors.Is(cause, context.DeadlineExceeded) {
 		return nil, ErrRemote, cause // the watch's verdict: a rank lost, the job failed
 	}
-	if errors.Is(err, bootstrap.ErrGone) {
+	if err != nil && ctx.Err() == nil {
 		// Its process died — or it failed its init and closed: then the
 		// watch says why in a moment (the job failed, its own loss).
 		if v := awaitVerdict(ctx, verdictWait); v != nil {
 			return nil, ErrRemote, v
 		}
+	}
+	if errors.Is(err, bootstrap.ErrGone) {
 		return nil, ErrRemote, fmt.Errorf("rank %d connecting to rank %d's bootstrap mailbox: rank %d is lost: it is gone (nothing listens at %s): %w", js.rank, r, r, p.Mailbox, ErrRankLost)
 	}
 	if err != nil {

@@ -47,9 +47,9 @@ func TestHelperRank(t *testing.T) {
 			}
 		})
 	}
-	if role == "die-mid-gather" { // rank 2 dies after it handed its subtree up, before it reads every description
+	if role == "die-mid-gather" { // rank 8 dies after it handed its subtree up, before it reads every description
 		hcomm.SetGatherHook(func(rank, step int) {
-			if rank == 2 && step == 1 {
+			if rank == 8 && step == 1 {
 				os.Exit(3)
 			}
 		})
@@ -82,12 +82,12 @@ func TestHelperRank(t *testing.T) {
 	switch role {
 	case "empty", "die-before-list": // init, then destroy at once
 	case "die-mid-gather":
-		// A rank whose ring gather ended before rank 2 died learns of the
-		// loss at its first collective.
+		// A rank whose gather ended before rank 8 died learns of the loss
+		// at its first collective.
 		v := []float32{1}
 		err := collectives.AllReduceSlice(context.Background(), c, v, v, hcomm.Sum, nil)
 		if err == nil {
-			t.Fatal("all-reduce after rank 2 died: no error")
+			t.Fatal("all-reduce after rank 8 died: no error")
 		}
 		fmt.Printf("OPERROR %s\n", strings.ReplaceAll(err.Error(), "\n", " "))
 		c.Abort()
@@ -413,7 +413,7 @@ func TestMultiProcessLostBeforeList(t *testing.T) {
 }
 
 // A rank that dies halfway through the tree gather of the ranks'
-// descriptions fails every other rank at once (well within
+// descriptions (rank 8 of 10) fails every other rank at once (well within
 // HCCL_CONNECT_TIMEOUT, 30 s here): the init of its parent and child in
 // the tree with an error naming it; the others' init or, when they had
 // every description before it died, their first collective — naming it,
@@ -422,16 +422,16 @@ func TestMultiProcessLostMidGather(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short")
 	}
-	const n = 5
+	const n = 10 // rank 8's parent in the tree is rank 0, its child rank 9
 	env := masterEnv(t, "127.0.0.1")
 	start := time.Now()
 	procs := launchRanks(t, context.Background(), n, "die-mid-gather", nil, func(int) []string { return env })
 	for _, p := range procs {
 		err := <-p.done
 		p.done <- err // for the cleanup
-		if p.rank == 2 {
+		if p.rank == 8 {
 			if err == nil {
-				t.Errorf("rank 2 did not die")
+				t.Errorf("rank 8 did not die")
 			}
 			continue
 		}
@@ -440,18 +440,18 @@ func TestMultiProcessLostMidGather(t *testing.T) {
 		}
 		out := p.log.String()
 		switch {
-		case p.rank == 0 || p.rank == 3:
-			// Rank 2's parent and child in the tree wait for it: their
+		case p.rank == 0 || p.rank == 9:
+			// Rank 8's parent and child in the tree wait for it: their
 			// init fails naming it.
-			if !strings.Contains(out, "init: ") || !strings.Contains(out, "rank 2 is lost") || !strings.Contains(out, "rank lost") {
-				t.Errorf("rank %d: %v, want its init to fail naming rank 2 lost; output:\n%s", p.rank, err, out)
+			if !strings.Contains(out, "init: ") || !strings.Contains(out, "rank 8 is lost") || !strings.Contains(out, "rank lost") {
+				t.Errorf("rank %d: %v, want its init to fail naming rank 8 lost; output:\n%s", p.rank, err, out)
 			}
 			t.Logf("rank %d: %s", p.rank, lastLine(out, "init: "))
 		case strings.Contains(out, "init: "):
 			t.Logf("rank %d: %s", p.rank, lastLine(out, "init: "))
 		case strings.Contains(out, "OPERROR"):
-			// Its init had every description before rank 2 died; its
-			// first collective fails, naming rank 2 when it learnt of the
+			// Its init had every description before rank 8 died; its
+			// first collective fails, naming rank 8 when it learnt of the
 			// loss first, or a rank that failed its init for it.
 			t.Logf("rank %d: %s", p.rank, lastLine(out, "OPERROR"))
 		default:

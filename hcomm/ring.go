@@ -163,18 +163,46 @@ func (m *mailbox) close() {
 	m.srv.Close()
 }
 
-// treeParent is rank r's parent in the binomial tree rooted at rank 0: r
-// without its lowest set bit. Rank r's subtree is the ranks [r,
-// r+lowbit(r)) (rank 0's: all n); its children are r+1, r+2, r+4, … below
-// r+lowbit(r) and n.
-func treeParent(r int) int { return r & (r - 1) }
+// The gather's tree is the k-nomial tree of radix treeRadix rooted at
+// rank 0: a rank's parent is the rank with its lowest nonzero base-k digit
+// cleared; rank r's subtree is the ranks [r, r+lowPlace(r)) (rank 0's:
+// all n). Its depth is log_k n — 2 at 64 ranks, 4 at 4096 — and a rank
+// has at most (k-1)·depth children: a few hops and a small fan-in, where
+// a ring takes n-1 hops and a binomial tree 2·log2 n.
+const treeRadix = 8
 
-// treeChildren returns rank r's children in the binomial tree of n ranks,
-// nearest first.
+// lowPlace returns the place value (a power of treeRadix) of r's lowest
+// nonzero base-treeRadix digit; 0 for r = 0.
+func lowPlace(r int) int {
+	if r == 0 {
+		return 0
+	}
+	p := 1
+	for r%(p*treeRadix) == 0 {
+		p *= treeRadix
+	}
+	return p
+}
+
+// treeParent is rank r's parent in the gather's tree; 0 for rank 0 (the
+// root).
+func treeParent(r int) int {
+	p := lowPlace(r)
+	if p == 0 {
+		return 0
+	}
+	return r - (r/p%treeRadix)*p
+}
+
+// treeChildren returns rank r's children in the gather's tree of n ranks,
+// in rank order (their subtrees follow one another).
 func treeChildren(r, n int) []int {
 	var out []int
-	for k := 1; r+k < n && (r == 0 || k < r&-r); k <<= 1 {
-		out = append(out, r+k)
+	lim := lowPlace(r)
+	for p := 1; r+p < n && (r == 0 || p < lim); p *= treeRadix {
+		for j := 1; j < treeRadix && r+j*p < n; j++ {
+			out = append(out, r+j*p)
+		}
 	}
 	return out
 }
@@ -184,7 +212,7 @@ func treeSpan(r, n int) int {
 	if r == 0 {
 		return n
 	}
-	return min(r&-r, n-r)
+	return min(lowPlace(r), n-r)
 }
 
 // Keys of the gather in the mailboxes.
@@ -196,13 +224,13 @@ const (
 )
 
 // treeGather is the rendezvous's all-gather of the ranks' descriptions, up
-// and down the binomial tree rooted at rank 0 (treeParent), over the ranks'
+// and down the gather's tree rooted at rank 0 (treeParent), over the ranks'
 // mailboxes: this rank (m.rank of m.size) takes its children's subtrees
 // from its mailbox, hands its own subtree to its parent's (parent: the
 // connection to it; nil on rank 0), reads every description back from
 // there, and serves it to its children, returning once every child has
 // read it — so that a rank may close its mailbox the moment its init
-// returns. 2·log2(n) hops; rank 0's store sees none of it. It returns the
+// returns. 2·log_k(n) hops; rank 0's store sees none of it. It returns the
 // n descriptions, by rank.
 //
 // It ends early when ctx does — the rendezvous runs it under watchGather,

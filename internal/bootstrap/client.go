@@ -55,8 +55,9 @@ func Dial(ctx context.Context, addr string, secret Secret, claim Claim) (*Client
 
 // DialUp is Dial for a store known to be up — a peer's store whose address
 // the peer published once it listened: it does not retry. A refused or
-// reset connection means the store's process is gone; the error then wraps
-// ErrGone. Errors otherwise as Dial's.
+// reset connection, or one that ends before the handshake does, means the
+// store's process is gone; the error then wraps ErrGone. Errors otherwise
+// as Dial's.
 func DialUp(ctx context.Context, addr string, secret Secret, claim Claim) (*Client, error) {
 	return dial(ctx, addr, secret, claim, false)
 }
@@ -90,7 +91,8 @@ func dial(ctx context.Context, addr string, secret Secret, claim Claim, retry bo
 		}
 		last = err
 		if !retry && ctx.Err() == nil {
-			if errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) {
+			if errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) ||
+				errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) { // its process went mid-handshake
 				return nil, fmt.Errorf("bootstrap: rank %d could not reach the store at %s: %v: %w", rank, addr, err, ErrGone)
 			}
 			return nil, fmt.Errorf("bootstrap: rank %d could not reach the store at %s: %w", rank, addr, err)

@@ -489,6 +489,15 @@ func (s *Server) serve(c net.Conn, sc *srvConn) {
 			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
 				s.log.Warn("hcomm bootstrap: dropping connection", "store", s.ln.Addr().String(), "rank", rank, "err", err)
 			}
+			if ne, ok := err.(net.Error); ok && ne.Timeout() && !wdead.Load() {
+				// Dropped for its silence: say goodbye, so that a client
+				// that is merely slow does not take the end for this
+				// store's loss (the server reports it lost; OnLost).
+				wmu.Lock()
+				c.SetWriteDeadline(time.Now().Add(50 * time.Millisecond))
+				c.Write(frame(opBye, 0))
+				wmu.Unlock()
+			}
 			return
 		}
 		s.served.Add(1)
