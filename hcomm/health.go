@@ -26,17 +26,22 @@ import (
 // could make the failure look like that neighbour's. Afterwards the
 // communicator refuses new work (ErrRemote); Destroy still works.
 //
-// Every rank pings the store twice a second; a rank silent for
-// Config.LivenessTimeout (HCOMM_LIVENESS_TIMEOUT, 10 s) — stopped, frozen,
-// its network gone — is reported lost the same way, "not responding (alive
-// but stuck?)", where a rank whose connection closed is "gone". Rank 0's
-// own loss each rank learns from its store connection ending without rank
-// 0's goodbye (a store that rank 0 closes on purpose says goodbye first),
-// and rank 0 stuck from its store not answering a request within the
-// liveness timeout (each rank asks once a second): neither depends on
-// HCCL_EXEC_TIMEOUT.
+// Liveness rides a ring (ring.go): every rank pings its successor's
+// bootstrap mailbox twice a second, and the successor's mailbox reports a
+// rank silent for Config.LivenessTimeout (HCOMM_LIVENESS_TIMEOUT, 10 s) —
+// stopped, frozen, its network gone — lost the same way, "not responding
+// (alive but stuck?)", where a rank whose connection closed is "gone".
+// Rank 0's own loss each rank learns from its store connection ending
+// without rank 0's goodbye (a store that rank 0 closes on purpose says
+// goodbye first); rank 0 stuck, from rank 1, whose mailbox finds it
+// silent and passes the word around the ring (rank 0's store, stuck,
+// cannot publish it). Nobody polls rank 0's store, and neither way
+// depends on HCCL_EXEC_TIMEOUT. (A communicator without mailboxes — a
+// shrunk one — pings its store and asks rank 0's a question once a
+// second instead: watchRoot.)
 
-// keepAliveInterval is how often a rank pings rank 0's store.
+// keepAliveInterval is how often a rank pings its ring successor's
+// mailbox (a shrunk communicator's rank: its store).
 const keepAliveInterval = 500 * time.Millisecond
 
 // livenessTimeout is how long rank 0's store waits for a word (a ping) from

@@ -33,22 +33,27 @@ import (
 //     or a rank two processes claim fails every rank at once, naming them;
 //     once all n have joined, a newcomer (another job on the port) is
 //     refused alone.
-//  2. Rank 0 gathers the n descriptions and publishes the list; every rank
-//     checks it (same rank count, no rank claimed twice) and tells rank 0 it
-//     has read it. Rank 0's init returns only once every rank has (as
-//     NCCL's bootstrap ends with an all-gather), or a rank is lost meanwhile:
-//     destroying rank 0's communicator the moment its init returns fails no
+//  2. The descriptions go up and down a tree of the ranks' own small
+//     stores (mailboxes, ring.go), not through rank 0: each rank reads
+//     only its tree parent's and ring successor's descriptions from rank
+//     0's store, so that it serves O(n) messages per init
+//     (internal/bootstrap/spec.md counts them). A rank's init returns
+//     once its tree children have every description (as NCCL's
+//     bootstrap ends with an all-gather), or a rank is lost meanwhile:
+//     destroying a communicator the moment its init returns fails no
 //     other rank's init.
-//  3. Channels are then set up pairwise through the store (ChannelAcquire):
-//     each pair trades transport messages under keys named by the two ranks,
-//     the engine, protocol, tag and a per-key counter.
+//  3. Channels are then set up pairwise (ChannelAcquire) in the mailbox
+//     of the lower rank of the two: each pair trades transport messages
+//     under keys named by the two ranks, the engine, protocol, tag and a
+//     per-key counter.
 //
 // Setup is bounded by Config.ConnectTimeout (HCCL_CONNECT_TIMEOUT): ranks may
 // start in any order within it; connecting retries while rank 0 is not up.
-// Rank 0's communicator owns the store: destroying it ends the rendezvous, so
-// rank 0 destroys its communicator after every rank has acquired the
-// channels it will use (nothing else needs the store once every init has
-// returned), or last.
+// Rank 0's communicator owns the store, and each rank's its mailbox:
+// destroying it ends the channel setups that meet there, so a rank
+// destroys its communicator after its peers have acquired the channels
+// they will use with it (nothing else needs the stores once every init
+// has returned), or last.
 
 // DefaultRootPort is the port of rank 0's bootstrap store when nothing names
 // one: InitClusterInfo without HCOMM_ROOT_PORT, InitFromEnv under Slurm

@@ -13,23 +13,25 @@ import (
 	"github.com/hcomm-dev/hcomm/internal/bootstrap"
 )
 
-// The bootstrap ring. Rank 0's store serves O(n) messages per init, however
-// many ranks there are (internal/bootstrap/spec.md counts them): each rank
-// claims its rank, publishes its own description there and reads its ring
-// successor's, and that is all it asks rank 0 for the rendezvous. The rest
-// rides the ranks' own mailboxes — a small bootstrap store each rank serves
-// from its init on, in the manner of NCCL's bootstrap ring:
+// The bootstrap's mailboxes. Rank 0's store serves O(n) messages per
+// init, however many ranks there are (internal/bootstrap/spec.md counts
+// them): each rank claims its rank, publishes its own description there
+// and reads two others' — its ring successor's and its tree parent's —
+// and that is all it asks rank 0 for the rendezvous. The rest rides the
+// ranks' mailboxes — a small bootstrap store each rank serves from its
+// init on, in the manner of NCCL's bootstrap ring:
 //
-//   - the descriptions go around the ring (rank r hands rank r+1 what it
-//     has, n-1 steps), so every rank learns all n without rank 0 sending
-//     the list to each;
+//   - the descriptions go up and down a k-nomial tree of the ranks
+//     (treeGather: log_k n hops each way), so every rank learns all n
+//     without rank 0 sending the list to each;
 //   - the messages that set up a channel between ranks a < b are traded in
-//     rank a's mailbox, not rank 0's store;
-//   - liveness: each rank pings its successor's mailbox, which reports the
-//     rank lost when it falls silent for the liveness timeout (and publishes
-//     it in rank 0's store, as rank 0's store does for a connection that
-//     ends); rank 0 stuck, whose store cannot publish, is passed around the
-//     ring instead. Nobody polls rank 0's store.
+//     rank a's mailbox, not rank 0's store (pairStore);
+//   - liveness rides a ring: each rank pings its successor's mailbox,
+//     which reports the rank lost when it falls silent for the liveness
+//     timeout (and publishes it in rank 0's store, as rank 0's store does
+//     for a connection that ends), and watches that connection for the
+//     successor's end; rank 0 stuck, whose store cannot publish, is passed
+//     around the ring instead. Nobody polls rank 0's store.
 
 // mailbox is a rank's own bootstrap store and its connections to the other
 // ranks' mailboxes. Safe for concurrent use.
