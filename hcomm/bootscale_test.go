@@ -78,3 +78,60 @@ func TestBootRootLoadLinear(t *testing.T) {
 // room for the collective's slow waits, each of which publishes where the
 // rank waits (wait.go) — 8 at 4 and 16 ranks here, 11 at 64.
 const bootMsgsPerRank = 16
+
+// A sub-communicator of a multi-process communicator sets its channels up
+// in the ranks' mailboxes too: its first collective adds no channel-setup
+// messages to rank 0's store — only the split's own exchange there.
+func TestBootSubCommMailboxes(t *testing.T) {
+	const n = 8
+	cfg := &hcomm.Config{Name: "bootsub", Transport: hcomm.TransportTCP, BufferSize: 64 << 10,
+		ConnectTimeout: 60 * time.Second, ExecTimeout: 60 * time.Second, LivenessTimeout: time.Minute}
+	root, err := hcomm.GetRootInfo(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer root.Close()
+	comms := initRanks(t, n, func(r int) (*hcomm.Comm, error) { return hcomm.InitRootInfo(n, root, r, cfg) })
+	before := hcomm.RootServed(comms[0])
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	for r, c := range comms {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sub, err := c.Split(r%2, r, nil)
+			if err != nil {
+				errs[r] = err
+				return
+			}
+			defer sub.Destroy()
+			v := []float64{float64(r)}
+			if err := collectives.AllReduceSlice(context.Background(), sub, v, v, hcomm.Sum, nil); err != nil {
+				errs[r] = err
+				return
+			}
+			want := 12.0 // 0+2+4+6
+			if r%2 == 1 {
+				want = 16 // 1+3+5+7
+			}
+			if v[0] != want {
+				errs[r] = fmt.Errorf("all-reduce of the split gave %v, want %v", v[0], want)
+			}
+		}()
+	}
+	wg.Wait()
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d: %v", r, err)
+		}
+	}
+	// The split's own exchange is n+1 messages per rank in the parent's
+	// store (a SET, n GETs); the sub-communicators' 2·C(4,2) channel
+	// setups would add some 190 more (283 in all before they met in the
+	// mailboxes).
+	if got, most := hcomm.RootServed(comms[0])-before, int64((n+4)*n); got > most {
+		t.Errorf("the split and the sub-communicators' first all-reduce cost rank 0's store %d messages; want at most %d", got, most)
+	} else {
+		t.Logf("the split and the sub-communicators' first all-reduce: %d messages at rank 0's store", got)
+	}
+}
