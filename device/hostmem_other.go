@@ -10,9 +10,9 @@ import (
 
 // Without memfd, host device memory is an anonymous private mapping: it
 // cannot be shared with another process (Share fails), and nothing else
-// changes.
+// changes. Its pages are committed at first touch, lazy or not.
 
-func hostAlloc(size int64) ([]byte, int, error) {
+func hostAlloc(size int64, _ bool) ([]byte, int, error) {
 	mem, err := unix.Mmap(-1, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANON)
 	return mem, -1, err
 }

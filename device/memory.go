@@ -243,13 +243,32 @@ func itoa(v int64) string {
 
 // Malloc allocates size bytes of device memory on d, zeroed
 // (aclrtMalloc / cuMemAlloc). size must be positive.
-func (d *Device) Malloc(size int64) (Ptr, error) { return d.malloc("Malloc", size, false) }
+func (d *Device) Malloc(size int64) (Ptr, error) { return d.malloc("Malloc", size, false, false) }
+
+// MallocLazy is Malloc for memory that is large but used only in part, or
+// only later: its pages are committed when first touched, not at the call,
+// so the allocation costs address space, not memory, until it is used. A
+// communicator's HCCL buffer is one: 2 × HCCL_BUFFSIZE bytes (400 MB by
+// default), of which the collectives use the slots of the peers they talk
+// to. The memory reads as zeros and can be shared (Share) as Malloc's can.
+//
+// What it gives up: Malloc reserves every page at the call, so that running
+// out of memory is an ErrMemoryAllocation error there; a page of MallocLazy
+// memory that cannot be had when it is first touched is the kernel's to
+// handle (the OOM killer, as for any memory a process touches). A request
+// larger than all the memory the process may use is still refused at the
+// call.
+func (d *Device) MallocLazy(size int64) (Ptr, error) {
+	return d.malloc("MallocLazy", size, false, true)
+}
 
 // MallocHost allocates size bytes of pinned host memory (aclrtMallocHost /
 // cuMemAllocHost): the host side of an asynchronous copy.
-func (d *Device) MallocHost(size int64) (Ptr, error) { return d.malloc("MallocHost", size, true) }
+func (d *Device) MallocHost(size int64) (Ptr, error) {
+	return d.malloc("MallocHost", size, true, false)
+}
 
-func (d *Device) malloc(op string, size int64, host bool) (Ptr, error) {
+func (d *Device) malloc(op string, size int64, host, lazy bool) (Ptr, error) {
 	if err := d.check(op); err != nil {
 		return 0, err
 	}
@@ -259,7 +278,7 @@ func (d *Device) malloc(op string, size int64, host bool) (Ptr, error) {
 	if size > maxAlloc {
 		return 0, newErr(op, d.id, -1, ErrMemoryAllocation, "size %d exceeds the %d-byte limit of one allocation", size, int64(maxAlloc))
 	}
-	mem, fd, err := d.be.alloc(size, host)
+	mem, fd, err := d.be.alloc(size, host, lazy)
 	if err != nil {
 		return 0, &Error{Op: op, Device: d.id, Stream: -1, Code: ErrMemoryAllocation,
 			Msg: "allocating " + itoa(size) + " bytes", Err: err}
