@@ -1,6 +1,7 @@
 package collectives
 
 import (
+	"context"
 	"time"
 
 	"github.com/hcomm-dev/hcomm/device"
@@ -14,6 +15,10 @@ type sched struct {
 	t     *hcomm.Thread
 	err   error
 	opSeq uint64 // the collective's number (BeginOp)
+
+	ctx    context.Context // bounds the channel setups (need); nil: none beyond the communicator's
+	issued int             // calls that enqueued (do)
+	unset  bool            // err is a setup of need's that failed before anything was enqueued
 }
 
 func (s *sched) ok() bool { return s.err == nil }
@@ -21,6 +26,7 @@ func (s *sched) ok() bool { return s.err == nil }
 func (s *sched) do(err error) {
 	if s.err == nil {
 		s.err = err
+		s.issued++
 	}
 }
 
