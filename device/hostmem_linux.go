@@ -135,6 +135,14 @@ func fallocate(fd int, size int64) error {
 	return nil
 }
 
+// discard gives the bytes [off, off+n) of the memory file fd back to the
+// system (both page-aligned): they read as zeros, in every mapping, and are
+// committed again at their next touch. It reports false when the kernel
+// would not; nothing changed then.
+func discard(fd int, off, n int64) bool {
+	return unix.Fallocate(fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, off, n) == nil
+}
+
 func hostFree(mem []byte, fd int) error {
 	err := unix.Munmap(mem)
 	if fd >= 0 {

@@ -1,6 +1,7 @@
 package device
 
 import (
+	"os"
 	"slices"
 	"sort"
 	"sync"
@@ -50,6 +51,7 @@ type allocation struct {
 	mem  []byte
 	fd   int  // the memory file behind mem (Share), or -1
 	host bool // MallocHost: pinned host memory rather than device memory
+	lazy bool // MallocLazy: pages committed at first touch (Memset to zero gives them back)
 
 	// use is held for reading by every task that touches the memory, and for
 	// writing by Free, so that a Free racing with queued work waits for it and
@@ -257,7 +259,7 @@ func (d *Device) Malloc(size int64) (Ptr, error) { return d.malloc("Malloc", siz
 // memory that cannot be had when it is first touched is the kernel's to
 // handle (the OOM killer, as for any memory a process touches). A request
 // larger than all the memory the process may use is still refused at the
-// call.
+// call. Memset to zero gives its pages back.
 func (d *Device) MallocLazy(size int64) (Ptr, error) {
 	return d.malloc("MallocLazy", size, false, true)
 }
@@ -283,7 +285,7 @@ func (d *Device) malloc(op string, size int64, host, lazy bool) (Ptr, error) {
 		return 0, &Error{Op: op, Device: d.id, Stream: -1, Code: ErrMemoryAllocation,
 			Msg: "allocating " + itoa(size) + " bytes", Err: err}
 	}
-	a := &allocation{dev: d, base: Ptr(unsafe.Pointer(&mem[0])), mem: mem, fd: fd, host: host}
+	a := &allocation{dev: d, base: Ptr(unsafe.Pointer(&mem[0])), mem: mem, fd: fd, host: host, lazy: lazy}
 	allocs.insert(a)
 	d.mu.Lock()
 	d.nalloc++
@@ -335,7 +337,9 @@ func (d *Device) Bytes(p Ptr, n int64) ([]byte, error) {
 }
 
 // Memset sets n bytes at p, memory of d, to value and returns when done
-// (aclrtMemset).
+// (aclrtMemset). Zeroing MallocLazy memory gives its whole pages back
+// instead of writing them: they read as zeros, in every process that maps
+// them, and are committed again when next touched.
 func (d *Device) Memset(p Ptr, n int64, value byte) error {
 	if err := d.check("Memset"); err != nil {
 		return err
@@ -344,8 +348,32 @@ func (d *Device) Memset(p Ptr, n int64, value byte) error {
 	if err != nil {
 		return err
 	}
+	if value == 0 && r.a != nil && r.a.lazy && r.a.fd >= 0 {
+		zeroLazy(r.a, r.mem)
+		return nil
+	}
 	fill(r.mem, value)
 	return nil
+}
+
+// zeroLazy zeroes b, a range of the MallocLazy allocation a: its whole pages
+// by giving them back (discard: they read as zeros and are committed again
+// at their next touch), the rest by writing zeros — so that clearing a
+// large buffer used in part commits none of it.
+func zeroLazy(a *allocation, b []byte) {
+	if len(b) == 0 {
+		return
+	}
+	page := int64(os.Getpagesize())
+	off := int64(uintptr(unsafe.Pointer(&b[0])) - uintptr(a.base))
+	lo := (off + page - 1) &^ (page - 1)
+	hi := (off + int64(len(b))) &^ (page - 1)
+	if hi-lo >= page && discard(a.fd, lo, hi-lo) {
+		fill(b[:lo-off], 0)
+		fill(b[hi-off:], 0)
+		return
+	}
+	fill(b, 0)
 }
 
 func fill(b []byte, v byte) {

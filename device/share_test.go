@@ -249,3 +249,66 @@ func TestMallocLazyCommitsOnTouch(t *testing.T) {
 		t.Fatalf("Malloc: %d bytes committed, want all %d (reserved at the call)", n, 4<<20)
 	}
 }
+
+// TestMemsetZeroGivesLazyPagesBack: zeroing MallocLazy memory gives its
+// whole pages back (the bytes read as zeros, in a peer's mapping too) and
+// keeps the bytes outside the range; Malloc's memory stays reserved.
+func TestMemsetZeroGivesLazyPagesBack(t *testing.T) {
+	d := open(t, 0)
+	const size = 16 << 20
+	page := int64(os.Getpagesize())
+	lazy, err := d.MallocLazy(size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Free(lazy)
+	b, err := d.Bytes(lazy, size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range b {
+		b[i] = 0xa5
+	}
+	if n := committed(t, d, lazy); n != size {
+		t.Fatalf("%d bytes committed after writing all %d", n, size)
+	}
+	fd, off, err := d.Share(lazy, size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	peer, err := unix.Mmap(fd, off, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(peer)
+	const from, n = 100, size - 300
+	if err := d.Memset(lazy.Add(from), n, 0); err != nil {
+		t.Fatal(err)
+	}
+	// The partial first and last pages stay, written; the rest is given back.
+	if c := committed(t, d, lazy); c != 2*page {
+		t.Fatalf("%d bytes committed after zeroing all but 300 bytes; want the 2 partial pages", c)
+	}
+	for i, v := range b {
+		want := byte(0)
+		if i < from || i >= from+n {
+			want = 0xa5
+		}
+		if v != want || peer[i] != want {
+			t.Fatalf("byte %d = %#x here, %#x in the peer's mapping; want %#x", i, v, peer[i], want)
+		}
+	}
+
+	eager, err := d.Malloc(1 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Free(eager)
+	if err := d.Memset(eager, 1<<20, 0); err != nil {
+		t.Fatal(err)
+	}
+	if c := committed(t, d, eager); c != 1<<20 {
+		t.Fatalf("Malloc memory: %d bytes committed after Memset to zero; want all %d (it stays reserved)", c, 1<<20)
+	}
+}
