@@ -36,6 +36,10 @@ func TestHelperRank(t *testing.T) {
 		faultRank(t) // fault_test.go: it joins by itself, to count what it leaves behind
 		return
 	}
+	if role == "scale" {
+		scaleRank(t) // scale_netns_test.go: it joins by itself, to time its init
+		return
+	}
 	if role == "stateloss" {
 		stateLossRank(t) // stateloss_test.go
 		return

@@ -231,6 +231,28 @@ func (c Config) resolveNet() (Config, error) {
 	return c, nil
 }
 
+// TransportTo names the transport a channel to peer with protocol p would
+// run on — TransportInproc, TransportShm or TransportTCP — without setting
+// one up: the choice ChannelAcquire makes, from HCOMM_TRANSPORT and where
+// the peer runs. A library that sets its channels up lazily asks it ahead
+// (the collectives' selector does: whether a peer's memory is mapped). It
+// is local and safe for concurrent use; a peer outside the communicator,
+// this rank, or a protocol that cannot reach the peer is an *Error.
+func (c *Comm) TransportTo(peer int, p Protocol) (string, error) {
+	const op = "TransportTo"
+	if err := c.usable(op); err != nil {
+		return "", err
+	}
+	if peer < 0 || peer >= c.size || peer == c.rank {
+		return "", c.errorf(op, peer, ErrPara, nil, "peer %d is outside [0, %d) or this rank", peer, c.size)
+	}
+	t, err := c.pickTransport(peer, p)
+	if err != nil {
+		return "", c.errorf(op, peer, ErrNotSupport, err, "")
+	}
+	return t.name, nil
+}
+
 // pickTransport chooses the transport of a channel to peer with protocol p:
 // the forced one, or the fastest that carries p and reaches the peer.
 func (c *Comm) pickTransport(peer int, p Protocol) (*transport, error) {
