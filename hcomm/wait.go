@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/hcomm-dev/hcomm/channel"
 	"github.com/hcomm-dev/hcomm/device"
 	"github.com/hcomm-dev/hcomm/notify"
 )
@@ -44,6 +45,9 @@ func (c *Comm) awaitNotify(op string, ch *Channel, idx int, n *notify.Notify, ti
 		start = time.Now()
 	}
 	err := c.waitReporting(n, timeout, stop, tag)
+	if clk, ok := ch.tr.(channel.Clocked); ok && err == nil {
+		clk.NotifyWaited(idx) // the simulator's virtual clock (channel/sim)
+	}
 	if timed {
 		d := time.Since(start)
 		c.cfg.metrics.ObserveWait(tr, d)
