@@ -61,9 +61,9 @@ type Comm struct {
 	// handed out, read without a lock.
 	custom    channel.Dialer
 	localCost channel.LocalCoster
-	threads  []*Thread
-	values   map[any]any
-	ops      opState // BeginOp's counter and what each thread issues (optag.go)
+	threads   []*Thread
+	values    map[any]any
+	ops       opState // BeginOp's counter and what each thread issues (optag.go)
 	// notifyWait is SetNotifyWaitTimeOut's value in nanoseconds; 0: unset.
 	notifyWait atomic.Int64
 	// valueSnap is a copy of values that Value reads without the lock.
