@@ -34,6 +34,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 
@@ -74,7 +75,58 @@ type World struct {
 	nics   []nic
 
 	mu   sync.Mutex
-	ends map[string]*end
+	ends map[string]*end // ends being connected, by token
+	trs  []*Transport    // every transport made, for Reset
+
+	faultMu sync.Mutex
+	fault   *Fault
+	counted int    // writes of the fault's rank counted so far
+	prev    []byte // the fault's rank's previous counted write
+}
+
+// Fault is a fault injected into a World's writes (Inject), for the
+// simulator's own tests: they show that a schedule that loses or repeats a
+// piece fails the result check instead of being timed.
+type Fault struct {
+	// Rank is the writing rank; the fault hits its Nth write (from 1) of at
+	// least MinBytes bytes after Inject.
+	Rank, Nth int
+	MinBytes  int
+	// Repeat makes the bytes of the rank's previous such write land in
+	// place of the Nth's (a piece delivered twice, another never); false
+	// drops the Nth write (its record still goes: the receiver reads what
+	// the buffer held).
+	Repeat bool
+}
+
+// Inject arms f: it hits once. Safe for concurrent use.
+func (w *World) Inject(f Fault) {
+	w.faultMu.Lock()
+	w.fault, w.counted, w.prev = &f, 0, nil
+	w.faultMu.Unlock()
+}
+
+// faulty returns what a write of src by rank must put in the peer's memory
+// instead of src: nil to drop it, src itself when no fault hits.
+func (w *World) faulty(rank int, src []byte) (out []byte, drop bool) {
+	w.faultMu.Lock()
+	defer w.faultMu.Unlock()
+	f := w.fault
+	if f == nil || f.Rank != rank || len(src) < f.MinBytes {
+		return src, false
+	}
+	w.counted++
+	if w.counted < f.Nth {
+		w.prev = append(w.prev[:0], src...)
+		return src, false
+	}
+	w.fault = nil
+	if !f.Repeat || w.prev == nil {
+		return nil, true
+	}
+	out = append([]byte(nil), src...)
+	copy(out, w.prev)
+	return out, false
 }
 
 // NewWorld returns the world of p, every clock at 0. It fails with p's
@@ -135,6 +187,17 @@ func (w *World) Reset() {
 		w.nics[i].mu.Lock()
 		w.nics[i].free = 0
 		w.nics[i].mu.Unlock()
+	}
+	w.mu.Lock()
+	trs := w.trs
+	w.mu.Unlock()
+	for _, t := range trs {
+		t.mu.Lock()
+		t.last = 0
+		t.mu.Unlock()
+		t.mine.mu.Lock()
+		clear(t.mine.arrive)
+		t.mine.mu.Unlock()
 	}
 }
 
@@ -237,7 +300,11 @@ func (d *Dialer) Connect(ctx context.Context, local *channel.Local, ex channel.E
 	if inter {
 		c = d.w.inter
 	}
-	conn.Transport = &Transport{inner: conn.Transport, w: d.w, me: d.rank, peer: peer.rank, c: c, inter: inter, mine: mine, theirs: peer}
+	t := &Transport{inner: conn.Transport, w: d.w, me: d.rank, peer: peer.rank, c: c, inter: inter, mine: mine, theirs: peer}
+	d.w.mu.Lock()
+	d.w.trs = append(d.w.trs, t)
+	d.w.mu.Unlock()
+	conn.Transport = t
 	return conn, nil
 }
 
@@ -289,6 +356,10 @@ func (t *Transport) send(n int, extra float64) float64 {
 // Write copies src into the peer's memory at dst.
 func (t *Transport) Write(stop <-chan struct{}, dst device.Ptr, src []byte) error {
 	t.send(len(src), 0)
+	src, drop := t.w.faulty(t.me, src)
+	if drop {
+		return nil
+	}
 	return t.inner.Write(stop, dst, src)
 }
 
@@ -349,7 +420,14 @@ func (t *Transport) Fence(stop <-chan struct{}) error {
 }
 
 // Close closes the inproc channel underneath. Idempotent.
-func (t *Transport) Close() error { return t.inner.Close() }
+func (t *Transport) Close() error {
+	t.w.mu.Lock()
+	if i := slices.Index(t.w.trs, t); i >= 0 {
+		t.w.trs = slices.Delete(t.w.trs, i, i+1)
+	}
+	t.w.mu.Unlock()
+	return t.inner.Close()
+}
 
 var (
 	_ channel.Clocked     = (*Transport)(nil)
