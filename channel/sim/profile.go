@@ -8,11 +8,13 @@ import (
 )
 
 // Level is the cost of a message on one level of the network: Alpha, the
-// latency of a message of any size, in microseconds, and Beta, the time a
-// byte holds the sender's link, in nanoseconds (1/Beta is the bandwidth in
-// GB/s).
+// latency of a message of any size, in microseconds; Overhead, the time the
+// sender is busy with a message of any size before its bytes go (LogP's o:
+// system calls, wake-ups), in microseconds; and Beta, the time a byte holds
+// the sender and its link, in nanoseconds (1/Beta is the bandwidth in GB/s).
 type Level struct {
 	AlphaUs       float64 `json:"alpha_us"`
+	OverheadUs    float64 `json:"overhead_us,omitempty"`
 	BetaNsPerByte float64 `json:"beta_ns_per_byte"`
 }
 
@@ -28,8 +30,8 @@ type Level struct {
 // The JSON form is the one `hcomm sim fit` writes and `hcomm sim -profile`
 // reads:
 //
-//	{"intra": {"alpha_us": 30, "beta_ns_per_byte": 0.4},
-//	 "inter": {"alpha_us": 30, "beta_ns_per_byte": 0.4},
+//	{"intra": {"alpha_us": 30, "overhead_us": 5, "beta_ns_per_byte": 0.4},
+//	 "inter": {"alpha_us": 30, "overhead_us": 5, "beta_ns_per_byte": 0.4},
 //	 "gamma_ns_per_byte": 0.1, "hosts": 1, "ranks_per_host": 16, "cores": 2}
 type Profile struct {
 	Intra          Level   `json:"intra"`
@@ -55,8 +57,8 @@ func (p Profile) Validate() error {
 		name string
 		v    float64
 	}{
-		{"intra.alpha_us", p.Intra.AlphaUs}, {"intra.beta_ns_per_byte", p.Intra.BetaNsPerByte},
-		{"inter.alpha_us", p.Inter.AlphaUs}, {"inter.beta_ns_per_byte", p.Inter.BetaNsPerByte},
+		{"intra.alpha_us", p.Intra.AlphaUs}, {"intra.overhead_us", p.Intra.OverheadUs}, {"intra.beta_ns_per_byte", p.Intra.BetaNsPerByte},
+		{"inter.alpha_us", p.Inter.AlphaUs}, {"inter.overhead_us", p.Inter.OverheadUs}, {"inter.beta_ns_per_byte", p.Inter.BetaNsPerByte},
 		{"gamma_ns_per_byte", p.GammaNsPerByte},
 	} {
 		if math.IsNaN(f.v) || math.IsInf(f.v, 0) || f.v < 0 {

@@ -10,15 +10,15 @@
 // on level L (intra-host or inter-host), s the slowdown of r's host (see
 // Profile.Slowdown):
 //
-//   - a write or a notify record starts at start = max(now(r), free), where
-//     free is when r's previous message left (and, between hosts, when the
-//     last message of r's host left its NIC); it holds the link for
-//     S·β(L)·s, and r is busy while it does: now(r) = start + S·β(L)·s;
+//   - a write or a notify record starts at start = now(r) (between hosts,
+//     at the latest when the last message of r's host left its NIC); r is
+//     busy with it, and it holds the link, for (o(L) + S·β(L))·s:
+//     now(r) = start + (o(L) + S·β(L))·s;
 //   - it arrives at now(r) + α(L)·s, and never before an earlier message on
 //     the same channel (records follow the writes before them);
 //   - a wait that returns advances the waiter: now(q) = max(now(q), arrival
 //     of the record it waited for);
-//   - a read is a round trip: now(r) += 2·α(L)·s + S·β(L)·s; a fence waits
+//   - a read is a round trip: now(r) += (2·α(L) + o(L) + S·β(L))·s; a fence waits
 //     for the channel's last arrival;
 //   - a local copy or reduction of S bytes, and the reduction at the far end
 //     of a write-reduce, costs S·γ·s.
@@ -60,7 +60,7 @@ type nic struct {
 }
 
 // cost is a level's profile in seconds.
-type cost struct{ alpha, beta float64 }
+type cost struct{ alpha, o, beta float64 }
 
 // World is one simulated cluster: the ranks' clocks, the hosts' NICs and the
 // fabric their channels meet on. Safe for concurrent use.
@@ -136,8 +136,8 @@ func NewWorld(p Profile) (*World, error) {
 		return nil, err
 	}
 	return &World{p: p,
-		intra:  cost{p.Intra.AlphaUs * 1e-6, p.Intra.BetaNsPerByte * 1e-9},
-		inter:  cost{p.Inter.AlphaUs * 1e-6, p.Inter.BetaNsPerByte * 1e-9},
+		intra:  cost{p.Intra.AlphaUs * 1e-6, p.Intra.OverheadUs * 1e-6, p.Intra.BetaNsPerByte * 1e-9},
+		inter:  cost{p.Inter.AlphaUs * 1e-6, p.Inter.OverheadUs * 1e-6, p.Inter.BetaNsPerByte * 1e-9},
 		gamma:  p.GammaNsPerByte * 1e-9,
 		slow:   p.Slowdown(),
 		fab:    inproc.NewFabric(),
@@ -335,7 +335,7 @@ func (t *Transport) send(n int, extra float64) float64 {
 	clk := &w.clocks[t.me]
 	clk.mu.Lock()
 	start := clk.now
-	ser := float64(n) * t.c.beta * w.slow
+	ser := (t.c.o + float64(n)*t.c.beta) * w.slow
 	if t.inter {
 		h := &w.nics[w.Host(t.me)]
 		h.mu.Lock()
@@ -365,7 +365,7 @@ func (t *Transport) Write(stop <-chan struct{}, dst device.Ptr, src []byte) erro
 
 // Read copies the peer's memory at src into dst: a round trip.
 func (t *Transport) Read(stop <-chan struct{}, dst []byte, src device.Ptr) error {
-	t.w.advance(t.me, (2*t.c.alpha+float64(len(dst))*t.c.beta)*t.w.slow)
+	t.w.advance(t.me, (2*t.c.alpha+t.c.o+float64(len(dst))*t.c.beta)*t.w.slow)
 	return t.inner.Read(stop, dst, src)
 }
 
@@ -379,7 +379,7 @@ func (t *Transport) WriteReduce(stop <-chan struct{}, dst device.Ptr, src []byte
 // ReadReduce computes dst = dst op peer[src]: a read, then a local reduction.
 func (t *Transport) ReadReduce(stop <-chan struct{}, dst []byte, src device.Ptr, count int, dt reduce.DataType, op reduce.Op) error {
 	n := float64(len(dst))
-	t.w.advance(t.me, (2*t.c.alpha+n*t.c.beta+n*t.w.gamma)*t.w.slow)
+	t.w.advance(t.me, (2*t.c.alpha+t.c.o+n*t.c.beta+n*t.w.gamma)*t.w.slow)
 	return t.inner.ReadReduce(stop, dst, src, count, dt, op)
 }
 
