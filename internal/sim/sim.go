@@ -7,10 +7,12 @@
 // instead of being timed.
 //
 // Sizes are not scaled: a predicted size is what moves, so memory grows as
-// ranks × size (Options.MemLimit refuses a case that would pass it, naming
-// both). The HCCL buffer is Options.BufferSize per rank (16 MB by default,
-// as the measured runs' HCCL_BUFFSIZE=16), which fixes the pipeline's piece
-// size and the hello slots exactly as on a real run.
+// ranks × size (Options.MemLimit refuses a case whose send and receive
+// buffers would pass it, naming both). The HCCL buffer is Options.BufferSize
+// per rank (16 MB by default, as the measured runs' HCCL_BUFFSIZE=16), which
+// fixes the pipeline's piece size and the hello slots exactly as on a real
+// run; it is reserved address space, committed only where a schedule
+// touches it.
 //
 // Cluster runs cases on one simulated cluster; Fit (fit.go) fits a link
 // profile to measured runs.
@@ -238,8 +240,12 @@ func NewCluster(p simch.Profile, o Options) (*Cluster, error) {
 		return nil, err
 	}
 	n := w.Ranks()
-	if bufs := int64(n) * 2 * o.BufferSize; bufs > o.MemLimit {
-		return nil, fmt.Errorf("sim: %d ranks' HCCL buffers (2 × %d bytes each) need %d bytes, over the memory limit of %d", n, o.BufferSize, bufs, o.MemLimit)
+	// The HCCL buffers are reserved, not committed: the host device maps
+	// them from memory files whose pages exist once touched, and a
+	// schedule touches its hello slots and the inbox pieces it uses. Their
+	// address space is bounded all the same.
+	if bufs := int64(n) * 2 * o.BufferSize; bufs > 1<<40 {
+		return nil, fmt.Errorf("sim: %d ranks' HCCL buffers (2 × %d bytes each) need %d bytes of address space, over 1 TiB: lower the buffer size", n, o.BufferSize, bufs)
 	}
 	cl := &Cluster{o: o, w: w, algos: &algoLog{}}
 	// The ranks log at TRACE to a handler that keeps the algorithm rank 0
@@ -293,8 +299,8 @@ func (cl *Cluster) grow(n int64) error {
 	if n <= cl.cap && cl.bufs != nil {
 		return nil
 	}
-	if need := int64(len(cl.comms)) * 2 * (n + cl.o.BufferSize); need > cl.o.MemLimit {
-		return fmt.Errorf("sim: %d ranks × (2 buffers of %d bytes + the HCCL buffer) need %d bytes, over the memory limit of %d", len(cl.comms), n, need, cl.o.MemLimit)
+	if need := int64(len(cl.comms)) * 2 * n; need > cl.o.MemLimit {
+		return fmt.Errorf("sim: %d ranks × 2 buffers of %d bytes need %d bytes, over the memory limit of %d", len(cl.comms), n, need, cl.o.MemLimit)
 	}
 	for r, c := range cl.comms {
 		if r < len(cl.bufs) {

@@ -149,7 +149,7 @@ func TestBadInput(t *testing.T) {
 		{"negative alpha", func(p *simch.Profile, _ *Options) { p.Intra.AlphaUs = -1 }, "intra.alpha_us is -1"},
 		{"zero ranks per host", func(p *simch.Profile, _ *Options) { p.RanksPerHost = 0 }, "ranks_per_host is 0"},
 		{"hosts × ranks overflow", func(p *simch.Profile, _ *Options) { p.Hosts, p.RanksPerHost = math.MaxInt/2, 4 }, "more than 65536 ranks"},
-		{"over the memory limit", func(p *simch.Profile, o *Options) { p.RanksPerHost = 64; o.MemLimit = 1 << 20 }, "over the memory limit"},
+		{"HCCL buffers over 1 TiB", func(p *simch.Profile, o *Options) { p.RanksPerHost = 1 << 12; o.BufferSize = 1 << 30 }, "over 1 TiB"},
 		{"negative buffer", func(_ *simch.Profile, o *Options) { o.BufferSize = -1 }, "must not be negative"},
 	} {
 		p, o := good, Options{}
@@ -178,6 +178,14 @@ func TestBadInput(t *testing.T) {
 	}
 	if r := run(t, cl, Case{"allreduce", collectives.AlgoAuto, 64}); r.Time <= 0 {
 		t.Errorf("after the refused cases, an all-reduce took %v s", r.Time)
+	}
+	small, err := NewCluster(simch.Profile{Hosts: 1, RanksPerHost: 2}, Options{MemLimit: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer small.Close()
+	if _, err := small.Run(Case{"allreduce", collectives.AlgoAuto, 1 << 20}); err == nil || !strings.Contains(err.Error(), "over the memory limit of 1048576") {
+		t.Errorf("a 1 MiB all-reduce of 2 ranks under a 1 MiB limit: error %v", err)
 	}
 }
 
