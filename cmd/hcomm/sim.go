@@ -190,6 +190,33 @@ func simCmd(args []string, stdout, stderr io.Writer) int {
 			return fail(err)
 		}
 	}
+	// The selector beside the best simulated algorithm, where both ran.
+	type key struct {
+		n    int
+		size int64
+	}
+	sel, best := map[key]sim.Result{}, map[key]sim.Result{}
+	var keys []key
+	for _, r := range all {
+		k := key{r.Ranks, r.Bytes}
+		if r.Algorithm == collectives.AlgoAuto {
+			sel[k] = r
+			keys = append(keys, k)
+		} else if b, ok := best[k]; !ok || r.Time < b.Time {
+			best[k] = r
+		}
+	}
+	if len(keys) > 0 && len(best) > 0 {
+		fmt.Fprintf(stdout, "# the selector's choice beside the best simulated algorithm\n# %6s %10s %-10s %12s %-10s %12s %8s\n", "ranks", "size", "selector", "time(us)", "best", "time(us)", "slower")
+		for _, k := range keys {
+			b, ok := best[k]
+			if !ok {
+				continue
+			}
+			a := sel[k]
+			fmt.Fprintf(stdout, "  %6d %10d %-10s %12.1f %-10s %12.1f %+7.0f%%\n", k.n, k.size, a.Algo, a.Time*1e6, b.Algorithm, b.Time*1e6, 100*(a.Time-b.Time)/b.Time)
+		}
+	}
 	if *plot != "" {
 		title := fmt.Sprintf("hcomm sim %s: predicted busbw (lines), measured (×)", coll)
 		if err := os.WriteFile(*plot, []byte(sim.PlotSVG(title, all, points)), 0o644); err != nil {
