@@ -355,7 +355,7 @@ func (cl *Cluster) Run(cs Case) (Result, error) {
 		}(r)
 	}
 	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
+	if err := firstErr(errs); err != nil {
 		return Result{}, err
 	}
 	cl.w.Reset()
@@ -373,7 +373,7 @@ func (cl *Cluster) Run(cs Case) (Result, error) {
 		}(r, c)
 	}
 	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
+	if err := firstErr(errs); err != nil {
 		return Result{}, fmt.Errorf("sim: %s %s of %d bytes over %d ranks: %w", cs.Collective, cs.Algorithm, cs.Bytes, n, err)
 	}
 	t := 0.0
@@ -391,7 +391,7 @@ func (cl *Cluster) Run(cs Case) (Result, error) {
 		}(r)
 	}
 	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
+	if err := firstErr(errs); err != nil {
 		return Result{}, fmt.Errorf("sim: %s %s (%s) of %d bytes over %d ranks: %w", cs.Collective, cs.Algorithm, algo, cs.Bytes, n, err)
 	}
 	res := Result{Case: cs, Ranks: n, Algo: algo, Time: t}
@@ -400,6 +400,26 @@ func (cl *Cluster) Run(cs Case) (Result, error) {
 		res.BusBW = res.AlgBW * co.factor(n)
 	}
 	return res, nil
+}
+
+// firstErr returns the first rank's error, saying how many other ranks
+// failed too (every rank usually fails alike: one line, not n).
+func firstErr(errs []error) error {
+	var first error
+	others := 0
+	for _, err := range errs {
+		switch {
+		case err == nil:
+		case first == nil:
+			first = err
+		default:
+			others++
+		}
+	}
+	if first != nil && others > 0 {
+		return fmt.Errorf("%w (and %d other ranks)", first, others)
+	}
+	return first
 }
 
 // fill writes rank r's input and zeroes its output (the root's output of
