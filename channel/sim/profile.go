@@ -24,8 +24,10 @@ type Level struct {
 // the cluster — Hosts hosts of RanksPerHost ranks each, ranks numbered host
 // by host. Cores is the number of cores of each host that the ranks share:
 // when a host runs more ranks than it has cores, every cost of its ranks is
-// multiplied by RanksPerHost/Cores (the ranks take turns on the cores, as
-// processes that poll do); 0 means a core per rank.
+// multiplied by (RanksPerHost/Cores)^OversubExponent (the ranks take turns
+// on the cores; an exponent above 1 says that taking turns costs more than
+// the turns themselves — switches, caches — as a fit to measured runs may
+// find; 0 means 1); Cores 0 means a core per rank.
 //
 // The JSON form is the one `hcomm sim fit` writes and `hcomm sim -profile`
 // reads:
@@ -40,6 +42,7 @@ type Profile struct {
 	Hosts          int     `json:"hosts"`
 	RanksPerHost   int     `json:"ranks_per_host"`
 	Cores          int     `json:"cores,omitempty"`
+	OversubExp     float64 `json:"oversub_exponent,omitempty"`
 }
 
 // MaxRanks bounds Hosts × RanksPerHost: each rank of a simulation is a
@@ -74,6 +77,9 @@ func (p Profile) Validate() error {
 	if p.Hosts > MaxRanks/p.RanksPerHost {
 		return fmt.Errorf("sim: profile hosts %d × ranks_per_host %d is more than %d ranks", p.Hosts, p.RanksPerHost, MaxRanks)
 	}
+	if math.IsNaN(p.OversubExp) || math.IsInf(p.OversubExp, 0) || p.OversubExp < 0 || p.OversubExp > 4 {
+		return fmt.Errorf("sim: profile oversub_exponent is %v: want 0 (1) up to 4", p.OversubExp)
+	}
 	if p.Cores < 0 {
 		return fmt.Errorf("sim: profile cores is %d: want 0 (a core per rank) or more", p.Cores)
 	}
@@ -81,12 +87,21 @@ func (p Profile) Validate() error {
 }
 
 // Slowdown is the factor every cost of a rank is multiplied by: its host's
-// ranks over its cores, at least 1.
+// ranks over its cores, to the power OversubExponent, at least 1.
 func (p Profile) Slowdown() float64 {
-	if p.Cores <= 0 || p.RanksPerHost <= p.Cores {
+	return Slowdown(p.RanksPerHost, p.Cores, p.OversubExp)
+}
+
+// Slowdown is Profile.Slowdown of a host of ranks ranks and cores cores
+// with exponent exp (0: 1).
+func Slowdown(ranks, cores int, exp float64) float64 {
+	if cores <= 0 || ranks <= cores {
 		return 1
 	}
-	return float64(p.RanksPerHost) / float64(p.Cores)
+	if exp == 0 {
+		exp = 1
+	}
+	return math.Pow(float64(ranks)/float64(cores), exp)
 }
 
 // ParseProfile reads a profile in its JSON form and validates it. A field

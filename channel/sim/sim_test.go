@@ -47,6 +47,7 @@ func TestProfileErrors(t *testing.T) {
 		{"zero hosts", func(p *Profile) { p.Hosts = 0 }, "hosts is 0"},
 		{"overflow", func(p *Profile) { p.Hosts, p.RanksPerHost = 1<<40, 1<<40 }, "more than 65536 ranks"},
 		{"negative cores", func(p *Profile) { p.Cores = -1 }, "cores is -1"},
+		{"exponent", func(p *Profile) { p.OversubExp = 5 }, "oversub_exponent is 5"},
 	} {
 		p := good
 		c.edit(&p)
@@ -71,5 +72,9 @@ func TestProfileErrors(t *testing.T) {
 	p, err := ParseProfile([]byte(`{"intra": {"alpha_us": 2, "beta_ns_per_byte": 0.5}, "hosts": 1, "ranks_per_host": 4, "cores": 2}`))
 	if err != nil || p.Intra.AlphaUs != 2 || p.Slowdown() != 2 {
 		t.Errorf("ParseProfile: %+v, %v; want alpha 2 µs and slowdown 2", p, err)
+	}
+	p.OversubExp = 2
+	if p.Slowdown() != 4 || Slowdown(2, 4, 2) != 1 {
+		t.Errorf("slowdown of 4 ranks on 2 cores, exponent 2: %v, want 4; of 2 ranks on 4 cores: %v, want 1", p.Slowdown(), Slowdown(2, 4, 2))
 	}
 }

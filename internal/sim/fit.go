@@ -122,7 +122,9 @@ func unitProfile(k, n, cores int) simch.Profile {
 // time is, along the schedule's critical path, a sum of so many α, o,
 // bytes·β and bytes·γ, and the simulator itself finds how many by running
 // the measured case with one cost at a time. cores is the measured host's
-// core count (see Profile.Cores). The fitted profile's inter-host level is
+// core count (see Profile.Cores); with cores set, the fit also picks the
+// oversubscription exponent, from 1 to 3, that fits best (the runs must
+// then include rank counts above cores). The fitted profile's inter-host level is
 // its intra-host level: one host's runs say nothing of a network between
 // hosts.
 func Fit(points []Measured, cores int, o Options) (Fitted, error) {
@@ -147,7 +149,7 @@ func Fit(points []Measured, cores int, o Options) (Fitted, error) {
 	}
 	for _, n := range ranks {
 		for k := range params {
-			cl, err := NewCluster(unitProfile(k, n, cores), o)
+			cl, err := NewCluster(unitProfile(k, n, 0), o)
 			if err != nil {
 				return Fitted{}, err
 			}
@@ -165,12 +167,43 @@ func Fit(points []Measured, cores int, o Options) (Fitted, error) {
 			cl.Close()
 		}
 	}
-	theta, err := nnls(coef, points)
-	if err != nil {
-		return Fitted{}, err
+	// On one host every cost of every rank is multiplied by the same
+	// slowdown, so the coefficients at a slowdown are those without it
+	// times the slowdown: the exponent is fitted by trying each, from 1
+	// (ranks take turns, nothing more) up.
+	var theta []float64
+	bestExp, bestErr := 0.0, math.Inf(1)
+	for e := 1.0; e <= 3.0001; e += 0.05 {
+		scaled := make([][]float64, len(coef))
+		for i, p := range points {
+			s := simch.Slowdown(p.Ranks, cores, e)
+			scaled[i] = make([]float64, len(params))
+			for k := range params {
+				scaled[i][k] = coef[i][k] * s
+			}
+		}
+		th, err := nnls(scaled, points)
+		if err != nil {
+			continue
+		}
+		if r := residual(scaled, points, th); r < bestErr-1e-12 {
+			theta, bestExp, bestErr = th, e, r
+		}
+		if cores == 0 {
+			break // no slowdown: the exponent does not matter
+		}
+	}
+	if theta == nil {
+		return Fitted{}, fmt.Errorf("sim: no non-negative α, o, β, γ fit the measurements")
+	}
+	for i, p := range points {
+		s := simch.Slowdown(p.Ranks, cores, bestExp)
+		for k := range params {
+			coef[i][k] *= s
+		}
 	}
 	lvl := simch.Level{AlphaUs: theta[0], OverheadUs: theta[1], BetaNsPerByte: theta[2]}
-	f := Fitted{Profile: simch.Profile{Intra: lvl, Inter: lvl, GammaNsPerByte: theta[3], Hosts: 1, RanksPerHost: slices.Max(ranks), Cores: cores},
+	f := Fitted{Profile: simch.Profile{Intra: lvl, Inter: lvl, GammaNsPerByte: theta[3], Hosts: 1, RanksPerHost: slices.Max(ranks), Cores: cores, OversubExp: bestExp},
 		Points: points, Pred: make([]float64, len(points))}
 	for i := range points {
 		for k := range params {
@@ -217,15 +250,7 @@ func nnls(a [][]float64, pts []Measured) ([]float64, error) {
 		for r, k := range idx {
 			theta[k] = x[r]
 		}
-		var e float64
-		for i, p := range pts {
-			var t float64
-			for k := range theta {
-				t += a[i][k] * theta[k]
-			}
-			e += (t - p.Time) * (t - p.Time) / (p.Time * p.Time)
-		}
-		if e < bestErr {
+		if e := residual(a, pts, theta); e < bestErr {
 			best, bestErr = theta, e
 		}
 	}
@@ -233,6 +258,19 @@ func nnls(a [][]float64, pts []Measured) ([]float64, error) {
 		return nil, fmt.Errorf("sim: no non-negative α, o, β, γ fit the measurements")
 	}
 	return best, nil
+}
+
+// residual is Σ ((Σ_k a_ik θ_k − t_i)/t_i)².
+func residual(a [][]float64, pts []Measured, theta []float64) float64 {
+	var e float64
+	for i, p := range pts {
+		var t float64
+		for k := range theta {
+			t += a[i][k] * theta[k]
+		}
+		e += (t - p.Time) * (t - p.Time) / (p.Time * p.Time)
+	}
+	return e
 }
 
 // solve solves a x = b by Gaussian elimination with partial pivoting; false

@@ -42,8 +42,8 @@ func TestFitRecoversProfile(t *testing.T) {
 			t.Errorf("%s: fitted %v, want %v", c.name, c.got, c.want)
 		}
 	}
-	if got.Cores != cores || got.RanksPerHost != 4 {
-		t.Errorf("fitted shape %d ranks, %d cores; want 4 and %d", got.RanksPerHost, got.Cores, cores)
+	if got.Cores != cores || got.RanksPerHost != 4 || math.Abs(got.OversubExp-1) > 0.01 {
+		t.Errorf("fitted shape %d ranks, %d cores, exponent %v; want 4, %d and 1", got.RanksPerHost, got.Cores, got.OversubExp, cores)
 	}
 }
 
