@@ -55,9 +55,15 @@ type Comm struct {
 	attempts map[chanKey]int // channel setups started per key: the exchange's call counter
 	inflight map[chanKey]*acquireCall
 	dialers  map[string]channel.Dialer
-	threads  []*Thread
-	values   map[any]any
-	ops      opState // BeginOp's counter and what each thread issues (optag.go)
+	// custom carries every channel when set (InitAllOver, custom.go), and
+	// localCost is its clock for local work, when it keeps one; a
+	// sub-communicator has its parent's. Set before the communicator is
+	// handed out, read without a lock.
+	custom    channel.Dialer
+	localCost channel.LocalCoster
+	threads   []*Thread
+	values    map[any]any
+	ops       opState // BeginOp's counter and what each thread issues (optag.go)
 	// notifyWait is SetNotifyWaitTimeOut's value in nanoseconds; 0: unset.
 	notifyWait atomic.Int64
 	// valueSnap is a copy of values that Value reads without the lock.
@@ -143,7 +149,7 @@ func newCommOn(op string, c Config, rank, size, devID int, parent *Comm, boot *b
 		return fail(ErrRuntime, err)
 	}
 	bufSize := 2 * c.BufferSize
-	buf, err := dev.Malloc(bufSize)
+	buf, err := dev.MallocLazy(bufSize) // committed as the collectives touch it
 	if err != nil {
 		if parent == nil {
 			dev.Close()
@@ -157,6 +163,7 @@ func newCommOn(op string, c Config, rank, size, devID int, parent *Comm, boot *b
 	cm.registry.Add(channel.Mem{Tag: "hccl buffer", Addr: buf, Size: bufSize})
 	if parent != nil {
 		cm.async = parent.async
+		cm.custom, cm.localCost = parent.custom, parent.localCost
 	} else {
 		cm.async = &asyncErr{}
 		cm.watchAsync() // asyncerr.go
@@ -224,7 +231,9 @@ func (c *Comm) why(op string) error {
 
 // GetHcclBuffer returns the communicator's HCCL buffer (HcclGetHcclBuffer):
 // device memory owned by the communicator, 2 × BufferSize bytes, never to be
-// freed by the caller. Peers may write into it through channels at any time a
+// freed by the caller. Its pages are committed as they are first touched
+// (device.MallocLazy): the collectives use the slots of the peers they talk
+// to, and the rest costs address space only. Peers may write into it through channels at any time a
 // handshake allows.
 func (c *Comm) GetHcclBuffer() (device.Ptr, int64, error) {
 	if err := c.usable("GetHcclBuffer"); err != nil {
