@@ -89,7 +89,7 @@ func alltoall(c *hcomm.Comm, name string, h header, send device.Ptr, sc_, sd []i
 			// The butterfly first, as every collective above helloFullMax
 			// ranks (so that any mismatch reaches every rank); the counts'
 			// hello with every peer then checks what only a pair can.
-			sched.butterfly(h)
+			sched.butterfly(h, nil)
 		}
 		sched.hello(h, sched.others(), table, int64(8*n), func(p int, payload []byte) error {
 			if len(payload) < 8*n {

@@ -21,7 +21,7 @@ func Barrier(c *hcomm.Comm, s *device.Stream) error {
 		if sc.sparse() {
 			// Above helloFullMax ranks the butterfly is the barrier (a
 			// dissemination barrier: log2(n) rounds).
-			sc.butterfly(h)
+			sc.butterfly(h, nil)
 			return nil
 		}
 		sc.hello(h, sc.others(), 0, 0, nil)

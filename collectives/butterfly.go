@@ -1,6 +1,7 @@
 package collectives
 
 import (
+	"context"
 	"fmt"
 
 	"github.com/hcomm-dev/hcomm/device"
@@ -110,39 +111,59 @@ const (
 
 // bfCall is one butterfly in flight: what its stream task needs.
 type bfCall struct {
-	s     *sched
-	h     header
-	steps []bfStep
-	mode  bfMode
-	src   device.Ptr // this rank's input: the payload (bfReduce), its block (bfGather), the root's data (bfBcast)
-	n     int64      // the payload's bytes; 0 for the handshake alone
-	block int64      // bfGather: bytes per rank's block
-	root  int        // bfBcast: the root
-	red   reduceArgs // bfReduce: count, type, op
-	out   device.Ptr // where the result goes (0: nowhere)
-	outLo int64      // the part of the payload that goes there
-	outN  int64
-	opSeq uint64
+	s      *sched
+	h      header
+	steps  []bfStep
+	mode   bfMode
+	src    device.Ptr    // this rank's input: the payload (bfReduce), its block (bfGather), the root's data (bfBcast)
+	n      int64         // the payload's bytes; 0 for the handshake alone
+	block  int64         // bfGather: bytes per rank's block
+	root   int           // bfBcast: the root
+	red    reduceArgs    // bfReduce: count, type, op
+	out    device.Ptr    // where the result goes (0: nowhere)
+	err    error         // the task's failure, set before failed is closed
+	failed chan struct{} // closed when the task fails
+	outLo  int64         // the part of the payload that goes there
+	outN   int64
+	opSeq  uint64
 }
 
-// butterfly opens a collective with the butterfly handshake (header only).
-func (s *sched) butterfly(h header) {
-	s.butterflyWith(&bfCall{h: h})
+// butterfly opens a collective with the butterfly handshake (header only);
+// also are the peers the schedule that follows talks to, whose channels are
+// set up with the butterfly's own (state.need: one setup per call, so that
+// no cycle of ranks waiting for each other's setups can form).
+func (s *sched) butterfly(h header, also []int) {
+	s.butterflyWith(&bfCall{h: h}, also)
 }
 
 // butterflyWith issues the butterfly task x (h, mode and the data fields
-// set by the caller).
-func (s *sched) butterflyWith(x *bfCall) {
+// set by the caller), after setting up the channels to its partners and to
+// the peers in also.
+func (s *sched) butterflyWith(x *bfCall, also []int) {
 	st := s.st
 	me := st.comm.Rank()
-	x.s, x.opSeq = s, s.opSeq
+	steps := butterflySteps(me, st.comm.Size())
+	peers := make([]int, 0, len(steps))
+	for _, stp := range steps {
+		peers = append(peers, stp.peer)
+	}
+	// The channels to the partners met for the first time (state.go); a
+	// setup that failed leaves the hello counters as they were. Partners
+	// are mutual, so that every rank's setup completes whatever the others
+	// call next; the schedule's own peers are set up after the butterfly
+	// is enqueued (alsoNeed).
+	if s.need(peers); s.unset {
+		return
+	}
+	defer s.alsoNeed(x, also)
+	x.s, x.opSeq, x.failed = s, s.opSeq, make(chan struct{})
 	x.h.seq = st.seq
 	x.h.from = int32(me)
 	x.h.size = int32(st.comm.Size())
 	if x.n > st.lay.inline() {
 		s.do(fmt.Errorf("%v: %d bytes of inline payload, the hello slots hold %d", x.h.kind, x.n, st.lay.inline()))
 	}
-	x.steps = butterflySteps(me, st.comm.Size())
+	x.steps = steps
 	// A peer met twice (a fold) takes two parities, in the same order on
 	// both sides: its hello in, then this rank's out (or the reverse).
 	for i := range x.steps {
@@ -164,6 +185,40 @@ func (s *sched) butterflyWith(x *bfCall) {
 	}
 	s.jitter()
 	s.launchStop("collective butterfly", x.run)
+}
+
+// alsoNeed sets up the channels to the peers in also, the schedule's after
+// the butterfly's, once the butterfly x is enqueued: a rank whose call
+// differs from its peers' (another algorithm, needing other peers) would
+// otherwise wait in that setup for peers that never join it, until
+// HCCL_CONNECT_TIMEOUT, and never send the hellos that tell the others.
+// Here the butterfly runs meanwhile, and its failure ends the setup: the
+// call fails with the butterfly's error (ErrMismatch).
+func (s *sched) alsoNeed(x *bfCall, also []int) {
+	if len(also) == 0 || !s.ok() {
+		return
+	}
+	parent := s.ctx
+	if parent == nil {
+		parent = context.Background()
+	}
+	ctx, cancel := context.WithCancel(parent)
+	defer cancel()
+	go func() {
+		select {
+		case <-x.failed:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	if err := s.st.need(ctx, also); err != nil {
+		select {
+		case <-x.failed:
+			s.do(x.err)
+		default:
+			s.do(err)
+		}
+	}
 }
 
 // virt is rank q's virtual rank in the butterfly among n = pow + r ranks
@@ -195,8 +250,18 @@ type bfFailure struct {
 	err    error  // a hello that could not be read
 }
 
-// run is the butterfly's stream task.
+// run is the butterfly's stream task; a failure closes x.failed.
 func (x *bfCall) run(stop <-chan struct{}) error {
+	err := x.exchange(stop)
+	if err != nil {
+		x.err = err
+		close(x.failed)
+	}
+	return err
+}
+
+// exchange is run's body: the rounds, the checks, the combining.
+func (x *bfCall) exchange(stop <-chan struct{}) error {
 	s, st := x.s, x.s.st
 	lay := st.lay
 	me, size := int(x.h.from), st.comm.Size()
@@ -416,7 +481,7 @@ func (x *bfCall) failure(f *bfFailure) error {
 func allReduceRD(sc *sched, h header, send, recv device.Ptr, count int64, dt hcomm.DataType, op hcomm.ReduceOp) {
 	h.algo = AlgoRD
 	n := count * int64(dt.Size())
-	sc.butterflyWith(&bfCall{h: h, mode: bfReduce, src: send, n: n, red: reduceArgs{count: count, dt: dt, op: op}, out: recv, outN: n})
+	sc.butterflyWith(&bfCall{h: h, mode: bfReduce, src: send, n: n, red: reduceArgs{count: count, dt: dt, op: op}, out: recv, outN: n}, nil)
 }
 
 // reduceRD is the recursive-doubling all-reduce of send whose result only
@@ -428,7 +493,7 @@ func reduceRD(sc *sched, h header, send, recv device.Ptr, count int64, dt hcomm.
 	if sc.st.comm.Rank() == root {
 		x.out, x.outN = recv, n
 	}
-	sc.butterflyWith(x)
+	sc.butterflyWith(x, nil)
 }
 
 // reduceScatterRD is the recursive-doubling all-reduce of the whole input
@@ -438,7 +503,7 @@ func reduceScatterRD(sc *sched, h header, send, recv device.Ptr, total, off, cnt
 	h.algo = AlgoRD
 	es := int64(dt.Size())
 	sc.butterflyWith(&bfCall{h: h, mode: bfReduce, src: send, n: total * es, red: reduceArgs{count: total, dt: dt, op: op},
-		out: recv, outLo: off * es, outN: cnt * es})
+		out: recv, outLo: off * es, outN: cnt * es}, nil)
 }
 
 // allGatherRD is the recursive-doubling all-gather: each hello carries the
@@ -448,7 +513,7 @@ func reduceScatterRD(sc *sched, h header, send, recv device.Ptr, total, off, cnt
 func allGatherRD(sc *sched, h header, send, recv device.Ptr, block int64) {
 	h.algo = AlgoRD
 	n := int64(sc.st.comm.Size()) * block
-	sc.butterflyWith(&bfCall{h: h, mode: bfGather, src: send, n: n, block: block, out: recv, outN: n})
+	sc.butterflyWith(&bfCall{h: h, mode: bfGather, src: send, n: n, block: block, out: recv, outN: n}, nil)
 }
 
 // broadcastRD is the recursive-doubling broadcast: the root's data rides
@@ -460,5 +525,35 @@ func broadcastRD(sc *sched, h header, buf device.Ptr, bytes int64, root int) {
 	if sc.st.comm.Rank() != root {
 		x.out, x.outN = buf, bytes
 	}
-	sc.butterflyWith(x)
+	sc.butterflyWith(x, nil)
+}
+
+// schedulePeers returns the peers the schedule of algorithm a for the call
+// h talks to after its handshake, beyond the butterfly's partners (which
+// halving-doubling shares): a binomial tree's parent and children, Bruck's
+// partners at distances 1, 2, 4, …; every peer for the others.
+func (s *sched) schedulePeers(h header, a Algorithm) []int {
+	me, n := s.st.comm.Rank(), s.st.comm.Size()
+	switch a {
+	case AlgoHD, AlgoHier: // hier talks through its levels' communicators
+		return nil
+	case AlgoTree:
+		root := int(h.root) // 0 for the all-reduce, which has none
+		v := mod(me-root, n)
+		var ps []int
+		if v != 0 {
+			ps = append(ps, (treeParent(v)+root)%n)
+		}
+		for _, k := range treeChildren(v, n) {
+			ps = append(ps, (k+root)%n)
+		}
+		return ps
+	case AlgoBruck:
+		var ps []int
+		for d := 1; d < n; d *= 2 {
+			ps = append(ps, mod(me-d, n), mod(me+d, n))
+		}
+		return ps
+	}
+	return s.others()
 }

@@ -449,7 +449,7 @@ func (x *helloCall) verify() error {
 func (s *sched) open(h header, algo Algorithm) {
 	h.algo = algo
 	if s.sparse() {
-		s.butterfly(h)
+		s.butterfly(h, s.schedulePeers(h, algo))
 		return
 	}
 	s.hello(h, s.others(), 0, 0, nil)
