@@ -125,6 +125,39 @@ func CollectiveNotifyWait(stop <-chan struct{}, ch *Channel, localIdx int, timeo
 	return notifyWaitNow("ChannelNotifyWait", stop, ch, localIdx, timeout, opTag{op: op, algo: algo, seq: seq})
 }
 
+// ChannelNotifyTryWait is the non-blocking twin of ChannelNotifyWait: it
+// reports whether local notify localIdx of ch is recorded and, when it is,
+// resets it, as the wait would have; it never waits. A caller polls with it
+// for a short, bounded time before it commits to a wait (the collectives
+// poll their handshake so in the calling goroutine, and enqueue the wait
+// only when a peer is late). A notify broken by the loss of the peer is the
+// error ChannelNotifyWait would return; so are bad arguments. A poll that
+// finds the notify is not a wait: it is neither timed for the metrics nor
+// published as where this rank waits. Safe for concurrent use.
+func ChannelNotifyTryWait(ch *Channel, localIdx int) (bool, error) {
+	const op = "ChannelNotifyTryWait"
+	c, err := chanComm(op, ch)
+	if err != nil {
+		return false, err
+	}
+	n, err := c.localNotify(op, ch, localIdx)
+	if err != nil {
+		return false, err
+	}
+	if n.TryReset() {
+		return true, nil
+	}
+	if n.Broken() == nil {
+		return false, nil
+	}
+	// A broken notify fails a wait at once: its error says which peer was
+	// lost, as the wait's would.
+	if err := c.awaitNotify(op, ch, localIdx, n, 0, opTag{}, nil); err != nil {
+		return false, c.taskFailed(op, ch.RemoteRank(), err)
+	}
+	return true, nil // recorded after all, before the break
+}
+
 func notifyWaitNow(op string, stop <-chan struct{}, ch *Channel, localIdx int, timeout time.Duration, tag opTag) error {
 	c, err := chanComm(op, ch)
 	if err != nil {

@@ -147,3 +147,47 @@ func TestImmediateCalls(t *testing.T) {
 		})
 	}
 }
+
+// ChannelNotifyTryWait never waits: false before the peer records, true
+// (and the notify reset) once its record has arrived, false again after;
+// a bad index is ErrPara.
+func TestChannelNotifyTryWait(t *testing.T) {
+	for _, tr := range hcomm.Transports() {
+		t.Run(tr, func(t *testing.T) {
+			p := newPair(t, &hcomm.Config{BufferSize: 32 << 10, Name: "poll", Transport: tr})
+			for round := 0; round < 3; round++ {
+				start := time.Now()
+				if ok, err := hcomm.ChannelNotifyTryWait(p.ch[1], 2); ok || err != nil {
+					t.Fatalf("round %d: before the record: %v, %v; want false, nil", round, ok, err)
+				}
+				if d := time.Since(start); d > time.Second {
+					t.Fatalf("a poll took %v", d)
+				}
+				if err := hcomm.ChannelNotifyRecord(nil, p.ch[0], 2); err != nil {
+					t.Fatal(err)
+				}
+				deadline := time.Now().Add(10 * time.Second)
+				for {
+					ok, err := hcomm.ChannelNotifyTryWait(p.ch[1], 2)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if ok {
+						break
+					}
+					if time.Now().After(deadline) {
+						t.Fatalf("round %d: the record never showed", round)
+					}
+					time.Sleep(100 * time.Microsecond)
+				}
+				if ok, err := hcomm.ChannelNotifyTryWait(p.ch[1], 2); ok || err != nil {
+					t.Fatalf("round %d: after the poll took the record: %v, %v; want false, nil", round, ok, err)
+				}
+			}
+			_, err := hcomm.ChannelNotifyTryWait(p.ch[1], 3)
+			if !errors.Is(err, hcomm.ErrPara) || !strings.Contains(err.Error(), "index 3") {
+				t.Fatalf("index 3 of 3: %v, want ErrPara naming the index", err)
+			}
+		})
+	}
+}
