@@ -14,6 +14,21 @@ type sched struct {
 	t     *hcomm.Thread
 	err   error
 	opSeq uint64 // the collective's number (BeginOp)
+	// poll bounds the inline poll for the peers' hellos (launchHello):
+	// helloPoll when zero.
+	poll time.Duration
+	// afterSmall: the previous collective on the stream was one hello,
+	// so what the stream has pending drains as soon as the peers answer
+	// (launchHello waits a moment for it).
+	afterSmall bool
+}
+
+// pollFor returns the schedule's poll bound.
+func (s *sched) pollFor() time.Duration {
+	if s.poll > 0 {
+		return s.poll
+	}
+	return helloPoll
 }
 
 func (s *sched) ok() bool { return s.err == nil }

@@ -185,6 +185,11 @@ func issueWindowed(c *hcomm.Comm, name string, k kind, s *device.Stream, o *Opti
 	// metrics are on; endOp enqueues the closing task.
 	opSeq, endOp := c.BeginOp(t, name, algo.String())
 	sc := &sched{st: st, t: t, opSeq: opSeq}
+	if s == st.own {
+		sc.poll = slicePoll // the host-slice layer's stream: its caller waits anyway
+	}
+	sc.afterSmall = st.lastStream == s && st.lastSmall
+	st.lastSmall = algo == AlgoOneShot // a schedule that is one hello
 	st.seq++
 	if err := body(sc, algo); err != nil {
 		return err

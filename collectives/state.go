@@ -120,6 +120,7 @@ type state struct {
 
 	last       *device.Event // the previous collective's completion
 	lastStream *device.Stream
+	lastSmall  bool // the previous collective was one hello (launchHello may wait for it)
 
 	own      *device.Stream // the stream of the host-slice layer
 	staging  device.Ptr     // the host-slice layer's device copy of the data

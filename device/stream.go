@@ -29,6 +29,7 @@ type Stream struct {
 	head      int
 	submitted uint64        // tasks enqueued so far (seq of the newest)
 	nsub      atomic.Uint64 // the newest queued task's seq, for the worker's lock-free polls
+	nall      atomic.Uint64 // submitted (queued or inline), for Pending
 	completed atomic.Uint64 // tasks finished (run, skipped or failed)
 	err       error         // first failure not yet reported by Synchronize
 	errSeq    uint64        // the task that failed with err
@@ -169,6 +170,7 @@ func (s *Stream) enqueueTask(t task) (uint64, error) {
 	t.seq = seq
 	s.q = append(s.q, t)
 	s.nsub.Store(seq)
+	s.nall.Store(seq)
 	s.mu.Unlock()
 	select {
 	case s.wake <- struct{}{}:
@@ -215,10 +217,28 @@ func (s *Stream) RunInline(name string, fn func(stop <-chan struct{}) error) (ra
 	s.submitted++
 	t := task{seq: s.submitted, name: name, run: fn, inline: true}
 	s.inline.Store(true)
+	s.nall.Store(t.seq)
 	stop := s.stop
 	s.mu.Unlock()
 	err = s.runTask(&t, stop)
 	return true, s.finish(&t, err)
+}
+
+// Pending returns how many tasks of s are enqueued (or running inline) and
+// not yet complete: a snapshot, without locking, for a caller choosing
+// between RunInline and Launch (one that would wait a moment for a stream
+// about to be idle, but not for a long queue). A nil or destroyed stream has
+// none. It is safe for concurrent use.
+func (s *Stream) Pending() uint64 {
+	if s == nil {
+		return 0
+	}
+	c := s.completed.Load()
+	n := s.nall.Load()
+	if c >= n {
+		return 0
+	}
+	return n - c
 }
 
 // MaxPending is how many tasks a stream holds before an enqueue waits for
