@@ -457,19 +457,19 @@ func (x *helloCall) finish(stop <-chan struct{}) error {
 
 // helloCall is one hello in flight: what its stream tasks need.
 type helloCall struct {
-	h      header
-	peers  []int
-	src    device.Ptr
-	n      int64
-	extra  func(p int, payload []byte) error
-	then   func(x *helloCall) error
-	s      *sched
-	par    []uint64 // hello parity with each peer (parBuf for up to 8 ranks)
-	parBuf [8]uint64
-	mine   device.Ptr
-	dev    *device.Device
-	check  bool
-	opSeq  uint64 // the collective's number from BeginOp, for wait errors
+	h       header
+	peers   []int
+	src     device.Ptr
+	n       int64
+	extra   func(p int, payload []byte) error
+	then    func(x *helloCall) error
+	s       *sched
+	par     []uint64 // hello parity with each peer (parBuf for up to 8 ranks)
+	parBuf  [8]uint64
+	mine    device.Ptr
+	dev     *device.Device
+	check   bool
+	opSeq   uint64 // the collective's number from BeginOp, for wait errors
 	atFn    func(rank int) device.Ptr
 	runFn   func(stop <-chan struct{}) error // x.run, made once
 	firstFn func(stop <-chan struct{}) error // x.first
