@@ -132,7 +132,8 @@ func CollectiveNotifyWait(stop <-chan struct{}, ch *Channel, localIdx int, timeo
 // poll their handshake so in the calling goroutine, and enqueue the wait
 // only when a peer is late). A notify broken by the loss of the peer is the
 // error ChannelNotifyWait would return; so are bad arguments. A poll that
-// finds the notify is not a wait: it is neither timed for the metrics nor
+// finds the record counts in the metrics as a wait that took no time (the
+// polls that found nothing are the caller's to account for), and is never
 // published as where this rank waits. Safe for concurrent use.
 func ChannelNotifyTryWait(ch *Channel, localIdx int) (bool, error) {
 	const op = "ChannelNotifyTryWait"
@@ -145,6 +146,9 @@ func ChannelNotifyTryWait(ch *Channel, localIdx int) (bool, error) {
 		return false, err
 	}
 	if n.TryReset() {
+		if c.cfg.metrics != nil {
+			c.cfg.metrics.ObserveWait(ch.Transport(), 0)
+		}
 		return true, nil
 	}
 	if n.Broken() == nil {
