@@ -403,7 +403,16 @@ func (x *helloCall) first(stop <-chan struct{}) error {
 		}
 		return true
 	}
-	spin.Until(x.s.pollFor(), seen)
+	// A peer in another process (shm) may be waiting for this core:
+	// yield it between polls once a tight poll has not seen the hellos.
+	poll := spin.Until
+	for _, p := range x.peers {
+		if st.chans[p].Transport() != hcomm.TransportInproc {
+			poll = spin.UntilYield
+			break
+		}
+	}
+	poll(x.s.pollFor(), seen)
 	if ferr != nil {
 		return ferr
 	}
