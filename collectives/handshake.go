@@ -405,14 +405,20 @@ func (x *helloCall) first(stop <-chan struct{}) error {
 	}
 	// A peer in another process (shm) may be waiting for this core:
 	// yield it between polls once a tight poll has not seen the hellos.
-	poll := spin.Until
+	// (Called directly, not through a func value, so that seen does not
+	// escape: a small all-reduce allocates almost nothing.)
+	remote := false
 	for _, p := range x.peers {
 		if st.chans[p].Transport() != hcomm.TransportInproc {
-			poll = spin.UntilYield
+			remote = true
 			break
 		}
 	}
-	poll(x.s.pollFor(), seen)
+	if remote {
+		spin.UntilYield(x.s.pollFor(), seen)
+	} else {
+		spin.Until(x.s.pollFor(), seen)
+	}
 	if ferr != nil {
 		return ferr
 	}
