@@ -3,7 +3,9 @@ package hcomm
 import (
 	"time"
 
+	"github.com/hcomm-dev/hcomm/channel"
 	"github.com/hcomm-dev/hcomm/device"
+	"github.com/hcomm-dev/hcomm/internal/metrics"
 )
 
 // Immediate mode: HCCL's thread-less data-plane calls (HcommWriteNbi,
@@ -55,6 +57,41 @@ func writeNow(op string, stop <-chan struct{}, ch *Channel, dst, src device.Ptr,
 		}
 	}
 	if err := c.write(stop, ch, dst, b, remoteIdx); err != nil {
+		return c.taskFailed(op, ch.RemoteRank(), err)
+	}
+	return nil
+}
+
+// WriteFlaggedNbi stores n bytes from local src into the peer's memory at
+// dst as flagged words, now: each 4 bytes of src beside flag, one atomic
+// 8-byte store each (channel.FlagWriter), so that the peer, polling its own
+// memory with channel.TakeFlagged for flag, sees the data without a notify —
+// the data plane of a low-latency protocol. n must be a multiple of 4, dst
+// 8-byte aligned, and the 2n bytes at dst inside the peer's registered
+// memory; a transport without flagged words (tcp: see Channel.Flagged) is an
+// ErrNotSupport error. It does not wait: the caller's protocol must keep
+// the peer's words from being rewritten before the peer has taken them.
+func WriteFlaggedNbi(stop <-chan struct{}, ch *Channel, dst, src device.Ptr, n int64, flag uint32) error {
+	const op = "WriteFlaggedNbi"
+	c, err := chanComm(op, ch)
+	if err != nil {
+		return err
+	}
+	fw, ok := ch.tr.(channel.FlagWriter)
+	if !ok {
+		return c.errorf(op, ch.RemoteRank(), ErrNotSupport, nil, "the %s channel to rank %d has no flagged writes (inproc and shm have)", ch.Transport(), ch.RemoteRank())
+	}
+	if n < 0 || n%4 != 0 || dst%8 != 0 {
+		return c.errorf(op, ch.RemoteRank(), ErrPara, nil, "flagged write of %d bytes to %#x: want a non-negative multiple of 4 bytes and an 8-byte aligned address", n, uintptr(dst))
+	}
+	if err := c.remoteCheck(op, ch, "dst", dst, 2*n); err != nil {
+		return err
+	}
+	b, err := c.dev.Bytes(src, n)
+	if err != nil {
+		return c.errorf(op, ch.RemoteRank(), ErrPara, err, "local src")
+	}
+	if err := c.moved(ch, metrics.Write, 2*n, fw.WriteFlagged(stop, dst, b, flag)); err != nil {
 		return c.taskFailed(op, ch.RemoteRank(), err)
 	}
 	return nil
