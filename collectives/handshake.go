@@ -256,6 +256,11 @@ func (x *helloCall) bind() {
 func (s *sched) helloWith(x *helloCall, h header, peers []int, src device.Ptr, n int64, extra func(p int, payload []byte) error, then func(x *helloCall) error) (at func(rank int) device.Ptr) {
 	st := s.st
 	me := st.comm.Rank()
+	// The channels to peers met for the first time (state.go); a setup
+	// that failed leaves the hello counters as they were.
+	if s.need(peers); s.unset {
+		return x.atFn
+	}
 	if h.kind != kSendRecv { // point-to-point numbers its hellos per pair
 		h.seq = st.seq
 	}
@@ -344,6 +349,9 @@ func (s *sched) launchHello(x *helloCall) {
 		spin.Until(s.pollFor(), func() bool { return st.Pending() == 0 })
 	}
 	ran, err := st.RunInline("collective hello", x.firstFn)
+	if ran {
+		s.do(nil) // counted as issued: this call can no longer be taken back
+	}
 	switch {
 	case !ran && err != nil: // the stream is unusable: nothing ran
 		x.release()
