@@ -17,7 +17,7 @@ type sched struct {
 	err   error
 	opSeq uint64 // the collective's number (BeginOp)
 	// poll bounds the inline poll for the peers' hellos (launchHello):
-	// helloPoll when zero.
+	// HCOMM_HELLO_POLL's (helloPoll by default) when zero.
 	poll time.Duration
 	// afterSmall: the previous collective on the stream was one hello,
 	// so what the stream has pending drains as soon as the peers answer
@@ -33,6 +33,9 @@ type sched struct {
 func (s *sched) pollFor() time.Duration {
 	if s.poll > 0 {
 		return s.poll
+	}
+	if s.st.helloPoll > 0 {
+		return s.st.helloPoll
 	}
 	return helloPoll
 }

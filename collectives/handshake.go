@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"sync"
 	"time"
@@ -310,6 +311,30 @@ func (s *sched) helloWith(x *helloCall, h header, peers []int, src device.Ptr, n
 // stream task, as if the caller had not polled.
 const helloPoll = 5 * time.Microsecond
 
+// envHelloPoll reads HCOMM_HELLO_POLL, the bound of the stream-ordered
+// collectives' inline poll (helloPoll unless set): a duration ("5us"), or
+// 0 or "off" for no hello in the calling goroutine at all — every hello a
+// queued stream task, as before the inline path (to measure one against
+// the other). The host-slice layer polls for slicePoll either way, unless
+// it is off.
+func envHelloPoll() (time.Duration, error) {
+	v := os.Getenv("HCOMM_HELLO_POLL")
+	switch v {
+	case "":
+		return helloPoll, nil
+	case "0", "off":
+		return -1, nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d < 0 {
+		return 0, fmt.Errorf("HCOMM_HELLO_POLL=%q: want a duration such as 5us, or off", v)
+	}
+	if d == 0 {
+		return -1, nil
+	}
+	return d, nil
+}
+
 // slicePoll is helloPoll for the host-slice layer, whose caller waits for
 // the collective anyway: it polls longer before the stream's goroutine takes
 // over the wait (and the caller waits for that, within its ctx).
@@ -338,6 +363,10 @@ func (s *sched) launchHello(x *helloCall) {
 		return
 	}
 	st := s.t.Stream()
+	if s.st.helloPoll < 0 { // HCOMM_HELLO_POLL=off
+		s.launchStop("collective hello", x.runFn) // run releases x
+		return
+	}
 	if n := st.Pending(); n > 0 && n <= idleWait && s.afterSmall {
 		// The stream is busy with the small collectives before this one,
 		// which end as soon as the peers answer: a moment's wait keeps

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strings"
 	"testing"
 	"time"
 
@@ -243,4 +244,43 @@ func TestBackToBackSmallCollectives(t *testing.T) {
 			})
 		})
 	}
+}
+
+// HCOMM_HELLO_POLL=off runs every handshake as a stream task (the calls
+// still give the right results); a value that is not a duration is refused,
+// naming the variable.
+func TestHelloPollSetting(t *testing.T) {
+	t.Setenv("HCOMM_HELLO_POLL", "off")
+	hcommtest.Run(t, 2, hcommtest.Inproc, func(t testing.TB, c *hcomm.Comm) {
+		s, err := c.Device().CreateStream()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Destroy()
+		buf := deviceFloats(t, c, 4, float32(c.Rank()+1))
+		for i := 0; i < 10; i++ {
+			if err := collectives.AllReduce(buf, buf, 4, hcomm.Float32, hcomm.Max, c, s, nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := s.SynchronizeWithTimeout(10 * time.Second); err != nil {
+			t.Fatal(err)
+		}
+		if got := readFloats(t, c, buf, 4); got[3] != 2 {
+			t.Fatalf("got %v, want 2s", got)
+		}
+	})
+	t.Setenv("HCOMM_HELLO_POLL", "soon")
+	hcommtest.Run(t, 1, hcommtest.Inproc, func(t testing.TB, c *hcomm.Comm) {
+		s, err := c.Device().CreateStream()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Destroy()
+		buf := deviceFloats(t, c, 1, 1)
+		err = collectives.AllReduce(buf, buf, 1, hcomm.Float32, hcomm.Sum, c, s, nil)
+		if err == nil || !strings.Contains(err.Error(), "HCOMM_HELLO_POLL") {
+			t.Fatalf("HCOMM_HELLO_POLL=soon: %v, want an error naming the variable", err)
+		}
+	})
 }
