@@ -164,7 +164,9 @@ func CollectiveNotifyWait(stop <-chan struct{}, ch *Channel, localIdx int, timeo
 
 // ChannelNotifyTryWait is the non-blocking twin of ChannelNotifyWait: it
 // reports whether local notify localIdx of ch is recorded and, when it is,
-// resets it, as the wait would have; it never waits. A caller polls with it
+// resets it, as the wait would have; it never waits (over a transport whose
+// waiters receive for themselves, tcp, it first takes in what the sockets
+// hold, once). A caller polls with it
 // for a short, bounded time before it commits to a wait (the collectives
 // poll their handshake so in the calling goroutine, and enqueue the wait
 // only when a peer is late). A notify broken by the loss of the peer is the
@@ -182,7 +184,13 @@ func ChannelNotifyTryWait(ch *Channel, localIdx int) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	if n.TryReset() {
+	found := n.TryReset()
+	if p, ok := ch.tr.(channel.Poller); ok && !found {
+		// A transport whose waiters receive for themselves (tcp): take
+		// in what has arrived, once, as a wait's poll would.
+		found = p.Poll(nil, time.Nanosecond, n.TryReset)
+	}
+	if found {
 		if c.cfg.metrics != nil {
 			c.cfg.metrics.ObserveWait(ch.Transport(), 0)
 		}
