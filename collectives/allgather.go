@@ -141,7 +141,7 @@ func allGather(c *hcomm.Comm, name string, h header, send device.Ptr, sendCount 
 				// the ranks read piece q of every input at about the same
 				// time, so that an input read by n ranks comes from memory
 				// about once.
-				per := sc.st.lay.piece
+				per := sc.piece()
 				var most int64
 				for _, x := range counts {
 					most = max(most, x*es)
@@ -196,7 +196,7 @@ func allGatherWindow(st *state, send device.Ptr, sendBytes int64, recv device.Pt
 func allGatherDirect(sc *sched, send device.Ptr, out func(p int) device.Ptr, counts []int64, es int64) {
 	st := sc.st
 	me, n := st.comm.Rank(), st.comm.Size()
-	per := st.lay.piece / es
+	per := sc.piece() / es
 	var rounds int64
 	for _, x := range counts {
 		rounds = max(rounds, pieces(x, per))
@@ -240,7 +240,7 @@ func allGatherDirect(sc *sched, send device.Ptr, out func(p int) device.Ptr, cou
 func allGatherRing(sc *sched, out func(p int) device.Ptr, counts []int64, es int64) {
 	st := sc.st
 	me, n := st.comm.Rank(), st.comm.Size()
-	per := st.lay.piece / es
+	per := sc.piece() / es
 	right, left := mod(me+1, n), mod(me-1, n)
 	for step := 0; step < n-1; step++ {
 		sp, rp := mod(me-step, n), mod(me-step-1, n)

@@ -184,7 +184,7 @@ func issueWindowed(c *hcomm.Comm, name string, k kind, s *device.Stream, o *Opti
 	// BeginOp numbers the collective for errors and logs, and times it when
 	// metrics are on; endOp enqueues the closing task.
 	opSeq, endOp := c.BeginOp(t, name, algo.String())
-	sc := &sched{st: st, t: t, opSeq: opSeq}
+	sc := &sched{st: st, t: t, opSeq: opSeq, per: pieceFor(k, algo, n, c.Size(), st.mapped, st.lay.piece)}
 	st.seq++
 	if err := body(sc, algo); err != nil {
 		return err
@@ -271,7 +271,7 @@ func allReduceRing(sc *sched, send, recv device.Ptr, count int64, dt hcomm.DataT
 		sc.copy(recv, send, count*es)
 		return
 	}
-	block := n * (st.lay.piece / es)
+	block := n * (sc.piece() / es)
 	// Software-pipelined: the all-gather reads of block b are issued after the
 	// reduce-scatter of block b+1, so that by the time this rank waits for a
 	// peer's result the peer has long published it, and a rank that is a
