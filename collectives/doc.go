@@ -65,6 +65,18 @@
 //     (all-reduce, reduce-scatter, reduce): the algorithm of
 //     HCCL_DETERMINISTIC=strict.
 //
+// # Tuning
+//
+// The selector's size thresholds and the pipelines' piece sizes are data:
+// tuning.go holds one row per collective, transport class (mapped: inproc,
+// shm; network: tcp), band of rank counts and range of sizes, each citing
+// the measurement that put it there. choose reads the algorithm from the
+// first row that matches a call, and every pipelined schedule its piece
+// (bounded by the HCCL buffer's slot). BenchmarkTuning measures every
+// algorithm and piece the table decides between, and BENCHMARKS.md
+// ("Retuning the selector") says how to read its output into the table on
+// another machine.
+//
 // # Determinism
 //
 // Every rank reduces in the same order, so results are bit-identical on all
