@@ -607,6 +607,7 @@ func TestMidSizeThresholds(t *testing.T) {
 					for _, b := range []int64{inline, inline / int64(n), piece, int64(n) * piece} {
 						counts = append(counts, b/es-1, b/es, b/es+1)
 					}
+					counts = append(counts, 5*int64(n)*piece/es+3) // several blocks of the ring all-reduce
 					for _, count := range counts {
 						m := matrixCase{dt: dt, op: hcomm.Sum, count: count, root: int(count) % n, inline: inline}
 						for _, a := range algosOf("AllGather") {
