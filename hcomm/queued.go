@@ -124,7 +124,23 @@ func ChannelNotifyRecordOnThread(t *Thread, ch *Channel, remoteIdx int) error {
 // "0 waits forever" so that no wait is unbounded by accident; set ExecTimeout
 // negative to wait forever.
 func ChannelNotifyWaitOnThread(t *Thread, ch *Channel, localIdx int, timeout time.Duration) error {
-	const op = "ChannelNotifyWaitOnThread"
+	return channelNotifyWaitOnThread("ChannelNotifyWaitOnThread", t, ch, localIdx, func(c *Comm) time.Duration {
+		return c.execTimeout(timeout)
+	})
+}
+
+// ChannelNotifyWaitOnThreadWithDefaultTimeout is ChannelNotifyWaitOnThread
+// with the communicator's notify wait timeout: the one SetNotifyWaitTimeOut
+// set, HCCL_EXEC_TIMEOUT until then
+// (HcommChannelNotifyWaitOnThreadWithDefaultTimeout).
+func ChannelNotifyWaitOnThreadWithDefaultTimeout(t *Thread, ch *Channel, localIdx int) error {
+	return channelNotifyWaitOnThread("ChannelNotifyWaitOnThreadWithDefaultTimeout", t, ch, localIdx, (*Comm).notifyWaitTimeout)
+}
+
+// channelNotifyWaitOnThread checks and enqueues a wait for local notify
+// localIdx of ch, bounded by timeout(c) of the channel's communicator, taken
+// when the wait is enqueued (the two forms differ in that bound only).
+func channelNotifyWaitOnThread(op string, t *Thread, ch *Channel, localIdx int, timeout func(c *Comm) time.Duration) error {
 	c, err := dp(op, t, ch)
 	if err != nil {
 		return err
@@ -134,24 +150,7 @@ func ChannelNotifyWaitOnThread(t *Thread, ch *Channel, localIdx int, timeout tim
 		return err
 	}
 	// wait.go: times the wait, and names the collective in its error.
-	return c.launchWait(op, t, ch, localIdx, n, c.execTimeout(timeout))
-}
-
-// ChannelNotifyWaitOnThreadWithDefaultTimeout is ChannelNotifyWaitOnThread
-// with the communicator's notify wait timeout: the one SetNotifyWaitTimeOut
-// set, HCCL_EXEC_TIMEOUT until then
-// (HcommChannelNotifyWaitOnThreadWithDefaultTimeout).
-func ChannelNotifyWaitOnThreadWithDefaultTimeout(t *Thread, ch *Channel, localIdx int) error {
-	const op = "ChannelNotifyWaitOnThreadWithDefaultTimeout"
-	c, err := dp(op, t, ch)
-	if err != nil {
-		return err
-	}
-	n, err := c.localNotify(op, ch, localIdx)
-	if err != nil {
-		return err
-	}
-	return c.launchWait(op, t, ch, localIdx, n, c.notifyWaitTimeout())
+	return c.launchWait(op, t, ch, localIdx, n, timeout(c))
 }
 
 // ChannelFenceOnThread enqueues a fence: the channel operations before it are

@@ -1,6 +1,6 @@
 // Command elastic is data-parallel training that survives a lost rank: an
-// MLP (as examples/train's) learns a generated dataset on every rank of an
-// elastic job. When a rank dies mid-epoch the survivors shrink the
+// MLP (examples/internal/mlp, as in examples/train) learns a generated
+// dataset on every rank of an elastic job. When a rank dies mid-epoch the survivors shrink the
 // communicator around it (hcomm's Shrink), undo the step it interrupted,
 // share the epoch's remaining samples among themselves and go on; when
 // `hcomm run --elastic` has started a replacement, rank 0 admits it between
@@ -34,6 +34,7 @@ import (
 	"unsafe"
 
 	"github.com/hcomm-dev/hcomm/collectives"
+	"github.com/hcomm-dev/hcomm/examples/internal/mlp"
 	"github.com/hcomm-dev/hcomm/hcomm"
 )
 
@@ -119,8 +120,8 @@ type job struct {
 	m     *hcomm.Membership // nil outside hcomm run --elastic
 	c     *hcomm.Comm
 	cfg   *hcomm.Config
-	data  *dataset
-	ls    []*layer
+	data  *mlp.Data
+	ls    []*mlp.Layer
 	grads []float32 // every layer's gradient, flat
 	st    *state
 	// started is the rank this process started as (-1: a newcomer).
@@ -138,12 +139,14 @@ func Run(o Options, out io.Writer) error {
 		return err
 	}
 	defer m.Close()
-	j := &job{o: o, out: out, m: m, cfg: &hcomm.Config{Name: "elastic", BufferSize: 4 << 20, ConnectTimeout: o.Timeout}, data: makeData(o), started: -1}
-	j.ls, j.grads = newModel(o)
-	j.st = &state{params: make([]float32, 0), ledger: make([]float32, o.Samples)}
+	j := &job{o: o, out: out, m: m, cfg: &hcomm.Config{Name: "elastic", BufferSize: 4 << 20, ConnectTimeout: o.Timeout}, started: -1}
+	j.data = mlp.MakeData(o.Seed, o.Samples, o.Features, o.Classes)
+	j.ls = mlp.New(o.Seed, o.Features, o.Hidden, o.Classes)
+	j.st = &state{params: make([]float32, 0, mlp.Params(j.ls)), ledger: make([]float32, o.Samples)}
 	for _, l := range j.ls {
-		j.st.params = append(j.st.params, l.p...)
+		j.st.params = append(j.st.params, l.P...)
 	}
+	j.grads = make([]float32, len(j.st.params))
 	j.st.vel = make([]float32, len(j.st.params))
 	j.bind()
 	if m != nil && m.Newcomer() {
@@ -176,13 +179,14 @@ func (j *job) say(format string, args ...any) {
 	}
 }
 
-// bind points the layers at the state's flat parameters.
+// bind points the layers at the state's flat parameters and the job's flat
+// gradient.
 func (j *job) bind() {
 	off := 0
 	for _, l := range j.ls {
-		n := len(l.p)
-		l.p = j.st.params[off : off+n]
-		l.g = j.grads[off : off+n]
+		n := len(l.P)
+		l.P = j.st.params[off : off+n]
+		l.G = j.grads[off : off+n]
 		off += n
 	}
 }
@@ -278,7 +282,7 @@ func (j *job) train(ctx context.Context) error {
 			}
 		}
 		j.say("epoch %d  loss %.4f  test acc %5.1f%%  ranks %d  ledger: each of the %d samples trained on exactly once",
-			j.st.epoch+1, j.st.lossSum/float64(max(j.st.lossN, 1)), 100*accuracy(j.ls, j.data, o), j.c.Size(), o.Samples)
+			j.st.epoch+1, j.st.lossSum/float64(max(j.st.lossN, 1)), 100*mlp.Accuracy(j.ls, j.data), j.c.Size(), o.Samples)
 		j.st.epoch++
 		j.st.cursor, j.st.lossSum, j.st.lossN = 0, 0, 0
 		clear(j.st.ledger)
@@ -309,22 +313,17 @@ func (j *job) step(ctx context.Context, order []int) error {
 		xb := make([]float32, n*o.Features)
 		yb := make([]int, n)
 		for k, i := range order[lo:hi] {
-			copy(xb[k*o.Features:], j.data.trainX[i*o.Features:(i+1)*o.Features])
-			yb[k] = j.data.trainY[i]
+			copy(xb[k*o.Features:], j.data.TrainX[i*o.Features:(i+1)*o.Features])
+			yb[k] = j.data.TrainY[i]
 			vec[P+1+i] = 1
 		}
-		acts := make([][]float32, len(j.ls)+1)
-		grads := make([][]float32, len(j.ls)+1)
-		for i, l := range j.ls {
-			acts[i+1] = make([]float32, n*l.out)
-			grads[i+1] = make([]float32, n*l.out)
-		}
-		forward(j.ls, xb, n, acts)
+		acts, grads := mlp.Buffers(j.ls, n)
+		mlp.Forward(j.ls, xb, n, acts)
 		logits := acts[len(j.ls)]
-		vec[P] = float32(lossGrad(logits, yb, o.Classes, float32(take)))
+		vec[P] = float32(mlp.LossGrad(logits, yb, o.Classes, float32(take)))
 		grads[len(j.ls)] = logits
 		for i := len(j.ls) - 1; i >= 0; i-- {
-			backward(j.ls[i], acts[i], grads[i+1], grads, i, n)
+			mlp.Backward(j.ls[i], acts[i], grads[i+1], grads, i, n)
 		}
 		copy(vec, j.grads)
 	}

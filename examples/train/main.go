@@ -1,7 +1,7 @@
 // Command train is data-parallel training in pure Go on hcomm: a small MLP
-// classifier learns a dataset generated in code; each rank trains on its
-// shard, and the gradients are averaged with AllReduce while the backward
-// pass goes on — each layer's gradient is enqueued on a stream as soon as it
+// classifier (examples/internal/mlp) learns a dataset generated in code;
+// each rank trains on its shard, and the gradients are averaged with
+// AllReduce while the backward pass goes on — each layer's gradient is enqueued on a stream as soon as it
 // is ready (copy to the device, AllReduce, copy back, record an event), and
 // the update waits only for those events. At the end every rank checks that
 // all ranks hold bit-identical weights, and rank 0 compares the time per
@@ -28,6 +28,7 @@ import (
 
 	"github.com/hcomm-dev/hcomm/collectives"
 	"github.com/hcomm-dev/hcomm/device"
+	"github.com/hcomm-dev/hcomm/examples/internal/mlp"
 	"github.com/hcomm-dev/hcomm/hcomm"
 )
 
@@ -116,9 +117,9 @@ func Run(o Options, out io.Writer) (*Result, error) {
 		}
 	}()
 	world := comms[0].Size()
-	data := makeData(o)
-	if len(data.trainY) < world*o.Batch {
-		return nil, fmt.Errorf("%d samples are too few for %d ranks with batch %d", len(data.trainY), world, o.Batch)
+	data := mlp.MakeData(o.Seed, o.Samples, o.Features, o.Classes)
+	if len(data.TrainY) < world*o.Batch {
+		return nil, fmt.Errorf("%d samples are too few for %d ranks with batch %d", len(data.TrainY), world, o.Batch)
 	}
 	var res *Result
 	err = forRanks(comms, func(ctx context.Context, c *hcomm.Comm) error {
@@ -183,114 +184,6 @@ func forRanks(comms []*hcomm.Comm, fn func(ctx context.Context, c *hcomm.Comm) e
 	return errors.Join(errs...)
 }
 
-// --- data: Gaussian blobs, one per class, in Features dimensions.
-
-type dataset struct {
-	trainX, testX []float32 // row-major, Features per sample
-	trainY, testY []int
-}
-
-func makeData(o Options) *dataset {
-	rng := rand.New(rand.NewPCG(o.Seed, 0xda7a))
-	centers := make([]float32, o.Classes*o.Features)
-	for i := range centers {
-		centers[i] = float32(rng.NormFloat64() * 1.2)
-	}
-	gen := func(n int) ([]float32, []int) {
-		x := make([]float32, n*o.Features)
-		y := make([]int, n)
-		for i := range y {
-			y[i] = rng.IntN(o.Classes)
-			for f := 0; f < o.Features; f++ {
-				x[i*o.Features+f] = centers[y[i]*o.Features+f] + float32(rng.NormFloat64()*1.5)
-			}
-		}
-		return x, y
-	}
-	d := &dataset{}
-	d.trainX, d.trainY = gen(o.Samples)
-	d.testX, d.testY = gen(max(o.Samples/4, 1))
-	return d
-}
-
-// --- the model: Features -> Hidden -> Hidden -> Classes, ReLU, softmax.
-
-type layer struct {
-	in, out int
-	p       []float32 // out*in weights (row-major by output), then out biases
-	g       []float32 // gradient, same layout
-}
-
-func (l *layer) w() []float32 { return l.p[:l.out*l.in] }
-func (l *layer) b() []float32 { return l.p[l.out*l.in:] }
-
-func newModel(o Options) []*layer {
-	sizes := []int{o.Features, o.Hidden, o.Hidden, o.Classes}
-	rng := rand.New(rand.NewPCG(o.Seed, 0x5eed))
-	var ls []*layer
-	for i := 0; i+1 < len(sizes); i++ {
-		l := &layer{in: sizes[i], out: sizes[i+1]}
-		l.p = make([]float32, l.out*l.in+l.out)
-		l.g = make([]float32, len(l.p))
-		scale := math.Sqrt(2 / float64(l.in)) // He initialisation
-		for j := range l.w() {
-			l.w()[j] = float32(rng.NormFloat64() * scale)
-		}
-		ls = append(ls, l)
-	}
-	return ls
-}
-
-// forward computes every layer's activations for a batch of n samples; acts[0]
-// is the input, acts[len] the logits.
-func forward(ls []*layer, x []float32, n int, acts [][]float32) {
-	acts[0] = x
-	for i, l := range ls {
-		in, out := acts[i], acts[i+1][:n*l.out]
-		w, b := l.w(), l.b()
-		for s := 0; s < n; s++ {
-			xs := in[s*l.in : (s+1)*l.in]
-			for o := 0; o < l.out; o++ {
-				sum := b[o]
-				row := w[o*l.in : (o+1)*l.in]
-				for k, v := range xs {
-					sum += row[k] * v
-				}
-				if i < len(ls)-1 && sum < 0 {
-					sum = 0 // ReLU
-				}
-				out[s*l.out+o] = sum
-			}
-		}
-	}
-}
-
-// lossGrad turns logits into the softmax cross-entropy loss (summed over the
-// batch) and writes d loss / d logits (scaled by 1/scale) over them.
-func lossGrad(logits []float32, y []int, classes int, scale float32) float64 {
-	var loss float64
-	for s, label := range y {
-		z := logits[s*classes : (s+1)*classes]
-		m := z[0]
-		for _, v := range z {
-			m = max(m, v)
-		}
-		var sum float64
-		for _, v := range z {
-			sum += math.Exp(float64(v - m))
-		}
-		loss += math.Log(sum) - float64(z[label]-m)
-		for k, v := range z {
-			p := float32(math.Exp(float64(v-m)) / sum)
-			if k == label {
-				p--
-			}
-			z[k] = p / scale
-		}
-	}
-	return loss
-}
-
 // --- training
 
 // gradComm is one layer's AllReduce on the stream: device buffer and event.
@@ -303,17 +196,14 @@ func asBytes(f []float32) []byte {
 	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(f))), len(f)*4)
 }
 
-func train(ctx context.Context, c *hcomm.Comm, o Options, d *dataset, out io.Writer) (*Result, error) {
+func train(ctx context.Context, c *hcomm.Comm, o Options, d *mlp.Data, out io.Writer) (*Result, error) {
 	world, me := c.Size(), c.Rank()
-	ls := newModel(o)
-	params := 0
-	for _, l := range ls {
-		params += len(l.p)
-	}
+	ls := mlp.New(o.Seed, o.Features, o.Hidden, o.Classes)
+	params := mlp.Params(ls)
 	// Rank 0's initial weights everywhere (they are equal already: the same
 	// seed; the broadcast is what a real program does).
 	for _, l := range ls {
-		if err := collectives.BroadcastSlice(ctx, c, l.p, 0, nil); err != nil {
+		if err := collectives.BroadcastSlice(ctx, c, l.P, 0, nil); err != nil {
 			return nil, err
 		}
 	}
@@ -325,7 +215,7 @@ func train(ctx context.Context, c *hcomm.Comm, o Options, d *dataset, out io.Wri
 	defer s.Destroy()
 	comms := make([]gradComm, len(ls))
 	for i, l := range ls {
-		p, err := dev.Malloc(int64(len(l.g) * 4))
+		p, err := dev.Malloc(int64(len(l.G) * 4))
 		if err != nil {
 			return nil, err
 		}
@@ -340,30 +230,25 @@ func train(ctx context.Context, c *hcomm.Comm, o Options, d *dataset, out io.Wri
 	// enqueue averages layer i's gradient across ranks, asynchronously.
 	enqueue := func(i int) error {
 		l, gc := ls[i], comms[i]
-		if err := s.MemcpyHtoDAsync(gc.dev, asBytes(l.g)); err != nil {
+		if err := s.MemcpyHtoDAsync(gc.dev, asBytes(l.G)); err != nil {
 			return err
 		}
-		if err := collectives.AllReduce(gc.dev, gc.dev, int64(len(l.g)), hcomm.Float32, hcomm.Sum, c, s, nil); err != nil {
+		if err := collectives.AllReduce(gc.dev, gc.dev, int64(len(l.G)), hcomm.Float32, hcomm.Sum, c, s, nil); err != nil {
 			return err
 		}
-		if err := s.MemcpyDtoHAsync(asBytes(l.g), gc.dev); err != nil {
+		if err := s.MemcpyDtoHAsync(asBytes(l.G), gc.dev); err != nil {
 			return err
 		}
 		return gc.ev.Record(s)
 	}
 	// This rank's shard: every world-th sample, the same count on every rank.
-	per := len(d.trainY) / world
+	per := len(d.TrainY) / world
 	idx := make([]int, per)
 	for i := range idx {
 		idx[i] = i*world + me
 	}
 	steps := per / o.Batch
-	acts := make([][]float32, len(ls)+1)
-	grads := make([][]float32, len(ls)+1)
-	for i, l := range ls {
-		acts[i+1] = make([]float32, o.Batch*l.out)
-		grads[i+1] = make([]float32, o.Batch*l.out)
-	}
+	acts, grads := mlp.Buffers(ls, o.Batch)
 	xb := make([]float32, o.Batch*o.Features)
 	yb := make([]int, o.Batch)
 	res := &Result{Params: params, WorldRanks: world}
@@ -379,15 +264,15 @@ func train(ctx context.Context, c *hcomm.Comm, o Options, d *dataset, out io.Wri
 		for st := 0; st < steps; st++ {
 			for k := 0; k < o.Batch; k++ {
 				i := idx[st*o.Batch+k]
-				copy(xb[k*o.Features:(k+1)*o.Features], d.trainX[i*o.Features:(i+1)*o.Features])
-				yb[k] = d.trainY[i]
+				copy(xb[k*o.Features:(k+1)*o.Features], d.TrainX[i*o.Features:(i+1)*o.Features])
+				yb[k] = d.TrainY[i]
 			}
-			forward(ls, xb, o.Batch, acts)
+			mlp.Forward(ls, xb, o.Batch, acts)
 			logits := acts[len(ls)]
-			lossSum += lossGrad(logits, yb, o.Classes, float32(o.Batch*world))
+			lossSum += mlp.LossGrad(logits, yb, o.Classes, float32(o.Batch*world))
 			grads[len(ls)] = logits // d loss / d logits, in place
 			for i := len(ls) - 1; i >= 0; i-- {
-				backward(ls[i], acts[i], grads[i+1], grads, i, o.Batch)
+				mlp.Backward(ls[i], acts[i], grads[i+1], grads, i, o.Batch)
 				if o.Overlap {
 					if err := enqueue(i); err != nil { // overlaps with layer i-1's backward
 						return nil, err
@@ -406,8 +291,8 @@ func train(ctx context.Context, c *hcomm.Comm, o Options, d *dataset, out io.Wri
 				if err := comms[i].ev.Synchronize(ctx); err != nil {
 					return nil, err
 				}
-				for j, g := range l.g { // the sum of the ranks' gradients of the global mean loss
-					l.p[j] -= float32(o.LR) * g
+				for j, g := range l.G { // the sum of the ranks' gradients of the global mean loss
+					l.P[j] -= float32(o.LR) * g
 				}
 			}
 			wait += time.Since(t0)
@@ -417,7 +302,7 @@ func train(ctx context.Context, c *hcomm.Comm, o Options, d *dataset, out io.Wri
 		}
 		el := time.Since(start)
 		total += el
-		acc := accuracy(ls, d, o)
+		acc := mlp.Accuracy(ls, d)
 		sum := []float64{lossSum, float64(steps * o.Batch)}
 		if err := collectives.AllReduceSlice(ctx, c, sum, sum, hcomm.Sum, nil); err != nil {
 			return nil, err
@@ -438,12 +323,12 @@ func train(ctx context.Context, c *hcomm.Comm, o Options, d *dataset, out io.Wri
 	// Every rank must hold the same bits: compare with rank 0's weights.
 	var diff float64
 	for _, l := range ls {
-		ref := append([]float32(nil), l.p...)
+		ref := append([]float32(nil), l.P...)
 		if err := collectives.BroadcastSlice(ctx, c, ref, 0, nil); err != nil {
 			return nil, err
 		}
 		for j := range ref {
-			if math.Float32bits(ref[j]) != math.Float32bits(l.p[j]) {
+			if math.Float32bits(ref[j]) != math.Float32bits(l.P[j]) {
 				diff++
 			}
 		}
@@ -458,73 +343,4 @@ func train(ctx context.Context, c *hcomm.Comm, o Options, d *dataset, out io.Wri
 	res.Identical = true
 	fmt.Fprintf(out, "weights identical on all %d ranks (%d parameters, compared bit for bit with rank 0's)\n", world, params)
 	return res, nil
-}
-
-// backward computes layer l's gradient from dz (d loss / d its output,
-// already through the ReLU) and in, and when l > 0, d loss / d its input
-// through the previous ReLU into grads[i].
-func backward(l *layer, in, dz []float32, grads [][]float32, i, n int) {
-	gw, gb := l.g[:l.out*l.in], l.g[l.out*l.in:]
-	clear(l.g)
-	for s := 0; s < n; s++ {
-		xs := in[s*l.in : (s+1)*l.in]
-		for o := 0; o < l.out; o++ {
-			g := dz[s*l.out+o]
-			if g == 0 {
-				continue
-			}
-			gb[o] += g
-			row := gw[o*l.in : (o+1)*l.in]
-			for k, v := range xs {
-				row[k] += g * v
-			}
-		}
-	}
-	if i == 0 {
-		return
-	}
-	dx := grads[i][:n*l.in]
-	clear(dx)
-	w := l.w()
-	for s := 0; s < n; s++ {
-		for o := 0; o < l.out; o++ {
-			g := dz[s*l.out+o]
-			if g == 0 {
-				continue
-			}
-			row := w[o*l.in : (o+1)*l.in]
-			d := dx[s*l.in : (s+1)*l.in]
-			for k, v := range row {
-				d[k] += g * v
-			}
-		}
-	}
-	for k, a := range in[:n*l.in] { // ReLU of the previous layer
-		if a <= 0 {
-			dx[k] = 0
-		}
-	}
-}
-
-func accuracy(ls []*layer, d *dataset, o Options) float64 {
-	n := len(d.testY)
-	acts := make([][]float32, len(ls)+1)
-	for i, l := range ls {
-		acts[i+1] = make([]float32, n*l.out)
-	}
-	forward(ls, d.testX, n, acts)
-	logits := acts[len(ls)]
-	right := 0
-	for s, y := range d.testY {
-		best := 0
-		for k := 1; k < o.Classes; k++ {
-			if logits[s*o.Classes+k] > logits[s*o.Classes+best] {
-				best = k
-			}
-		}
-		if best == y {
-			right++
-		}
-	}
-	return float64(right) / float64(n)
 }

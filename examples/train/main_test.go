@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/hcomm-dev/hcomm/examples/internal/mlp"
 	"github.com/hcomm-dev/hcomm/hcomm"
 	"github.com/hcomm-dev/hcomm/hcommtest"
 	"github.com/hcomm-dev/hcomm/internal/leakcheck"
@@ -92,7 +93,7 @@ func TestTrainEveryTransport(t *testing.T) {
 				t.Skip("-short: no processes")
 			}
 			hcommtest.Options{Config: &hcomm.Config{Name: "train", BufferSize: 8 << 20}}.Run(t, 3, tr, func(t testing.TB, c *hcomm.Comm) {
-				res, err := train(context.Background(), c, o, makeData(o), &bytes.Buffer{})
+				res, err := train(context.Background(), c, o, mlp.MakeData(o.Seed, o.Samples, o.Features, o.Classes), &bytes.Buffer{})
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -1,0 +1,58 @@
+#!/bin/bash
+# Every collective against Open MPI at the latency-bound and mid sizes, on every
+# transport, 2 and 4 ranks: the rows ../shared/peers/sitting.sh does not have
+# (its coll-* rows are 4 ranks, 1 and 64 MiB, inproc and shm only).
+#   scripts/sitting-colls.sh [SIZES...]      default: 65536 1048576
+# Env: COLLS (default "allreduce broadcast allgather reducescatter alltoall"),
+#      MODES (inproc shm tcp), NPS (2 4), REPS (3).
+# Like sitting.sh it builds hcomm from this checkout and Open MPI's coll_bench.c
+# from ../shared/peers, runs them interleaved launch by launch, and prints medians
+# and the busbw ratio hcomm / Open MPI (above 1: hcomm ahead), with both times.
+set -u
+proj=$(cd "$(dirname "$0")/.." && pwd)
+peers=${PEERS:-$proj/../shared/peers}
+sizes=${*:-65536 1048576}
+REPS=${REPS:-3}
+bin=$(mktemp -d); log=$(mktemp); trap 'rm -rf "$bin" "$log"' EXIT
+(cd "$proj" && go build -o "$bin/hcomm" ./cmd/hcomm) || { echo "hcomm does not build"; exit 1; }
+command -v mpicc >/dev/null || { echo "Open MPI is missing: run ../shared/peers/sitting.sh once (it installs it)"; exit 1; }
+mpicc -O2 -o "$bin/coll_bench" "$peers/coll_bench.c" || exit 1
+med() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END{print (NR%2)?a[(NR+1)/2]:(a[NR/2]+a[NR/2+1])/2}'; }
+hrun() { # mode np coll bytes -> "time busbw"
+  local mode=$1 np=$2 coll=$3 b=$4 n w
+  if [ "$b" -le 65536 ]; then n=20000; w=20000; elif [ "$b" -le 4194304 ]; then n=200; w=50; else n=10; w=3; fi
+  if [ "$mode" = tcp ] && [ "$b" -le 65536 ]; then n=4000; w=2000; fi
+  if [ "$mode" = inproc ]; then
+    timeout 300 "$bin/hcomm" bench "$coll" -g "$np" -b "$b" -e "$b" -n $n -w $w -c 0 >"$log" 2>&1
+  else
+    HCOMM_TRANSPORT=$mode timeout 300 "$bin/hcomm" run -n "$np" -- "$bin/hcomm" bench "$coll" -b "$b" -e "$b" -n $n -w $w -c 0 >"$log" 2>&1
+  fi
+  awk -v b="$b" '{ sub(/^\[[0-9]+\] */, "") } $1==b { if ($6=="N/A") print $10, $12; else print $6, $8; exit }' "$log"
+}
+mrun() { # transport np op bytes -> "time busbw"
+  local tr=$1 np=$2 op=$3 b=$4 mca=()
+  [ "$tr" = tcp ] && mca=(--mca pml ob1 --mca btl tcp,self --mca btl_tcp_if_include 127.0.0.1/8)
+  timeout 300 mpirun --allow-run-as-root --oversubscribe -np "$np" --mca oob_tcp_if_include 127.0.0.1/8 "${mca[@]}" \
+    "$bin/coll_bench" -o "$op" -b "$b" -e "$b" -f 2 -r 3 -t 0.2 >"$log" 2>&1
+  awk -v op="$op" -v b="$b" '$1==op && $2==b { print $4, $6; exit }' "$log"
+}
+mpiop() { case $1 in broadcast) echo bcast ;; reducescatter) echo reduce_scatter ;; *) echo "$1" ;; esac; }
+echo "# sitting-colls $(date -u +%FT%TZ) $(nproc) cpus, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2); hcomm $(git -C "$proj" rev-parse --short HEAD)"
+for coll in ${COLLS:-allreduce broadcast allgather reducescatter alltoall}; do
+  for mode in ${MODES:-inproc shm tcp}; do
+    tr=sm; [ "$mode" = tcp ] && tr=tcp
+    for np in ${NPS:-2 4}; do
+      for b in $sizes; do
+        ht=(); hb=(); mt=(); mb=()
+        for i in $(seq 1 "$REPS"); do
+          read -r t bw < <(hrun "$mode" "$np" "$coll" "$b"); ht+=("${t:-nan}"); hb+=("${bw:-nan}")
+          read -r t bw < <(mrun "$tr" "$np" "$(mpiop "$coll")" "$b"); mt+=("${t:-nan}"); mb+=("${bw:-nan}")
+        done
+        h=$(med "${hb[@]}"); m=$(med "${mb[@]}"); htm=$(med "${ht[@]}"); mtm=$(med "${mt[@]}")
+        r=$(awk -v a="$h" -v b="$m" 'BEGIN{ if (b>0) printf "%.2f", a/b; else print "nan" }')
+        printf '%-13s %-6s np=%s %9s  busbw hcomm %7s  OpenMPI %7s  ratio %5s  us hcomm %8s  OpenMPI %8s\n' \
+          "$coll" "$mode" "$np" "$b" "$h" "$m" "$r" "$htm" "$mtm"
+      done
+    done
+  done
+done
