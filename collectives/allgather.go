@@ -201,6 +201,10 @@ func allGatherDirect(sc *sched, send device.Ptr, out func(p int) device.Ptr, cou
 	for _, x := range counts {
 		rounds = max(rounds, pieces(x, per))
 	}
+	if !st.mapped {
+		allGatherPush(sc, out, counts, es, per, rounds)
+		return
+	}
 	others := sc.others()
 	var reads func()
 	for q := int64(0); q < rounds; q++ {
@@ -230,6 +234,31 @@ func allGatherDirect(sc *sched, send device.Ptr, out func(p int) device.Ptr, cou
 	}
 	if reads != nil {
 		reads()
+	}
+}
+
+// allGatherPush is the direct all-gather where a peer is behind a network,
+// where a read is a round trip and the stream issues the n-1 reads of a piece
+// one after another: each owner writes each piece of its input (already in
+// its recv) into every peer's inbox, and every rank copies the peers' pieces
+// out of its own — one one-way hop per piece.
+func allGatherPush(sc *sched, out func(p int) device.Ptr, counts []int64, es, per, rounds int64) {
+	me, n := sc.st.comm.Rank(), sc.st.comm.Size()
+	for q := int64(0); q < rounds; q++ {
+		lo := q * per
+		if m := min(per, counts[me]-lo); m > 0 {
+			for i := 1; i < n; i++ {
+				sc.pipeSend(mod(me+i, n), out(me).Add(lo*es), m*es)
+			}
+		}
+		for i := 1; i < n; i++ {
+			p := mod(me-i, n)
+			if m := min(per, counts[p]-lo); m > 0 {
+				slot, done := sc.pipeRecv(p)
+				sc.copy(out(p).Add(lo*es), slot, m*es)
+				done()
+			}
+		}
 	}
 }
 
