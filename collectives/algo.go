@@ -1,6 +1,8 @@
 package collectives
 
 import (
+	"context"
+	"fmt"
 	"time"
 
 	"github.com/hcomm-dev/hcomm/device"
@@ -15,6 +17,10 @@ type sched struct {
 	err   error
 	opSeq uint64 // the collective's number (BeginOp)
 	per   int64  // bytes of the pipeline's piece for this call (pieceFor): at most the layout's slot
+
+	ctx    context.Context // bounds the channel setups (need); nil: none beyond the communicator's
+	issued int             // calls that enqueued (do)
+	unset  bool            // err is a setup of need's that failed before anything was enqueued
 }
 
 func (s *sched) ok() bool { return s.err == nil }
@@ -32,7 +38,19 @@ func (s *sched) piece() int64 {
 func (s *sched) do(err error) {
 	if s.err == nil {
 		s.err = err
+		s.issued++
 	}
+}
+
+// ch returns the channel to peer. A schedule that reaches a peer it did
+// not need (state.need) fails here, naming the peer, rather than at hcomm's
+// check of a nil channel.
+func (s *sched) ch(peer int) *hcomm.Channel {
+	c := s.st.chans[peer]
+	if c == nil && s.err == nil {
+		s.err = fmt.Errorf("collectives: rank %d's schedule reaches rank %d before it set up their channel (need)", s.st.comm.Rank(), peer)
+	}
+	return c
 }
 
 func (s *sched) peerSlot(peer int, off int64) device.Ptr { return s.st.peerBuf[peer].Add(off) }
@@ -40,7 +58,7 @@ func (s *sched) mySlot(off int64) device.Ptr             { return s.st.buf.Add(o
 
 func (s *sched) write(peer int, dst, src device.Ptr, n int64) {
 	if s.ok() && n > 0 {
-		s.do(hcomm.WriteOnThread(s.t, s.st.chans[peer], dst, src, n))
+		s.do(hcomm.WriteOnThread(s.t, s.ch(peer), dst, src, n))
 	}
 }
 
@@ -54,7 +72,7 @@ func (s *sched) launchStop(name string, fn func(stop <-chan struct{}) error) {
 
 func (s *sched) read(peer int, dst, src device.Ptr, n int64) {
 	if s.ok() && n > 0 {
-		s.do(hcomm.ReadOnThread(s.t, s.st.chans[peer], dst, src, n))
+		s.do(hcomm.ReadOnThread(s.t, s.ch(peer), dst, src, n))
 	}
 }
 
@@ -62,19 +80,19 @@ func (s *sched) read(peer int, dst, src device.Ptr, n int64) {
 // records its notify idx, in one task.
 func (s *sched) writeNotify(peer int, dst, src device.Ptr, n int64, idx int) {
 	if s.ok() {
-		s.do(hcomm.WriteWithNotifyOnThread(s.t, s.st.chans[peer], dst, src, n, idx))
+		s.do(hcomm.WriteWithNotifyOnThread(s.t, s.ch(peer), dst, src, n, idx))
 	}
 }
 
 func (s *sched) record(peer, idx int) {
 	if s.ok() {
-		s.do(hcomm.ChannelNotifyRecordOnThread(s.t, s.st.chans[peer], idx))
+		s.do(hcomm.ChannelNotifyRecordOnThread(s.t, s.ch(peer), idx))
 	}
 }
 
 func (s *sched) wait(peer, idx int) {
 	if s.ok() {
-		s.do(hcomm.ChannelNotifyWaitOnThread(s.t, s.st.chans[peer], idx, time.Duration(0)))
+		s.do(hcomm.ChannelNotifyWaitOnThread(s.t, s.ch(peer), idx, time.Duration(0)))
 	}
 }
 

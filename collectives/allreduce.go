@@ -184,10 +184,15 @@ func issueWindowed(c *hcomm.Comm, name string, k kind, s *device.Stream, o *Opti
 	// BeginOp numbers the collective for errors and logs, and times it when
 	// metrics are on; endOp enqueues the closing task.
 	opSeq, endOp := c.BeginOp(t, name, algo.String())
-	sc := &sched{st: st, t: t, opSeq: opSeq, per: pieceFor(k, algo, n, c.Size(), st.mapped, st.lay.piece)}
+	sc := &sched{st: st, t: t, opSeq: opSeq, ctx: st.setupCtx(s), per: pieceFor(k, algo, n, c.Size(), st.mapped, st.lay.piece)}
 	st.seq++
 	if err := body(sc, algo); err != nil {
 		return err
+	}
+	if sc.unset { // need failed before anything was enqueued: take the call back
+		st.seq--
+		endOp()
+		return collErr(c, name, hcomm.ResultOf(sc.err), sc.err, "setting up the collective channels")
 	}
 	sc.drainGathers()
 	sc.drainPipes()

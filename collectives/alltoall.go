@@ -83,6 +83,7 @@ func alltoall(c *hcomm.Comm, name string, h header, send device.Ptr, sc_, sd []i
 		}
 		// The hello carries this rank's send counts, so that each peer checks
 		// them against its receive counts.
+		sched.need(sched.others()) // before countTable enqueues: a failed setup takes the call back
 		table := sched.countTable(sc_)
 		sched.hello(h, sched.others(), table, int64(8*n), func(p int, payload []byte) error {
 			if len(payload) < 8*n {

@@ -1,6 +1,19 @@
 package collectives
 
+import "github.com/hcomm-dev/hcomm/hcomm"
+
 // SetTestJitter sets the hook that runs before each step of every schedule
 // (testJitter), for the determinism tests; nil removes it. Call it only while
 // no collective runs.
 func SetTestJitter(f func(rank int)) { testJitter = f }
+
+// CollChannels returns how many channels the collectives of c's rank have
+// set up so far (the peers their schedules needed).
+func CollChannels(c *hcomm.Comm) int {
+	st, err := lockLocal(c)
+	if err != nil {
+		return -1
+	}
+	defer st.mu.Unlock()
+	return st.channels()
+}

@@ -248,6 +248,11 @@ func (x *helloCall) release() {
 func (s *sched) helloWith(x *helloCall, h header, peers []int, src device.Ptr, n int64, extra func(p int, payload []byte) error, then func(x *helloCall) error) (at func(rank int) device.Ptr) {
 	st := s.st
 	me := st.comm.Rank()
+	// The channels to peers met for the first time (state.go); a setup
+	// that failed leaves the hello counters as they were.
+	if s.need(peers); s.unset {
+		return x.atFn
+	}
 	if h.kind != kSendRecv { // point-to-point numbers its hellos per pair
 		h.seq = st.seq
 	}

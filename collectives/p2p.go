@@ -111,7 +111,11 @@ func BatchSendRecv(items []SendRecvItem, c *hcomm.Comm, s *device.Stream) error 
 		return collErr(c, name, hcomm.ResultOf(err), err, "")
 	}
 	_, endOp := c.BeginOp(t, name, AlgoPairwise.String())
-	sc := &sched{st: st, t: t}
+	sc := &sched{st: st, t: t, ctx: st.setupCtx(s)}
+	if sc.need(peers); sc.unset { // the channels to peers met for the first time (state.go)
+		endOp()
+		return collErr(c, name, hcomm.ResultOf(sc.err), sc.err, "setting up the collective channels")
+	}
 	table := make([]int64, per*n)
 	for p := 0; p < n; p++ {
 		table[per*p], table[per*p+1] = int64(digest(sendSizes[p])), int64(digest(recvSizes[p]))

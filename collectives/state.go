@@ -84,8 +84,8 @@ type state struct {
 	lay     layout
 	buf     device.Ptr
 	hello   device.View      // the host's view of buf's hello slots, mapped once (handshake.go)
-	chans   []*hcomm.Channel // by peer rank; nil for self
-	peerBuf []device.Ptr     // peers' HCCL buffers
+	chans   []*hcomm.Channel // by peer rank; nil for self and for a peer no schedule has needed yet (need)
+	peerBuf []device.Ptr     // peers' HCCL buffers, by rank, as chans
 	threads map[*device.Stream]*hcomm.Thread
 
 	seq       uint64             // collectives issued so far (the handshake's sequence number)
@@ -100,6 +100,7 @@ type state struct {
 	strict    bool               // HCCL_DETERMINISTIC=strict: reductions in rank order (ordered.go)
 	multiHost bool               // ranks span hosts, some with several ranks: the two-level schedule pays
 	mapped    bool               // every peer's memory is mapped (inproc, shm): a read is a memmove
+	prepared  bool               // connect has checked the layout and learnt mapped
 	forced    map[kind]Algorithm // HCCL_ALGO
 	windows   int                // windows registered so far (the next one's id - 1)
 	wins      []*Window          // the live windows (window.go)
@@ -125,6 +126,12 @@ type state struct {
 	staging  device.Ptr     // the host-slice layer's device copy of the data
 	stagingN int64
 	err      error
+
+	// ownCtx is the ctx of the host-slice layer's call in progress (set
+	// by getStateContext): the stream-ordered call it makes on own takes
+	// no ctx, and the channel setups that call needs end with this one.
+	// The layer runs one call at a time (they share staging).
+	ownCtx context.Context
 }
 
 type stateKey struct{}
@@ -133,15 +140,26 @@ func getState(c *hcomm.Comm) (*state, error) {
 	return getStateContext(context.Background(), c)
 }
 
-// getStateContext is getState whose first call's channel setup is bounded
-// by ctx as well (the host-slice layer's ctx).
+// getStateContext is getState for the host-slice layer: the channel setups
+// of the call it is about to make on st.own end with ctx as well.
 func getStateContext(ctx context.Context, c *hcomm.Comm) (*state, error) {
 	st, err := lockStateContext(ctx, c)
 	if err != nil {
 		return nil, err
 	}
+	st.ownCtx = ctx
 	st.mu.Unlock()
 	return st, nil
+}
+
+// setupCtx returns the ctx that bounds the channel setups of a call on s
+// (st.mu held): the host-slice layer's for its stream, else none beyond
+// the communicator's own bounds (HCCL_CONNECT_TIMEOUT, Abort, Destroy).
+func (st *state) setupCtx(s *device.Stream) context.Context {
+	if s != nil && s == st.own && st.ownCtx != nil {
+		return st.ownCtx
+	}
+	return context.Background()
 }
 
 // lockState is getState that returns with st.mu held (and does not hold it
@@ -188,22 +206,19 @@ func lockLocal(c *hcomm.Comm) (*state, error) {
 	return st, nil
 }
 
-// connect acquires the collective channels at the first collective that
-// needs them (st.mu held). A failure is kept: every later collective
-// returns it — except a setup that ctx ended on a usable communicator,
-// which the next collective starts again (the channel layer starts over
-// the pairs it gave up).
-func (st *state) connect(ctx context.Context) error {
-	if st.chans != nil || st.comm.Size() == 1 {
+// connect prepares the collectives' channels at the first collective
+// (st.mu held): it checks that the HCCL buffer holds the layout and learns
+// from the transports the peers would be reached by whether their memory
+// is mapped (the selector needs it before any channel exists). It sets up
+// no channel: a schedule does, for the peers it uses, when it first uses
+// them (need). A failure is kept: every later collective returns it.
+func (st *state) connect(context.Context) error {
+	if st.prepared || st.comm.Size() == 1 {
 		return nil
 	}
-	err := st.setup(ctx)
-	if err != nil && ctx.Err() != nil && st.comm.Check() == nil {
-		st.chans = nil
-		return err
-	}
-	st.err = err
-	return err
+	st.err = st.prepare()
+	st.prepared = st.err == nil
+	return st.err
 }
 
 func (st *state) init1() {
@@ -214,10 +229,14 @@ func (st *state) init1() {
 	st.recvd = make([]uint64, c.Size())
 	st.acked = make([]uint64, c.Size())
 	st.gathers = make([]uint64, c.Size())
+	// Made once at their full length: tasks of earlier collectives read
+	// the entries need filled in before, while need fills in others.
+	st.chans = make([]*hcomm.Channel, c.Size())
+	st.peerBuf = make([]device.Ptr, c.Size())
 	buf, size, _ := c.GetHcclBuffer()
 	st.buf = buf
 	st.lay, _ = newLayout(c.Size(), size)
-	st.mapped = true
+	st.mapped = true // until prepare finds a peer whose memory is not
 	st.multiHost = multiHost(c)
 	st.noCheck = os.Getenv("HCOMM_COLL_CHECK") == "0"
 	st.strict = c.Config().Deterministic == hcomm.DeterministicStrict
@@ -230,44 +249,112 @@ func (st *state) init1() {
 	}
 }
 
-// setup acquires a channel to every peer (collective: every rank calls it at
-// its first collective), after init1.
-func (st *state) setup(ctx context.Context) error {
+// prepare is connect's work, after init1.
+func (st *state) prepare() error {
 	c := st.comm
 	if _, err := newLayout(c.Size(), st.lay.bufSize); err != nil {
 		return err
 	}
-	descs := hcomm.ChannelDescInit(c.Size() - 1)
-	for i, j := 0, 0; i < c.Size(); i++ {
-		if i == c.Rank() {
+	for p := 0; p < c.Size(); p++ {
+		if p == c.Rank() {
 			continue
 		}
-		descs[j].RemoteRank = i
+		tr, err := c.TransportTo(p, hcomm.ProtocolAuto)
+		if err != nil {
+			return err
+		}
+		if tr != hcomm.TransportInproc && tr != hcomm.TransportShm {
+			st.mapped = false
+		}
+	}
+	return nil
+}
+
+// need sets up the collective channels to those of peers this rank has
+// none to yet (st.mu held), all in one ChannelAcquire: the two ends of a
+// pair need each other in the same collective, and the setups of one call
+// run concurrently, so no order of the peers on the two ends can deadlock
+// (one setup at a time could: a ring whose every rank waits for its right
+// neighbour, which waits for its own). The setups end with ctx,
+// HCCL_CONNECT_TIMEOUT, Abort, Destroy and a lost rank. A failure is kept
+// (every later collective returns it), except one that ctx ended on a
+// usable communicator: the next collective that needs those peers starts
+// their setup again (the channel layer starts over the pairs it gave up).
+func (st *state) need(ctx context.Context, peers []int) error {
+	c := st.comm
+	missing := 0
+	for _, p := range peers {
+		if st.chans[p] == nil {
+			missing++
+		}
+	}
+	if missing == 0 {
+		return nil
+	}
+	descs := hcomm.ChannelDescInit(missing)
+	j := 0
+	for _, p := range peers {
+		if st.chans[p] != nil {
+			continue
+		}
+		descs[j].RemoteRank = p
 		descs[j].NotifyNum = notifyNum
 		descs[j].Tag = chanTag
 		j++
 	}
 	chs, err := c.ChannelAcquireContext(ctx, hcomm.EngineCPUTS, descs)
 	if err != nil {
+		if ctx.Err() == nil || c.Check() != nil {
+			st.err = err
+		}
 		return err
 	}
-	st.chans = make([]*hcomm.Channel, c.Size())
-	st.peerBuf = make([]device.Ptr, c.Size())
 	for _, ch := range chs {
-		st.chans[ch.RemoteRank()] = ch
 		p, size, err := c.ChannelGetHcclBuffer(ch)
 		if err != nil {
+			st.err = err
 			return err
 		}
 		if size != st.lay.bufSize {
-			return fmt.Errorf("rank %d's HCCL buffer is %d bytes, this rank's %d: every rank must use the same HCCL_BUFFSIZE", ch.RemoteRank(), size, st.lay.bufSize)
+			st.err = fmt.Errorf("rank %d's HCCL buffer is %d bytes, this rank's %d: every rank must use the same HCCL_BUFFSIZE", ch.RemoteRank(), size, st.lay.bufSize)
+			return st.err
 		}
 		st.peerBuf[ch.RemoteRank()] = p
-		if tr := ch.Transport(); tr != "inproc" && tr != "shm" {
-			st.mapped = false
-		}
+		st.chans[ch.RemoteRank()] = ch
 	}
 	return nil
+}
+
+// need sets up this rank's channels to peers before the schedule first
+// uses them (see state.need); hello calls it for its peers, and a schedule
+// that reaches a peer it did not greet calls it before its first operation
+// with that peer. A setup that fails before the schedule enqueued anything
+// leaves the peers in step (issue takes the collective back): the next
+// collective may try again when ctx ended it.
+func (s *sched) need(peers []int) {
+	if !s.ok() {
+		return
+	}
+	ctx := s.ctx
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	if err := s.st.need(ctx, peers); err != nil {
+		s.do(err)
+		s.unset = s.issued == 1 // this failure is the first call do saw
+	}
+}
+
+// channels returns how many collective channels this rank has set up so
+// far: the peers its schedules have needed (need).
+func (st *state) channels() int {
+	n := 0
+	for _, ch := range st.chans {
+		if ch != nil {
+			n++
+		}
+	}
+	return n
 }
 
 // Close releases the host-slice layer's resources and its staging memory

@@ -13,8 +13,9 @@ type backend interface {
 	name() string
 	// alloc returns size bytes of device memory, zeroed, at a stable address,
 	// outside the Go heap, and a file descriptor another process can map to
-	// reach the same bytes (-1 when the backend cannot share).
-	alloc(size int64, host bool) (mem []byte, fd int, err error)
+	// reach the same bytes (-1 when the backend cannot share). lazy asks
+	// for pages committed at first touch instead of now (MallocLazy).
+	alloc(size int64, host, lazy bool) (mem []byte, fd int, err error)
 	// free releases memory returned by alloc, and its descriptor.
 	free(mem []byte, fd int) error
 	// copy moves len(src) bytes; dst and src are checked ranges of live allocations.
@@ -34,7 +35,9 @@ func (hostBackend) name() string { return "host" }
 
 func (hostBackend) mapped() bool { return true }
 
-func (hostBackend) alloc(size int64, _ bool) ([]byte, int, error) { return hostAlloc(size) }
+func (hostBackend) alloc(size int64, _, lazy bool) ([]byte, int, error) {
+	return hostAlloc(size, lazy)
+}
 
 func (hostBackend) free(mem []byte, fd int) error { return hostFree(mem, fd) }
 

@@ -50,7 +50,9 @@
 // naming the size, not a crash at first touch. The size of /dev/shm does not
 // limit it (a memfd lives in no mounted file system); RAM plus swap and the
 // process's memory cgroup do, and the error says which and how to change it.
-// Each allocation holds one file descriptor until Free (the limit is ulimit
+// MallocLazy is the exception: its pages are committed as they are first
+// touched, for memory that is large and used in part (a communicator's HCCL
+// buffer). Each allocation holds one file descriptor until Free (the limit is ulimit
 // -n). Nothing is left behind when a process dies.
 //
 // The default stream: every context has one (DefaultStream, ACL's and CUDA's

@@ -31,6 +31,17 @@ import (
 // file that could shrink under the mapping would make an access fault. The
 // seals are checked by the receiving side before it maps.
 //
+// Why MallocLazy skips fallocate: memory that is large and used only in part
+// (the HCCL buffer: 400 MB a rank by default, of which the collectives touch
+// the slots of the peers they talk to) would commit all of it at init, so
+// that n ranks on a host hold n × 400 MB before their first collective. A
+// memfd's pages that are not reserved are allocated at first touch (shmem
+// fault), charged then to the toucher's memory cgroup; a file with no size
+// limit of its own (a memfd's) never fails a fault with SIGBUS for lack of
+// space, so what MallocLazy gives up is only the early error: memory that
+// cannot be had at a touch is the OOM killer's, as for any page a process
+// touches.
+//
 // Why not /dev/shm files: a memfd has no name in any file system, so nothing
 // is left behind when a process dies, and /dev/shm's size limit does not apply
 // to it. What limits it is RAM plus swap and the memory cgroup of the process.
@@ -58,8 +69,8 @@ func memfd() (int, error) {
 	}
 }
 
-// hostAlloc makes one allocation of size bytes.
-func hostAlloc(size int64) (mem []byte, fd int, err error) {
+// hostAlloc makes one allocation of size bytes, reserved now unless lazy.
+func hostAlloc(size int64, lazy bool) (mem []byte, fd int, err error) {
 	if size >= reserveCheckMin {
 		if err := checkAvailable(size); err != nil {
 			return nil, -1, err
@@ -83,11 +94,13 @@ func hostAlloc(size int64) (mem []byte, fd int, err error) {
 	if err = unix.Ftruncate(fd, size); err != nil {
 		return nil, -1, fmt.Errorf("sizing the memory file to %d bytes: %w", size, err)
 	}
-	if err = fallocate(fd, size); err != nil {
-		if err == unix.ENOSPC || err == unix.ENOMEM {
-			return nil, -1, fmt.Errorf("reserving %s: %w; %s", bytesText(size), err, limitAdvice(availableText()))
+	if !lazy { // MallocLazy's pages come at first touch
+		if err = fallocate(fd, size); err != nil {
+			if err == unix.ENOSPC || err == unix.ENOMEM {
+				return nil, -1, fmt.Errorf("reserving %s: %w; %s", bytesText(size), err, limitAdvice(availableText()))
+			}
+			return nil, -1, fmt.Errorf("reserving %s: %w", bytesText(size), err)
 		}
-		return nil, -1, fmt.Errorf("reserving %s: %w", bytesText(size), err)
 	}
 	if _, err = unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_SEAL); err != nil {
 		return nil, -1, fmt.Errorf("sealing the memory file: %w", err)
@@ -120,6 +133,14 @@ func fallocate(fd int, size int64) error {
 		}
 	}
 	return nil
+}
+
+// discard gives the bytes [off, off+n) of the memory file fd back to the
+// system (both page-aligned): they read as zeros, in every mapping, and are
+// committed again at their next touch. It reports false when the kernel
+// would not; nothing changed then.
+func discard(fd int, off, n int64) bool {
+	return unix.Fallocate(fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, off, n) == nil
 }
 
 func hostFree(mem []byte, fd int) error {

@@ -1,6 +1,7 @@
 package device
 
 import (
+	"os"
 	"slices"
 	"sort"
 	"sync"
@@ -50,6 +51,7 @@ type allocation struct {
 	mem  []byte
 	fd   int  // the memory file behind mem (Share), or -1
 	host bool // MallocHost: pinned host memory rather than device memory
+	lazy bool // MallocLazy: pages committed at first touch (Memset to zero gives them back)
 
 	// use is held for reading by every task that touches the memory, and for
 	// writing by Free, so that a Free racing with queued work waits for it and
@@ -243,13 +245,32 @@ func itoa(v int64) string {
 
 // Malloc allocates size bytes of device memory on d, zeroed
 // (aclrtMalloc / cuMemAlloc). size must be positive.
-func (d *Device) Malloc(size int64) (Ptr, error) { return d.malloc("Malloc", size, false) }
+func (d *Device) Malloc(size int64) (Ptr, error) { return d.malloc("Malloc", size, false, false) }
+
+// MallocLazy is Malloc for memory that is large but used only in part, or
+// only later: its pages are committed when first touched, not at the call,
+// so the allocation costs address space, not memory, until it is used. A
+// communicator's HCCL buffer is one: 2 × HCCL_BUFFSIZE bytes (400 MB by
+// default), of which the collectives use the slots of the peers they talk
+// to. The memory reads as zeros and can be shared (Share) as Malloc's can.
+//
+// What it gives up: Malloc reserves every page at the call, so that running
+// out of memory is an ErrMemoryAllocation error there; a page of MallocLazy
+// memory that cannot be had when it is first touched is the kernel's to
+// handle (the OOM killer, as for any memory a process touches). A request
+// larger than all the memory the process may use is still refused at the
+// call. Memset to zero gives its pages back.
+func (d *Device) MallocLazy(size int64) (Ptr, error) {
+	return d.malloc("MallocLazy", size, false, true)
+}
 
 // MallocHost allocates size bytes of pinned host memory (aclrtMallocHost /
 // cuMemAllocHost): the host side of an asynchronous copy.
-func (d *Device) MallocHost(size int64) (Ptr, error) { return d.malloc("MallocHost", size, true) }
+func (d *Device) MallocHost(size int64) (Ptr, error) {
+	return d.malloc("MallocHost", size, true, false)
+}
 
-func (d *Device) malloc(op string, size int64, host bool) (Ptr, error) {
+func (d *Device) malloc(op string, size int64, host, lazy bool) (Ptr, error) {
 	if err := d.check(op); err != nil {
 		return 0, err
 	}
@@ -259,12 +280,12 @@ func (d *Device) malloc(op string, size int64, host bool) (Ptr, error) {
 	if size > maxAlloc {
 		return 0, newErr(op, d.id, -1, ErrMemoryAllocation, "size %d exceeds the %d-byte limit of one allocation", size, int64(maxAlloc))
 	}
-	mem, fd, err := d.be.alloc(size, host)
+	mem, fd, err := d.be.alloc(size, host, lazy)
 	if err != nil {
 		return 0, &Error{Op: op, Device: d.id, Stream: -1, Code: ErrMemoryAllocation,
 			Msg: "allocating " + itoa(size) + " bytes", Err: err}
 	}
-	a := &allocation{dev: d, base: Ptr(unsafe.Pointer(&mem[0])), mem: mem, fd: fd, host: host}
+	a := &allocation{dev: d, base: Ptr(unsafe.Pointer(&mem[0])), mem: mem, fd: fd, host: host, lazy: lazy}
 	allocs.insert(a)
 	d.mu.Lock()
 	d.nalloc++
@@ -316,7 +337,9 @@ func (d *Device) Bytes(p Ptr, n int64) ([]byte, error) {
 }
 
 // Memset sets n bytes at p, memory of d, to value and returns when done
-// (aclrtMemset).
+// (aclrtMemset). Zeroing MallocLazy memory gives its whole pages back
+// instead of writing them: they read as zeros, in every process that maps
+// them, and are committed again when next touched.
 func (d *Device) Memset(p Ptr, n int64, value byte) error {
 	if err := d.check("Memset"); err != nil {
 		return err
@@ -325,8 +348,32 @@ func (d *Device) Memset(p Ptr, n int64, value byte) error {
 	if err != nil {
 		return err
 	}
+	if value == 0 && r.a != nil && r.a.lazy && r.a.fd >= 0 {
+		zeroLazy(r.a, r.mem)
+		return nil
+	}
 	fill(r.mem, value)
 	return nil
+}
+
+// zeroLazy zeroes b, a range of the MallocLazy allocation a: its whole pages
+// by giving them back (discard: they read as zeros and are committed again
+// at their next touch), the rest by writing zeros — so that clearing a
+// large buffer used in part commits none of it.
+func zeroLazy(a *allocation, b []byte) {
+	if len(b) == 0 {
+		return
+	}
+	page := int64(os.Getpagesize())
+	off := int64(uintptr(unsafe.Pointer(&b[0])) - uintptr(a.base))
+	lo := (off + page - 1) &^ (page - 1)
+	hi := (off + int64(len(b))) &^ (page - 1)
+	if hi-lo >= page && discard(a.fd, lo, hi-lo) {
+		fill(b[:lo-off], 0)
+		fill(b[hi-off:], 0)
+		return
+	}
+	fill(b, 0)
 }
 
 func fill(b []byte, v byte) {

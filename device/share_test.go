@@ -173,3 +173,142 @@ func TestFreeAndCloseReleaseDescriptors(t *testing.T) {
 		t.Fatalf("%d descriptors open after Close, want %d", n, before)
 	}
 }
+
+// committed returns the bytes of device memory at p committed so far: the
+// blocks its memory file holds (fstat), reserved by fallocate or touched.
+func committed(t *testing.T, d *device.Device, p device.Ptr) int64 {
+	t.Helper()
+	fd, _, err := d.Share(p, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		t.Fatal(err)
+	}
+	return st.Blocks * 512
+}
+
+// TestMallocLazyCommitsOnTouch: MallocLazy memory holds no page until one
+// is touched, then that page only, while Malloc's is all reserved at the
+// call; either shared with a peer sees the same bytes.
+func TestMallocLazyCommitsOnTouch(t *testing.T) {
+	d := open(t, 0)
+	const size = 64 << 20
+	page := int64(os.Getpagesize())
+	lazy, err := d.MallocLazy(size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Free(lazy)
+	b, err := d.Bytes(lazy, size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := committed(t, d, lazy); n != 0 {
+		t.Fatalf("MallocLazy: %d bytes committed before any touch, want 0", n)
+	}
+	b[3*page+5] = 7
+	if n := committed(t, d, lazy); n != page {
+		t.Fatalf("MallocLazy: %d bytes committed after touching one page, want %d", n, page)
+	}
+	if b[0] != 0 || b[size-1] != 0 {
+		t.Fatal("MallocLazy memory does not read as zeros")
+	}
+	// A peer's mapping (Share) sees the touched byte, and its write lands.
+	fd, off, err := d.Share(lazy, size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	m, err := unix.Mmap(fd, off, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(m)
+	if m[3*page+5] != 7 {
+		t.Fatal("the shared mapping does not see the touched byte")
+	}
+	m[size-1] = 9
+	if b[size-1] != 9 {
+		t.Fatal("the allocation does not see the peer's write")
+	}
+	// Pages touched: the one written, and the first and last, read (a
+	// read of a shared mapping commits its page too) and written.
+	if n := committed(t, d, lazy); n != 3*page {
+		t.Fatalf("MallocLazy: %d bytes committed after three pages were touched, want %d", n, 3*page)
+	}
+
+	eager, err := d.Malloc(4 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Free(eager)
+	if n := committed(t, d, eager); n != 4<<20 {
+		t.Fatalf("Malloc: %d bytes committed, want all %d (reserved at the call)", n, 4<<20)
+	}
+}
+
+// TestMemsetZeroGivesLazyPagesBack: zeroing MallocLazy memory gives its
+// whole pages back (the bytes read as zeros, in a peer's mapping too) and
+// keeps the bytes outside the range; Malloc's memory stays reserved.
+func TestMemsetZeroGivesLazyPagesBack(t *testing.T) {
+	d := open(t, 0)
+	const size = 16 << 20
+	page := int64(os.Getpagesize())
+	lazy, err := d.MallocLazy(size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Free(lazy)
+	b, err := d.Bytes(lazy, size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range b {
+		b[i] = 0xa5
+	}
+	if n := committed(t, d, lazy); n != size {
+		t.Fatalf("%d bytes committed after writing all %d", n, size)
+	}
+	fd, off, err := d.Share(lazy, size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	peer, err := unix.Mmap(fd, off, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(peer)
+	const from, n = 100, size - 300
+	if err := d.Memset(lazy.Add(from), n, 0); err != nil {
+		t.Fatal(err)
+	}
+	// The partial first and last pages stay, written; the rest is given back.
+	if c := committed(t, d, lazy); c != 2*page {
+		t.Fatalf("%d bytes committed after zeroing all but 300 bytes; want the 2 partial pages", c)
+	}
+	for i, v := range b {
+		want := byte(0)
+		if i < from || i >= from+n {
+			want = 0xa5
+		}
+		if v != want || peer[i] != want {
+			t.Fatalf("byte %d = %#x here, %#x in the peer's mapping; want %#x", i, v, peer[i], want)
+		}
+	}
+
+	eager, err := d.Malloc(1 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Free(eager)
+	if err := d.Memset(eager, 1<<20, 0); err != nil {
+		t.Fatal(err)
+	}
+	if c := committed(t, d, eager); c != 1<<20 {
+		t.Fatalf("Malloc memory: %d bytes committed after Memset to zero; want all %d (it stays reserved)", c, 1<<20)
+	}
+}

@@ -253,11 +253,15 @@ func (c *Comm) setupRetrying(ctx context.Context, k chanKey, d ChannelDesc) (*Ch
 func (c *Comm) setupWatched(ctx context.Context, k chanKey, attempt int, d ChannelDesc) (*Channel, error) {
 	base := c.setupBase(k, attempt)
 	me, them := strconv.Itoa(c.rank), strconv.Itoa(d.RemoteRank)
+	ps, err := c.pairStore(ctx, d.RemoteRank)
+	if err != nil {
+		return nil, c.errorf("ChannelAcquire", d.RemoteRank, ErrTCPConnect, err, "")
+	}
 	actx, cancel := context.WithCancelCause(ctx)
 	watched := make(chan struct{})
 	go func() {
 		defer close(watched)
-		if _, err := c.boot.store.Get(actx, base+"/abandoned/r"+them); err == nil {
+		if _, err := ps.Get(actx, base+"/abandoned/r"+them); err == nil {
 			cancel(errPeerAbandoned)
 		}
 	}()
@@ -272,7 +276,7 @@ func (c *Comm) setupWatched(ctx context.Context, k chanKey, attempt int, d Chann
 		return nil, c.errorf("ChannelAcquire", d.RemoteRank, ErrInternal, fmt.Errorf("%w: %w", errPeerAbandoned, err), "")
 	}
 	sctx, scancel := context.WithTimeout(context.Background(), time.Second)
-	c.boot.store.Set(sctx, base+"/abandoned/r"+me, nil) // best effort: the store may be gone
+	ps.Set(sctx, base+"/abandoned/r"+me, nil) // best effort: the store may be gone
 	scancel()
 	return nil, err
 }

@@ -143,7 +143,7 @@ func newCommOn(op string, c Config, rank, size, devID int, parent *Comm, boot *b
 		return fail(ErrRuntime, err)
 	}
 	bufSize := 2 * c.BufferSize
-	buf, err := dev.Malloc(bufSize)
+	buf, err := dev.MallocLazy(bufSize) // committed as the collectives touch it
 	if err != nil {
 		if parent == nil {
 			dev.Close()
@@ -224,7 +224,9 @@ func (c *Comm) why(op string) error {
 
 // GetHcclBuffer returns the communicator's HCCL buffer (HcclGetHcclBuffer):
 // device memory owned by the communicator, 2 × BufferSize bytes, never to be
-// freed by the caller. Peers may write into it through channels at any time a
+// freed by the caller. Its pages are committed as they are first touched
+// (device.MallocLazy): the collectives use the slots of the peers they talk
+// to, and the rest costs address space only. Peers may write into it through channels at any time a
 // handshake allows.
 func (c *Comm) GetHcclBuffer() (device.Ptr, int64, error) {
 	if err := c.usable("GetHcclBuffer"); err != nil {

@@ -93,7 +93,7 @@
 // the transport; channels carry an extra Tag in their reuse key.
 //
 // Environment (code wins over each): HCCL_BUFFSIZE (MB, default 200; the HCCL
-// buffer is twice this), HCCL_EXEC_TIMEOUT (s, default 1836, 0 = never),
+// buffer is twice this, committed as it is touched), HCCL_EXEC_TIMEOUT (s, default 1836, 0 = never),
 // HCCL_CONNECT_TIMEOUT (s, default 120), HCOMM_LIVENESS_TIMEOUT (s, default
 // 10), HCCL_DETERMINISTIC (false, true or strict; see Determinism),
 // HCOMM_TRANSPORT, HCOMM_SHM_DISABLE,

@@ -13,3 +13,12 @@ func SetShrinkHook(f func(point string, rank int)) { shrinkHook = f }
 // reads rank 0's list of ranks (init.go); call it before any communicator
 // exists, and set it back to nil when done.
 func SetPeersHook(f func(rank int)) { peersHook = f }
+
+// RootServed returns how many messages rank 0's bootstrap store has served
+// (bootstrap.Server.Served); c must be rank 0 of a multi-process init.
+func RootServed(c *Comm) int64 { return c.boot.root.Served() }
+
+// SetGatherHook sets the hook a joining rank runs at the steps of its tree
+// gather (ring.go); call it before any communicator exists, and set it
+// back to nil when done.
+func SetGatherHook(f func(rank, step int)) { gatherHook = f }

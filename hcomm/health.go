@@ -26,17 +26,22 @@ import (
 // could make the failure look like that neighbour's. Afterwards the
 // communicator refuses new work (ErrRemote); Destroy still works.
 //
-// Every rank pings the store twice a second; a rank silent for
-// Config.LivenessTimeout (HCOMM_LIVENESS_TIMEOUT, 10 s) — stopped, frozen,
-// its network gone — is reported lost the same way, "not responding (alive
-// but stuck?)", where a rank whose connection closed is "gone". Rank 0's
-// own loss each rank learns from its store connection ending without rank
-// 0's goodbye (a store that rank 0 closes on purpose says goodbye first),
-// and rank 0 stuck from its store not answering a request within the
-// liveness timeout (each rank asks once a second): neither depends on
-// HCCL_EXEC_TIMEOUT.
+// Liveness rides a ring (ring.go): every rank pings its successor's
+// bootstrap mailbox twice a second, and the successor's mailbox reports a
+// rank silent for Config.LivenessTimeout (HCOMM_LIVENESS_TIMEOUT, 10 s) —
+// stopped, frozen, its network gone — lost the same way, "not responding
+// (alive but stuck?)", where a rank whose connection closed is "gone".
+// Rank 0's own loss each rank learns from its store connection ending
+// without rank 0's goodbye (a store that rank 0 closes on purpose says
+// goodbye first); rank 0 stuck, from rank 1, whose mailbox finds it
+// silent and passes the word around the ring (rank 0's store, stuck,
+// cannot publish it). Nobody polls rank 0's store, and neither way
+// depends on HCCL_EXEC_TIMEOUT. (A communicator without mailboxes — a
+// shrunk one — pings its store and asks rank 0's a question once a
+// second instead: watchRoot.)
 
-// keepAliveInterval is how often a rank pings rank 0's store.
+// keepAliveInterval is how often a rank pings its ring successor's
+// mailbox (a shrunk communicator's rank: its store).
 const keepAliveInterval = 500 * time.Millisecond
 
 // livenessTimeout is how long rank 0's store waits for a word (a ping) from
@@ -114,7 +119,21 @@ func (c *Comm) watch() {
 	lctx, lcancel := context.WithCancel(context.Background())
 	c.health = &health{cancel: cancel, done: make(chan struct{}), lostCtx: lctx, lostCancel: lcancel, lostSet: make(map[int]string)}
 	var wg sync.WaitGroup
-	if c.rank != 0 && c.boot.client != nil {
+	if c.boot.mail != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c.watchSucc(ctx)
+		}()
+	}
+	switch {
+	case c.rank != 0 && c.boot.mail != nil:
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c.watchRingLost0(ctx)
+		}()
+	case c.rank != 0 && c.boot.client != nil:
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -188,15 +207,21 @@ var errNoEvent = errors.New("hcomm: loss event numbered but never set")
 
 // eventGrace is how long an event numbered in the counter may stay unset
 // before the watch skips it: a publisher that died (or timed out) between
-// numbering its event and setting it must not stop the watch.
-const eventGrace = time.Second
+// numbering its event and setting it must not stop the watch. The watch
+// looks at the counter once per grace, at least a second and at most the
+// liveness timeout: every rank's look is a request to rank 0's store, so
+// the grace grows with the rank count (a 10th of a second per rank).
+func (c *Comm) eventGrace() time.Duration {
+	return min(max(time.Second, time.Duration(c.size)*100*time.Millisecond), c.cfg.livenessTimeout())
+}
 
 // nextEvent waits for loss event i. It waits in slices of eventGrace; after
 // one in which the counter shows later events while event i is still
 // missing, it gives up on i (errNoEvent).
 func (c *Comm) nextEvent(ctx context.Context, i int) ([]byte, error) {
+	grace := c.eventGrace()
 	for {
-		gctx, gcancel := context.WithTimeout(ctx, eventGrace)
+		gctx, gcancel := context.WithTimeout(ctx, grace)
 		b, err := c.boot.store.Get(gctx, eventPfx+strconv.Itoa(i))
 		timedOut := err != nil && ctx.Err() == nil && gctx.Err() != nil
 		gcancel()

@@ -33,22 +33,27 @@ import (
 //     or a rank two processes claim fails every rank at once, naming them;
 //     once all n have joined, a newcomer (another job on the port) is
 //     refused alone.
-//  2. Rank 0 gathers the n descriptions and publishes the list; every rank
-//     checks it (same rank count, no rank claimed twice) and tells rank 0 it
-//     has read it. Rank 0's init returns only once every rank has (as
-//     NCCL's bootstrap ends with an all-gather), or a rank is lost meanwhile:
-//     destroying rank 0's communicator the moment its init returns fails no
+//  2. The descriptions go up and down a tree of the ranks' own small
+//     stores (mailboxes, ring.go), not through rank 0: each rank reads
+//     only its tree parent's and ring successor's descriptions from rank
+//     0's store, so that it serves O(n) messages per init
+//     (internal/bootstrap/spec.md counts them). A rank's init returns
+//     once its tree children have every description (as NCCL's
+//     bootstrap ends with an all-gather), or a rank is lost meanwhile:
+//     destroying a communicator the moment its init returns fails no
 //     other rank's init.
-//  3. Channels are then set up pairwise through the store (ChannelAcquire):
-//     each pair trades transport messages under keys named by the two ranks,
-//     the engine, protocol, tag and a per-key counter.
+//  3. Channels are then set up pairwise (ChannelAcquire) in the mailbox
+//     of the lower rank of the two: each pair trades transport messages
+//     under keys named by the two ranks, the engine, protocol, tag and a
+//     per-key counter.
 //
 // Setup is bounded by Config.ConnectTimeout (HCCL_CONNECT_TIMEOUT): ranks may
 // start in any order within it; connecting retries while rank 0 is not up.
-// Rank 0's communicator owns the store: destroying it ends the rendezvous, so
-// rank 0 destroys its communicator after every rank has acquired the
-// channels it will use (nothing else needs the store once every init has
-// returned), or last.
+// Rank 0's communicator owns the store, and each rank's its mailbox:
+// destroying it ends the channel setups that meet there, so a rank
+// destroys its communicator after its peers have acquired the channels
+// they will use with it (nothing else needs the stores once every init
+// has returned), or last.
 
 // DefaultRootPort is the port of rank 0's bootstrap store when nothing names
 // one: InitClusterInfo without HCOMM_ROOT_PORT, InitFromEnv under Slurm
@@ -187,7 +192,7 @@ func GetRootInfo(cfg *Config) (RootInfo, error) {
 	if err != nil {
 		return RootInfo{}, &Error{Op: op, Comm: c.Name, Rank: 0, Peer: -1, Code: ErrSyscall, Err: err}
 	}
-	srv, err := bootstrap.Listen(net.JoinHostPort(ifc.IP.String(), "0"), secret, bootstrap.ServerOptions{Logger: c.bootLogger(), OnLost: publishLoss, IdleTimeout: c.livenessTimeout()})
+	srv, err := bootstrap.Listen(net.JoinHostPort(ifc.IP.String(), "0"), secret, bootstrap.ServerOptions{Logger: c.bootLogger(), OnLost: publishLoss})
 	if err != nil {
 		return RootInfo{}, &Error{Op: op, Comm: c.Name, Rank: 0, Peer: -1, Code: ErrTCPConnect, Err: err}
 	}
@@ -288,7 +293,7 @@ func join(ctx context.Context, op string, c Config, js joinSpec) (*Comm, error) 
 	var srv *bootstrap.Server
 	if js.rank == 0 {
 		if srv = claimRoot(js.secret); srv == nil {
-			srv, err = bootstrap.Listen(js.listen, js.secret, bootstrap.ServerOptions{Logger: c.bootLogger(), OnLost: publishLoss, IdleTimeout: c.livenessTimeout()})
+			srv, err = bootstrap.Listen(js.listen, js.secret, bootstrap.ServerOptions{Logger: c.bootLogger(), OnLost: publishLoss})
 			if errors.Is(err, syscall.EADDRINUSE) {
 				return fail(ErrTCPConnect, err, "rank 0 starting the bootstrap store: address %s in use: another job on this port (MASTER_PORT)?", js.listen)
 			}
@@ -310,15 +315,27 @@ func join(ctx context.Context, op string, c Config, js joinSpec) (*Comm, error) 
 		code, err := ended(ctx, ErrTCPConnect, err)
 		return fail(code, err, "joining the bootstrap within HCCL_CONNECT_TIMEOUT %v", c.ConnectTimeout)
 	}
-	cli.KeepAlive(keepAliveInterval)
 	sb, err := startStandby(c, ifc, js.secret)
 	if err != nil {
 		cli.Close()
 		closeStore(srv, c.ConnectTimeout)
 		return fail(ErrTCPConnect, err, "rank %d starting its standby store", js.rank)
 	}
-	peers, code, err := rendezvous(ctx, cli, js, ifc, sb.addr)
+	mb, err := startMailbox(c, ifc, js.secret, js.rank, js.nRanks)
 	if err != nil {
+		sb.close()
+		cli.Close()
+		closeStore(srv, c.ConnectTimeout)
+		return fail(ErrTCPConnect, err, "rank %d starting its bootstrap mailbox", js.rank)
+	}
+	peers, code, err := rendezvous(ctx, cli, js, ifc, sb.addr, mb)
+	if err != nil {
+		if !errors.Is(err, ErrRankLost) && !errors.Is(err, bootstrap.ErrJobFailed) && ctx.Err() == nil {
+			// The others wait for this rank on the ring: tell them why it
+			// will not come, rather than leave them to time out.
+			postLoss(bootstrap.Prefix(cli, "c"), js.rank, fmt.Sprintf("it failed during its setup: %v", err))
+		}
+		mb.close()
 		sb.close()
 		cli.Close()
 		closeStore(srv, c.ConnectTimeout)
@@ -329,9 +346,11 @@ func join(ctx context.Context, op string, c Config, js joinSpec) (*Comm, error) 
 		}
 		return fail(code, err, "")
 	}
-	boot := &bootState{store: bootstrap.Prefix(cli, "c"), client: cli, peers: peers, fabric: inproc.Default, iface: ifc,
-		secret: js.secret, standby: sb}
+	boot := &bootState{store: bootstrap.Prefix(cli, "c"), client: cli, root: srv, peers: peers, fabric: inproc.Default, iface: ifc,
+		secret: js.secret, standby: sb, mail: mb, ns: "c"}
+	mb.setOnLost(boot.mailLost)
 	boot.release = func() error {
+		mb.close()
 		cli.Close()
 		if srv != nil {
 			srv.Close()
@@ -391,148 +410,137 @@ func closeStore(srv *bootstrap.Server, timeout time.Duration) {
 	time.AfterFunc(min(failLinger, timeout), func() { srv.Close() })
 }
 
-// peerList is what rank 0 publishes: every rank's description, or why the
-// rendezvous failed.
-type peerList struct {
-	Peers []peerInfo `json:"peers"`
-	Error string     `json:"error,omitempty"`
-}
-
-func rendezvous(ctx context.Context, s bootstrap.Store, js joinSpec, ifc bootstrap.Iface, standby string) ([]peerInfo, Result, error) {
-	n, err := s.Add(ctx, "claim/"+strconv.Itoa(js.rank), 1)
+func rendezvous(ctx context.Context, cli *bootstrap.Client, js joinSpec, ifc bootstrap.Iface, standby string, mb *mailbox) ([]peerInfo, Result, error) {
+	n, err := cli.Add(ctx, "claim/"+strconv.Itoa(js.rank), 1)
 	if err != nil {
 		return nil, ErrTCPConnect, err
 	}
 	if n != 1 {
 		return nil, ErrPara, fmt.Errorf("rank %d is claimed by %d processes: give each process its own rank", js.rank, n)
 	}
-	me := peerInfo{Rank: js.rank, NRanks: js.nRanks, Host: hostID(), ShmHost: shmHostID(), Proc: procToken, PID: os.Getpid(), Addr: ifc.IP.String(), Standby: standby}
+	me := peerInfo{Rank: js.rank, NRanks: js.nRanks, Host: hostID(), ShmHost: shmHostID(), Proc: procToken, PID: os.Getpid(), Addr: ifc.IP.String(),
+		Standby: standby, Mailbox: mb.addr}
 	me.Hostname, _ = os.Hostname()
-	b, _ := json.Marshal(me)
-	if err := s.Set(ctx, "info/"+strconv.Itoa(js.rank), b); err != nil {
-		return nil, ErrTCPConnect, err
+	mine, _ := json.Marshal(me)
+	if js.nRanks == 1 {
+		return []peerInfo{me}, Success, nil
 	}
-	if js.rank == 0 {
-		pl := peerList{Peers: make([]peerInfo, js.nRanks)}
-		for r := 0; r < js.nRanks && pl.Error == ""; r++ {
-			b, err := s.Get(ctx, "info/"+strconv.Itoa(r))
-			if err != nil {
-				return nil, ErrTimeout, fmt.Errorf("rank 0 waiting for rank %d to join: %w", r, err)
-			}
-			var p peerInfo
-			switch err := json.Unmarshal(b, &p); {
-			case err != nil:
-				pl.Error = fmt.Sprintf("rank %d's description is malformed: %v", r, err)
-			case p.Rank != r:
-				pl.Error = fmt.Sprintf("the description under rank %d says rank %d", r, p.Rank)
-			case p.NRanks != js.nRanks:
-				pl.Error = fmt.Sprintf("rank %d (on %s) joined a communicator of %d ranks; rank 0 of %d", r, p.where(), p.NRanks, js.nRanks)
-			}
-			pl.Peers[r] = p
-		}
-		if pl.Error != "" {
-			pl.Peers = nil
-		}
-		b, _ := json.Marshal(pl)
-		if err := s.Set(ctx, "peers", b); err != nil {
-			return nil, ErrTCPConnect, err
-		}
-		if pl.Error != "" {
-			// Let the others read why before this rank's failure closes the
-			// store under them (at most 2 s).
-			wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-			awaitReaders(wctx, s, js.nRanks)
-			cancel()
-			return nil, ErrPara, errors.New(pl.Error)
-		}
-		// Rank 0's init returns only once every rank has read the list:
-		// its communicator's Destroy, which closes the store, may follow at
-		// once.
-		if err := awaitReaders(ctx, s, js.nRanks); err != nil {
-			if errors.Is(err, ErrRankLost) {
-				return nil, ErrRemote, err
-			}
-			return nil, ErrTimeout, err
-		}
-		return pl.Peers, Success, nil
+	if err := cli.Set(ctx, "info/"+strconv.Itoa(js.rank), mine); err != nil {
+		return nil, ErrTCPConnect, err
 	}
 	if peersHook != nil && js.rank != 0 {
 		peersHook(js.rank)
 	}
-	b, err = s.Get(ctx, "peers")
-	if err != nil {
-		return nil, ErrTimeout, fmt.Errorf("rank %d waiting for rank 0's list of ranks: %w", js.rank, err)
-	}
-	// Tell rank 0 this rank has read the list; the last reader says so
-	// once for all. A store that closes meanwhile is no failure of this
-	// rank's: rank 0 saw the last reader's word and went on (its answer
-	// did not come back before the store closed), or it failed (then its
-	// loss comes to this rank's watcher).
-	n, err = s.Add(ctx, peersReadCtr, 1)
-	if err == nil && n == int64(js.nRanks-1) {
-		err = s.Set(ctx, peersAllRead, []byte{1})
-	}
-	if err != nil && !errors.Is(err, bootstrap.ErrClosed) {
-		return nil, ErrTimeout, fmt.Errorf("rank %d telling rank 0 it read the list of ranks: %w", js.rank, err)
-	}
-	var pl peerList
-	if err := json.Unmarshal(b, &pl); err != nil {
-		return nil, ErrInternal, fmt.Errorf("rank 0's list of ranks is malformed: %v", err)
-	}
-	if pl.Error != "" {
-		return nil, ErrPara, errors.New(pl.Error)
-	}
-	if len(pl.Peers) != js.nRanks {
-		return nil, ErrPara, fmt.Errorf("rank 0 lists %d ranks; this rank expects %d", len(pl.Peers), js.nRanks)
-	}
-	for r, p := range pl.Peers {
-		if p.Rank != r || p.Host == "" || p.Proc == "" {
-			return nil, ErrInternal, fmt.Errorf("rank 0's entry %d of the list of ranks is malformed", r)
-		}
-	}
-	return pl.Peers, Success, nil
-}
-
-// The rendezvous's end: every rank but 0 adds one to peersReadCtr once it
-// has read the list of ranks, and the one that brings it to n-1 sets
-// peersAllRead, on which rank 0 waits.
-const (
-	peersReadCtr = "peers-read"
-	peersAllRead = "peers-all-read"
-)
-
-// awaitReaders waits, on rank 0, until every other rank of n has read the
-// list of ranks from s (the key peersAllRead is set). It ends early, with an
-// error wrapping ErrRankLost and naming the rank, when rank 0's store
-// publishes the loss of a rank (its store connection ended without a
-// goodbye); and with ctx, with an error wrapping ctx's.
-func awaitReaders(ctx context.Context, s bootstrap.Store, n int) error {
-	if n <= 1 {
-		return nil
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var loss []byte
-	done := make(chan struct{})
+	// A rank lost meanwhile (its connection to rank 0's store or to a
+	// mailbox ended, or rank 0's store published it), or the job failed,
+	// ends the rest at once, with that as the error.
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	stop := watchGather(ctx, cancel, mb, cli)
+	defer stop()
+	// From rank 0's store: the descriptions of this rank's ring successor
+	// (which watches this rank's liveness) and tree parent (the gather's
+	// way up). Everything else comes down the tree.
+	// The two at once: each waits for its rank to join.
+	succ, parent := (js.rank+1)%js.nRanks, treeParent(js.rank)
+	var (
+		pc    *bootstrap.Client
+		pcode Result
+		perr  error
+		pdone = make(chan struct{})
+	)
 	go func() {
-		defer close(done)
-		if b, err := s.Get(ctx, "c/"+eventPfx+"1"); err == nil {
-			loss = b
-			cancel()
+		defer close(pdone)
+		if js.rank != 0 {
+			pc, pcode, perr = dialPeer(ctx, cli, mb, js, parent)
 		}
 	}()
-	_, err := s.Get(ctx, peersAllRead)
-	cancel()
-	<-done
-	switch {
-	case err == nil:
-		return nil
-	case loss != nil:
-		var ev lossEvent
-		if json.Unmarshal(loss, &ev) != nil {
-			return fmt.Errorf("rank 0 waiting for every rank to read the list of ranks: a rank was lost (malformed event %q): %w", loss, ErrRankLost)
-		}
-		return fmt.Errorf("rank 0 waiting for every rank to read the list of ranks: rank %d is lost: %s: %w", ev.Rank, ev.Reason, ErrRankLost)
+	nc, code, err := dialPeer(ctx, cli, mb, js, succ)
+	<-pdone
+	if err != nil {
+		return nil, code, err
 	}
-	return fmt.Errorf("rank 0 waiting for every rank to read the list of ranks: %w", err)
+	mb.setRing(succ, nc)
+	if perr != nil {
+		return nil, pcode, perr
+	}
+	all, err := treeGather(ctx, mb, pc, mine)
+	if err != nil {
+		switch {
+		case errors.Is(err, ErrRankLost):
+			return nil, ErrRemote, err
+		case errors.Is(err, bootstrap.ErrJobFailed):
+			return nil, ErrPara, err
+		}
+		return nil, ErrTimeout, err
+	}
+	peers := make([]peerInfo, js.nRanks)
+	for r, b := range all {
+		p, err := checkInfo(b, r, js.nRanks)
+		if err != nil {
+			return nil, ErrPara, err
+		}
+		peers[r] = p
+	}
+	return peers, Success, nil
+}
+
+// dialPeer reads rank r's description from rank 0's store (cli), waiting
+// for it to join, and connects to its mailbox.
+func dialPeer(ctx context.Context, cli *bootstrap.Client, mb *mailbox, js joinSpec, r int) (*bootstrap.Client, Result, error) {
+	b, err := cli.Get(ctx, "info/"+strconv.Itoa(r))
+	if cause := context.Cause(ctx); err != nil && cause != nil && !errors.Is(cause, context.Canceled) && !errors.Is(cause, context.DeadlineExceeded) {
+		err = cause // the watch's verdict: a rank lost, the job failed
+	}
+	if err != nil {
+		if errors.Is(err, ErrRankLost) {
+			return nil, ErrRemote, err
+		}
+		if errors.Is(err, bootstrap.ErrJobFailed) {
+			return nil, ErrPara, err
+		}
+		return nil, ErrTimeout, fmt.Errorf("rank %d waiting for rank %d to join: %w", js.rank, r, err)
+	}
+	p, err := checkInfo(b, r, js.nRanks)
+	if err != nil {
+		return nil, ErrPara, err
+	}
+	if p.Mailbox == "" {
+		return nil, ErrPara, fmt.Errorf("rank %d (on %s) has no bootstrap mailbox: is it an older hcomm?", r, p.where())
+	}
+	nc, err := mb.dial(ctx, p.Mailbox)
+	if cause := context.Cause(ctx); err != nil && cause != nil && !errors.Is(cause, context.Canceled) && !errors.Is(cause, context.DeadlineExceeded) {
+		return nil, ErrRemote, cause // the watch's verdict: a rank lost, the job failed
+	}
+	if err != nil && ctx.Err() == nil {
+		// Its process died — or it failed its init and closed: then the
+		// watch says why in a moment (the job failed, its own loss).
+		if v := awaitVerdict(ctx, verdictWait); v != nil {
+			return nil, ErrRemote, v
+		}
+	}
+	if errors.Is(err, bootstrap.ErrGone) {
+		return nil, ErrRemote, fmt.Errorf("rank %d connecting to rank %d's bootstrap mailbox: rank %d is lost: it is gone (nothing listens at %s): %w", js.rank, r, r, p.Mailbox, ErrRankLost)
+	}
+	if err != nil {
+		return nil, ErrTCPConnect, fmt.Errorf("rank %d connecting to rank %d's bootstrap mailbox: %w", js.rank, r, err)
+	}
+	return nc, Success, nil
+}
+
+// checkInfo parses rank r's description and checks that it fits a
+// communicator of n ranks.
+func checkInfo(b []byte, r, n int) (peerInfo, error) {
+	var p peerInfo
+	switch err := json.Unmarshal(b, &p); {
+	case err != nil:
+		return p, fmt.Errorf("rank %d's description is malformed: %v", r, err)
+	case p.Rank != r:
+		return p, fmt.Errorf("the description of rank %d says rank %d", r, p.Rank)
+	case p.NRanks != n:
+		return p, fmt.Errorf("rank %d (on %s) joined a communicator of %d ranks; this one has %d", r, p.where(), p.NRanks, n)
+	case p.Host == "" || p.Proc == "":
+		return p, fmt.Errorf("rank %d's description is malformed: no host or process", r)
+	}
+	return p, nil
 }

@@ -50,7 +50,10 @@ func (c *Comm) CommMemDereg(h *MemHandle) error {
 
 // GetHcclBufferCleared is GetHcclBuffer with the buffer zeroed first
 // (HcclGetHcclBufferCleared). It clears the whole buffer, now, in the
-// calling goroutine: the caller makes sure no peer writes into it meanwhile
+// calling goroutine, by giving its pages back (device.Memset of MallocLazy
+// memory): a cleared buffer holds no memory until it is touched again, and
+// clearing it costs no write of 2 × HCCL_BUFFSIZE bytes. The caller makes
+// sure no peer writes into it meanwhile
 // (before the channels' first handshake, or between collectives), and that
 // no work queued on this rank's threads still uses it.
 func (c *Comm) GetHcclBufferCleared() (device.Ptr, int64, error) {

@@ -36,6 +36,10 @@ func TestHelperRank(t *testing.T) {
 		faultRank(t) // fault_test.go: it joins by itself, to count what it leaves behind
 		return
 	}
+	if role == "scale" {
+		scaleRank(t) // scale_netns_test.go: it joins by itself, to time its init
+		return
+	}
 	if role == "stateloss" {
 		stateLossRank(t) // stateloss_test.go
 		return
@@ -43,6 +47,13 @@ func TestHelperRank(t *testing.T) {
 	if role == "die-before-list" { // rank 1 dies after joining, before it reads the list of ranks
 		hcomm.SetPeersHook(func(rank int) {
 			if rank == 1 {
+				os.Exit(3)
+			}
+		})
+	}
+	if role == "die-mid-gather" { // rank 8 dies after it handed its subtree up, before it reads every description
+		hcomm.SetGatherHook(func(rank, step int) {
+			if rank == 8 && step == 1 {
 				os.Exit(3)
 			}
 		})
@@ -74,6 +85,16 @@ func TestHelperRank(t *testing.T) {
 	}()
 	switch role {
 	case "empty", "die-before-list": // init, then destroy at once
+	case "die-mid-gather":
+		// A rank whose gather ended before rank 8 died learns of the loss
+		// at its first collective.
+		v := []float32{1}
+		err := collectives.AllReduceSlice(context.Background(), c, v, v, hcomm.Sum, nil)
+		if err == nil {
+			t.Fatal("all-reduce after rank 8 died: no error")
+		}
+		fmt.Printf("OPERROR %s\n", strings.ReplaceAll(err.Error(), "\n", " "))
+		c.Abort()
 	case "work":
 		if err := rankWork(c, "", sizes); err != nil { // the transport is hcomm's choice
 			t.Fatal(err)
@@ -395,6 +416,71 @@ func TestMultiProcessLostBeforeList(t *testing.T) {
 	}
 }
 
+// A rank that dies halfway through the tree gather of the ranks'
+// descriptions (rank 8 of 10) fails every other rank at once (well within
+// HCCL_CONNECT_TIMEOUT, 30 s here): the init of its parent and child in
+// the tree with an error naming it; the others' init or, when they had
+// every description before it died, their first collective — naming it,
+// or a rank whose init failed for it, whichever they learn of first.
+func TestMultiProcessLostMidGather(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short")
+	}
+	const n = 10 // rank 8's parent in the tree is rank 0, its child rank 9
+	env := masterEnv(t, "127.0.0.1")
+	start := time.Now()
+	procs := launchRanks(t, context.Background(), n, "die-mid-gather", nil, func(int) []string { return env })
+	ended := make([]time.Duration, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for _, p := range procs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[p.rank] = <-p.done
+			p.done <- errs[p.rank] // for the cleanup
+			ended[p.rank] = time.Since(start)
+		}()
+	}
+	wg.Wait()
+	for _, p := range procs {
+		err, out := errs[p.rank], p.log.String()
+		if p.rank == 8 {
+			if err == nil {
+				t.Errorf("rank 8 did not die")
+			}
+			continue
+		}
+		if strings.Contains(out, "joining the bootstrap within HCCL_CONNECT_TIMEOUT") {
+			// Started so late (a loaded machine) that rank 0 had failed
+			// and exited before it joined: it can only time out.
+			t.Logf("rank %d joined after rank 0 exited: %s", p.rank, lastLine(out, "init: "))
+			continue
+		}
+		if d := ended[p.rank]; d > 15*time.Second {
+			t.Errorf("rank %d failed after %v; want it at once", p.rank, d)
+		}
+		switch {
+		case p.rank == 0 || p.rank == 9:
+			// Rank 8's parent and child in the tree wait for it: their
+			// init fails naming it.
+			if !strings.Contains(out, "init: ") || !strings.Contains(out, "rank 8 is lost") || !strings.Contains(out, "rank lost") {
+				t.Errorf("rank %d: %v, want its init to fail naming rank 8 lost; output:\n%s", p.rank, err, out)
+			}
+			t.Logf("rank %d: %s", p.rank, lastLine(out, "init: "))
+		case strings.Contains(out, "init: "):
+			t.Logf("rank %d: %s", p.rank, lastLine(out, "init: "))
+		case strings.Contains(out, "OPERROR"):
+			// Its init had every description before rank 8 died; its
+			// first collective fails, naming rank 8 when it learnt of the
+			// loss first, or a rank that failed its init for it.
+			t.Logf("rank %d: %s", p.rank, lastLine(out, "OPERROR"))
+		default:
+			t.Errorf("rank %d: %v, want its init or first collective to fail; output:\n%s", p.rank, err, out)
+		}
+	}
+}
+
 // Rank 0 is this test process (GetRootInfo, InitRootInfo); ranks 1 and 2
 // are processes that get the root info as a string. Transports are left to
 // hcomm: shm (or tcp) between processes.
@@ -490,4 +576,18 @@ func checkSurvivors(t *testing.T, procs []*rankProc, victim int, since time.Time
 		}
 		t.Logf("rank %d failed %v after the loss of rank %d: %s", p.rank, took.Round(time.Millisecond), victim, line)
 	}
+}
+
+// lastLine returns the last line of out that contains sub, clipped.
+func lastLine(out, sub string) string {
+	var l string
+	for _, line := range strings.Split(out, "\n") {
+		if strings.Contains(line, sub) {
+			l = line
+		}
+	}
+	if len(l) > 300 {
+		l = l[:300] + "…"
+	}
+	return l
 }

@@ -164,8 +164,14 @@ func (c *Comm) sub(op string, ranks []int, id string, cfg *Config) (*Comm, error
 	parent.mu.Lock()
 	parent.refs++ // the sub-communicator uses the parent's store
 	parent.mu.Unlock()
+	// Its channel setups meet in the processes' mailboxes too (ring.go),
+	// under a namespace of its own.
+	ns := ""
+	if parent.ns != "" {
+		ns = parent.ns + "/sub/" + id
+	}
 	boot := &bootState{store: bootstrap.Prefix(parent.store, "sub/"+id+"/"), peers: peers, fabric: parent.fabric,
-		iface: parent.iface, secret: parent.secret, release: parent.unref}
+		iface: parent.iface, secret: parent.secret, mail: parent.mail, ns: ns, release: parent.unref}
 	// newComm takes a reference on boot; when it fails, or when the new
 	// communicator is destroyed, boot's release drops the parent's.
 	return newCommOn(op, conf, me, len(ranks), c.dev.ID(), c, boot)

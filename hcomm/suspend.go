@@ -110,7 +110,7 @@ func (c *Comm) Resume() error {
 		c.mu.Unlock()
 		return nil
 	}
-	buf, err := c.dev.Malloc(c.bufSize)
+	buf, err := c.dev.MallocLazy(c.bufSize)
 	if err != nil {
 		c.mu.Unlock()
 		return c.errorf(op, -1, ErrMemory, err, "reserving the HCCL buffer of %d bytes", c.bufSize)

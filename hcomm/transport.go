@@ -146,6 +146,10 @@ type peerInfo struct {
 	// Standby is the address of the rank's standby store (agree.go), where
 	// a shrink meets when this rank is the lowest live one; "" in-process.
 	Standby string `json:"standby,omitempty"`
+	// Mailbox is the address of the rank's bootstrap mailbox (ring.go),
+	// where its ring predecessor hands it the ranks' descriptions and the
+	// higher ranks set up their channels with it; "" in-process.
+	Mailbox string `json:"mailbox,omitempty"`
 }
 
 func (p peerInfo) where() string {
@@ -157,6 +161,12 @@ func (p peerInfo) where() string {
 type bootState struct {
 	store  bootstrap.Store   // prefixed view for this communicator
 	client *bootstrap.Client // the connection to rank 0's store; nil for InitAll
+	root   *bootstrap.Server // rank 0's store, on rank 0 of a multi-process init; else nil
+	// mail is this process's mailbox (ring.go) and ns the namespace of
+	// this communicator's channel setups in the mailboxes; nil and "" when
+	// the setups go through store (in-process, a shrunk communicator).
+	mail   *mailbox
+	ns     string
 	peers  []peerInfo
 	fabric *inproc.Fabric
 	iface  bootstrap.Iface  // the interface of HCOMM_SOCKET_IFNAME (zero for InitAll)
@@ -221,6 +231,28 @@ func (c Config) resolveNet() (Config, error) {
 	return c, nil
 }
 
+// TransportTo names the transport a channel to peer with protocol p would
+// run on — TransportInproc, TransportShm or TransportTCP — without setting
+// one up: the choice ChannelAcquire makes, from HCOMM_TRANSPORT and where
+// the peer runs. A library that sets its channels up lazily asks it ahead
+// (the collectives' selector does: whether a peer's memory is mapped). It
+// is local and safe for concurrent use; a peer outside the communicator,
+// this rank, or a protocol that cannot reach the peer is an *Error.
+func (c *Comm) TransportTo(peer int, p Protocol) (string, error) {
+	const op = "TransportTo"
+	if err := c.usable(op); err != nil {
+		return "", err
+	}
+	if peer < 0 || peer >= c.size || peer == c.rank {
+		return "", c.errorf(op, peer, ErrPara, nil, "peer %d is outside [0, %d) or this rank", peer, c.size)
+	}
+	t, err := c.pickTransport(peer, p)
+	if err != nil {
+		return "", c.errorf(op, peer, ErrNotSupport, err, "")
+	}
+	return t.name, nil
+}
+
 // pickTransport chooses the transport of a channel to peer with protocol p:
 // the forced one, or the fastest that carries p and reaches the peer.
 func (c *Comm) pickTransport(peer int, p Protocol) (*transport, error) {
@@ -278,7 +310,8 @@ func (c *Comm) dialer(t *transport) (channel.Dialer, error) {
 }
 
 // exchanger returns the Exchange of one channel setup between this rank and
-// peer: round i of it is the store key base/i, one value per rank.
+// peer: round i of it is the key base/i, one value per rank, in the pair's
+// store (pairStore: the lower rank's mailbox).
 func (c *Comm) exchanger(base string, peer int) channel.Exchange {
 	var n int
 	var mu sync.Mutex
@@ -288,7 +321,11 @@ func (c *Comm) exchanger(base string, peer int) channel.Exchange {
 		i := n
 		n++
 		mu.Unlock()
-		return bootstrap.Exchange(ctx, c.boot.store, base+"/"+strconv.Itoa(i), me, them, mine)
+		s, err := c.pairStore(ctx, peer)
+		if err != nil {
+			return nil, err
+		}
+		return bootstrap.Exchange(ctx, s, base+"/"+strconv.Itoa(i), me, them, mine)
 	}
 }
 

@@ -49,7 +49,9 @@ type Options struct {
 	// Populate maps the peer's memory with its page tables filled in at
 	// connect (MAP_POPULATE) instead of one page fault at the first touch of
 	// each page: connect takes longer (about 15 ms per 256 MiB here), the
-	// first pass over the peer's buffer does not.
+	// first pass over the peer's buffer does not. It also commits every
+	// page of the peer's memory, which MallocLazy memory (the peer's HCCL
+	// buffer) would otherwise commit only as it is touched.
 	Populate bool
 }
 

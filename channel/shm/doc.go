@@ -18,7 +18,8 @@
 //  1. Each end describes its memory: the HCCL buffer first, then every range
 //     of its Registry, each as a memfd descriptor and offset from
 //     device.Share (device memory of the host backend is memfd-backed,
-//     sealed against shrinking, reserved at Malloc). It also makes its
+//     sealed against shrinking, reserved at Malloc, or committed as it is
+//     touched for MallocLazy: the HCCL buffer). It also makes its
 //     notify page: a sealed memfd with one 32-bit word per notify, each on a
 //     64-byte line.
 //  2. The ends trade a hello through the Exchange: host id, pid, ranks, and

@@ -50,6 +50,19 @@ type result struct {
 // (the store serves another communicator); nor is a claim the store's job
 // refuses: the error wraps ErrJobFailed and says why.
 func Dial(ctx context.Context, addr string, secret Secret, claim Claim) (*Client, error) {
+	return dial(ctx, addr, secret, claim, true)
+}
+
+// DialUp is Dial for a store known to be up — a peer's store whose address
+// the peer published once it listened: it does not retry. A refused or
+// reset connection, or one that ends before the handshake does, means the
+// store's process is gone; the error then wraps ErrGone. Errors otherwise
+// as Dial's.
+func DialUp(ctx context.Context, addr string, secret Secret, claim Claim) (*Client, error) {
+	return dial(ctx, addr, secret, claim, false)
+}
+
+func dial(ctx context.Context, addr string, secret Secret, claim Claim, retry bool) (*Client, error) {
 	if claim.PID == 0 {
 		claim.PID = os.Getpid()
 	}
@@ -77,6 +90,13 @@ func Dial(ctx context.Context, addr string, secret Secret, claim Claim) (*Client
 			}
 		}
 		last = err
+		if !retry && ctx.Err() == nil {
+			if errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) ||
+				errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) { // its process went mid-handshake
+				return nil, fmt.Errorf("bootstrap: rank %d could not reach the store at %s: %v: %w", rank, addr, err, ErrGone)
+			}
+			return nil, fmt.Errorf("bootstrap: rank %d could not reach the store at %s: %w", rank, addr, err)
+		}
 		if ctx.Err() != nil || !retryable(err) {
 			break
 		}
@@ -91,10 +111,14 @@ func Dial(ctx context.Context, addr string, secret Secret, claim Claim) (*Client
 			backoff *= 2
 		}
 	}
-	if ctx.Err() != nil {
-		return nil, fmt.Errorf("bootstrap: rank %d could not reach the store of rank 0 at %s (last error: %v): %w", rank, addr, last, ctx.Err())
+	what := "the store of rank 0"
+	if !retry {
+		what = "the store"
 	}
-	return nil, fmt.Errorf("bootstrap: rank %d could not reach the store of rank 0 at %s: %w", rank, addr, last)
+	if ctx.Err() != nil {
+		return nil, fmt.Errorf("bootstrap: rank %d could not reach %s at %s (last error: %v): %w", rank, what, addr, last, ctx.Err())
+	}
+	return nil, fmt.Errorf("bootstrap: rank %d could not reach %s at %s: %w", rank, what, addr, last)
 }
 
 // Errors of Probe.
@@ -331,13 +355,22 @@ func (c *Client) call(ctx context.Context, op byte, body ...[]byte) ([]byte, err
 	}
 }
 
-// send writes one frame; dl (zero: none) bounds the write.
+// send writes one frame; dl (zero: none) bounds the write. A write that
+// ends before its first byte (dl passed: the caller's context ended while
+// it waited its turn) leaves the connection as it was; one that wrote part
+// of the frame closes it, which would otherwise desynchronise the stream.
 func (c *Client) send(dl time.Time, b []byte) error {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
+	if !dl.IsZero() && !time.Now().Before(dl) {
+		return fmt.Errorf("bootstrap: writing to the store at %s: %w", c.addr, os.ErrDeadlineExceeded)
+	}
 	c.conn.SetWriteDeadline(dl)
-	if _, err := c.conn.Write(b); err != nil {
-		c.conn.Close() // a partial frame would desynchronise the stream
+	if n, err := c.conn.Write(b); err != nil {
+		if n == 0 && errors.Is(err, os.ErrDeadlineExceeded) {
+			return fmt.Errorf("bootstrap: writing to the store at %s: %w", c.addr, err)
+		}
+		c.conn.Close()
 		return fmt.Errorf("bootstrap: writing to the store at %s: %w (%w)", c.addr, err, ErrClosed)
 	}
 	return nil
@@ -422,7 +455,9 @@ func (c *Client) KeepAlive(interval time.Duration) {
 			case <-c.closing:
 				return
 			case <-t.C:
-				if c.send(time.Now().Add(interval), frame(opPing, 0)) != nil {
+				// A ping that could not start within the interval (a
+				// starved process) is skipped; a failed one ends the client.
+				if err := c.send(time.Now().Add(interval), frame(opPing, 0)); errors.Is(err, ErrClosed) {
 					return
 				}
 			}
@@ -437,6 +472,15 @@ func (c *Client) Lost() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.lost
+}
+
+// Err returns why the connection ended (it wraps ErrClosed, or
+// ErrJobFailed when the store failed the job's rendezvous), or nil while it
+// lives. Safe for concurrent use.
+func (c *Client) Err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.err
 }
 
 // Done is closed when the connection to the store ends (Close, or the store

@@ -34,6 +34,11 @@ type ServerOptions struct {
 	// connection that sends nothing for that long: clients that call
 	// KeepAlive with a shorter interval are never idle while they live.
 	IdleTimeout time.Duration
+	// Watched, when set, limits IdleTimeout to the connections whose claim
+	// it accepts (a rank's store watches its ring predecessor only, whose
+	// client pings it); the others may stay quiet. It runs once per
+	// admitted connection.
+	Watched func(Claim) bool
 }
 
 // Server is the TCP store that rank 0 serves. Safe for concurrent use; Close
@@ -46,6 +51,7 @@ type Server struct {
 	store   *kv
 	pending chan struct{}
 	refused atomic.Int64
+	served  atomic.Int64 // admitted handshakes and frames read from admitted connections
 
 	mu       sync.Mutex
 	conns    map[net.Conn]*srvConn
@@ -200,6 +206,12 @@ func (s *Server) Addr() net.Addr { return s.ln.Addr() }
 // Refused returns how many connections were refused (bad proof, bad hello,
 // too many pending handshakes).
 func (s *Server) Refused() int64 { return s.refused.Load() }
+
+// Served returns how many messages the store has served: every admitted
+// handshake and every frame an admitted connection sent (requests, pings,
+// cancellations, goodbyes). It is the load a job puts on rank 0 (spec.md
+// counts it per init). Safe for concurrent use.
+func (s *Server) Served() int64 { return s.served.Load() }
 
 // Close stops the store: it closes the listener and every connection and
 // waits for the goroutines. Idempotent.
@@ -410,8 +422,13 @@ func (s *Server) serve(c net.Conn, sc *srvConn) {
 	if !ok {
 		return
 	}
+	s.served.Add(1)
 	rank := cl.Rank
 	defer s.leave(rank, sc)
+	idle := s.opts.IdleTimeout
+	if s.opts.Watched != nil && !s.opts.Watched(cl) {
+		idle = 0
+	}
 	s.log.Debug("hcomm bootstrap: rank connected", "store", s.ln.Addr().String(), "rank", rank, "pid", cl.PID, "host", cl.Host, "remote", c.RemoteAddr().String())
 	var (
 		wmu     = &sc.wmu
@@ -431,7 +448,7 @@ func (s *Server) serve(c net.Conn, sc *srvConn) {
 				"store", s.ln.Addr().String(), "rank", rank, "err", why)
 			reason := fmt.Sprintf("it is gone: its bootstrap connection ended without a goodbye (%v)", why)
 			if ne, ok := why.(net.Error); ok && ne.Timeout() {
-				reason = fmt.Sprintf("it is not responding (alive but stuck?): nothing on its bootstrap connection for %v", s.opts.IdleTimeout)
+				reason = fmt.Sprintf("it is not responding (alive but stuck?): nothing on its bootstrap connection for %v", idle)
 			}
 			s.opts.OnLost(s.Local(), rank, reason)
 		}
@@ -460,8 +477,8 @@ func (s *Server) serve(c net.Conn, sc *srvConn) {
 	}
 	fail := func(id uint64, err error) { reply(id, opErr, []byte(err.Error())) }
 	for {
-		if s.opts.IdleTimeout > 0 && !wdead.Load() {
-			c.SetReadDeadline(time.Now().Add(s.opts.IdleTimeout))
+		if idle > 0 && !wdead.Load() {
+			c.SetReadDeadline(time.Now().Add(idle))
 		}
 		h, body, err := readFrame(c)
 		if err != nil {
@@ -472,8 +489,18 @@ func (s *Server) serve(c net.Conn, sc *srvConn) {
 			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
 				s.log.Warn("hcomm bootstrap: dropping connection", "store", s.ln.Addr().String(), "rank", rank, "err", err)
 			}
+			if ne, ok := err.(net.Error); ok && ne.Timeout() && !wdead.Load() {
+				// Dropped for its silence: say goodbye, so that a client
+				// that is merely slow does not take the end for this
+				// store's loss (the server reports it lost; OnLost).
+				wmu.Lock()
+				c.SetWriteDeadline(time.Now().Add(50 * time.Millisecond))
+				c.Write(frame(opBye, 0))
+				wmu.Unlock()
+			}
 			return
 		}
+		s.served.Add(1)
 		id := h.id()
 		switch h.op() {
 		case opSet:

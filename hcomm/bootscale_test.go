@@ -1,0 +1,137 @@
+package hcomm_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hcomm-dev/hcomm/collectives"
+	"github.com/hcomm-dev/hcomm/hcomm"
+)
+
+// bootLoad joins n ranks of this process through rank 0's TCP store (the
+// tcp transport forced, as ranks of n processes would), runs one 8-byte
+// all-reduce and returns how many messages rank 0's store served by the
+// time every rank had its result, and how long that took.
+func bootLoad(t *testing.T, n int) (int64, time.Duration) {
+	t.Helper()
+	cfg := &hcomm.Config{Name: "bootscale", Transport: hcomm.TransportTCP, BufferSize: 64 << 10,
+		ConnectTimeout: 60 * time.Second, ExecTimeout: 60 * time.Second,
+		LivenessTimeout: time.Minute} // 64 ranks in one process under -race starve their pings
+
+	root, err := hcomm.GetRootInfo(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer root.Close()
+	start := time.Now()
+	comms := initRanks(t, n, func(r int) (*hcomm.Comm, error) { return hcomm.InitRootInfo(n, root, r, cfg) })
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	for r, c := range comms {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			v := []float64{float64(r + 1)}
+			if err := collectives.AllReduceSlice(context.Background(), c, v, v, hcomm.Sum, nil); err != nil {
+				errs[r] = err
+				return
+			}
+			if want := float64(n*(n+1)) / 2; v[0] != want {
+				errs[r] = fmt.Errorf("all-reduce gave %v, want %v", v[0], want)
+			}
+		}()
+	}
+	wg.Wait()
+	took := time.Since(start)
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d: %v", r, err)
+		}
+	}
+	return hcomm.RootServed(comms[0]), took
+}
+
+// Rank 0's store serves O(n) messages for an init and the first
+// collective: at most bootMsgsPerRank per rank at 4, 16 and 64 ranks — the
+// ranks trade their descriptions over a ring and set up their channels
+// over each other's mailboxes, not through rank 0.
+func TestBootRootLoadLinear(t *testing.T) {
+	sizes := []int{4, 16, 64}
+	if testing.Short() || raceEnabled {
+		sizes = sizes[:2] // 64 ranks' full mesh in one process, under the race detector, on a shared machine: minutes
+	}
+	for _, n := range sizes {
+		served, took := bootLoad(t, n)
+		t.Logf("%d ranks: rank 0's store served %d messages (%.1f per rank); init and first all-reduce in %v", n, served, float64(served)/float64(n), took)
+		if served > bootMsgsPerRank*int64(n) {
+			t.Errorf("%d ranks: rank 0's store served %d messages, more than %d per rank", n, served, bootMsgsPerRank)
+		}
+	}
+}
+
+// bootMsgsPerRank bounds the messages rank 0's store serves per rank of a
+// job for its init and first collective: 5 for the rendezvous (claim,
+// description, the successor's, the loss watch and its cancellation), and
+// room for the collective's slow waits, each of which publishes where the
+// rank waits (wait.go) — 8 at 4 and 16 ranks here, 11 at 64.
+const bootMsgsPerRank = 16
+
+// A sub-communicator of a multi-process communicator sets its channels up
+// in the ranks' mailboxes too: its first collective adds no channel-setup
+// messages to rank 0's store — only the split's own exchange there.
+func TestBootSubCommMailboxes(t *testing.T) {
+	const n = 8
+	cfg := &hcomm.Config{Name: "bootsub", Transport: hcomm.TransportTCP, BufferSize: 64 << 10,
+		ConnectTimeout: 60 * time.Second, ExecTimeout: 60 * time.Second, LivenessTimeout: time.Minute}
+	root, err := hcomm.GetRootInfo(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer root.Close()
+	comms := initRanks(t, n, func(r int) (*hcomm.Comm, error) { return hcomm.InitRootInfo(n, root, r, cfg) })
+	before := hcomm.RootServed(comms[0])
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	for r, c := range comms {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sub, err := c.Split(r%2, r, nil)
+			if err != nil {
+				errs[r] = err
+				return
+			}
+			defer sub.Destroy()
+			v := []float64{float64(r)}
+			if err := collectives.AllReduceSlice(context.Background(), sub, v, v, hcomm.Sum, nil); err != nil {
+				errs[r] = err
+				return
+			}
+			want := 12.0 // 0+2+4+6
+			if r%2 == 1 {
+				want = 16 // 1+3+5+7
+			}
+			if v[0] != want {
+				errs[r] = fmt.Errorf("all-reduce of the split gave %v, want %v", v[0], want)
+			}
+		}()
+	}
+	wg.Wait()
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d: %v", r, err)
+		}
+	}
+	// The split's own exchange is n+1 messages per rank in the parent's
+	// store (a SET, n GETs); the sub-communicators' 2·C(4,2) channel
+	// setups would add some 190 more (283 in all before they met in the
+	// mailboxes).
+	if got, most := hcomm.RootServed(comms[0])-before, int64((n+4)*n); got > most {
+		t.Errorf("the split and the sub-communicators' first all-reduce cost rank 0's store %d messages; want at most %d", got, most)
+	} else {
+		t.Logf("the split and the sub-communicators' first all-reduce: %d messages at rank 0's store", got)
+	}
+}
