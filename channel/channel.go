@@ -160,3 +160,22 @@ type Poller interface {
 	// concurrent use.
 	Poll(stop <-chan struct{}, limit time.Duration, done func() bool) bool
 }
+
+// Clocked is implemented by a transport that keeps virtual time (channel/sim,
+// the simulator's): a notify record carries the time it arrives, which a wait
+// can only learn when it returns. hcomm calls NotifyWaited from the wait's
+// own goroutine as soon as a wait on this end's notify idx has returned, and
+// never for a wait that failed; other transports do not implement it and
+// cost nothing.
+type Clocked interface {
+	NotifyWaited(idx int)
+}
+
+// LocalCoster is implemented by a Dialer whose transports keep virtual time:
+// hcomm calls LocalWork from the stream task of each local copy or reduction
+// of bytes bytes (LocalCopyOnThread, LocalReduceOnThread,
+// LocalReduceToOnThread) of the rank the Dialer serves, as the task runs, so
+// that the rank's clock is charged for it.
+type LocalCoster interface {
+	LocalWork(bytes int64)
+}

@@ -16,6 +16,7 @@ type sched struct {
 	t     *hcomm.Thread
 	err   error
 	opSeq uint64 // the collective's number (BeginOp)
+	per   int64  // bytes of the pipeline's piece for this call (pieceFor): at most the layout's slot
 	// poll bounds the inline poll for the peers' hellos (launchHello):
 	// HCOMM_HELLO_POLL's (helloPoll by default) when zero.
 	poll time.Duration
@@ -41,6 +42,16 @@ func (s *sched) pollFor() time.Duration {
 }
 
 func (s *sched) ok() bool { return s.err == nil }
+
+// piece is the bytes of the call's pipeline piece: what the tuning table
+// gives its collective, algorithm and size (pieceFor), else the layout's
+// slot. Every rank of the call computes the same.
+func (s *sched) piece() int64 {
+	if s.per > 0 {
+		return s.per
+	}
+	return s.st.lay.piece
+}
 
 func (s *sched) do(err error) {
 	if s.err == nil {

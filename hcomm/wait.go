@@ -50,6 +50,9 @@ func (c *Comm) awaitNotify(op string, ch *Channel, idx int, n *notify.Notify, ti
 	if p, ok := ch.tr.(channel.Poller); !ok || !p.Poll(stop, timeout, n.TryReset) {
 		err = c.waitReporting(n, timeout, stop, tag)
 	}
+	if clk, ok := ch.tr.(channel.Clocked); ok && err == nil {
+		clk.NotifyWaited(idx) // the simulator's virtual clock (channel/sim)
+	}
 	if timed {
 		d := time.Since(start)
 		c.cfg.metrics.ObserveWait(tr, d)
