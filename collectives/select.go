@@ -87,16 +87,15 @@ func has(k kind, a Algorithm) bool {
 // bytes per rank (the size the one-shot path would carry inline) among n
 // ranks, given the layout, the cost model, and whether every peer's memory
 // is mapped (inproc, shm: a read is a memmove) or behind a network (tcp: a
-// read is a round trip). It picks the schedule whose modelled time
-// (costOf, under the link class's LinkCost) is least among those that can
-// carry the call, after the rules the model does not see:
+// read is a round trip). First the rules the model does not see:
 //
 //   - ranks that span hosts reduce in two levels (hier) above the inline
 //     size;
 //   - where memory is mapped, an all-gather from a window reads in place
-//     and a broadcast above the inline size reads the root's pieces
-//     (direct): one copy per receiver, made in parallel, which the model's
-//     per-link terms do not capture; the reduce takes the tree (measured);
+//     (direct);
+//   - up to helloFullMax ranks, what fits a hello slot goes one-shot, and
+//     the rest is the tuning table's (tuning.go), whose rows cite their
+//     measurements (made at 2 to 8 ranks);
 //   - the direct schedules are for mapped memory only (over a network a
 //     read is a round trip per piece and peer);
 //   - above helloFullMax ranks every collective opens with the butterfly,
@@ -105,20 +104,34 @@ func has(k kind, a Algorithm) bool {
 //   - ordered is HCCL_DETERMINISTIC=strict's (strictAlgo), never chosen
 //     here.
 //
-// The choice depends only on what every rank knows alike (k, bytes, n, the
-// layout, the model and the transport), so that every rank makes it.
+// Above helloFullMax ranks it picks the schedule whose modelled time
+// (costOf, under the link class's LinkCost) is least among those that can
+// carry the call; a broadcast on mapped memory above the inline size reads
+// the root's pieces (direct) and a reduce above it takes the tree, as the
+// table measured. The choice depends only on what every rank knows alike
+// (k, bytes, n, the layout, the model and the transport), so that every
+// rank makes it.
 func choose(k kind, bytes int64, n int, l layout, cm CostModel, mapped, multiHost, windowed bool) Algorithm {
 	if k == kAllReduce && multiHost && bytes > l.inline() {
 		return AlgoHier
 	}
-	if k == kAllGather && mapped && windowed || k == kBroadcast && mapped && bytes > l.inline() {
+	if k == kAllGather && mapped && windowed {
+		// From a window a direct read is the only copy: it wins with two
+		// ranks too (BENCHMARKS.md).
+		return AlgoDirect
+	}
+	if n <= helloFullMax {
+		if has(k, AlgoOneShot) && bytes <= l.inline() {
+			return AlgoOneShot
+		}
+		if a, ok := tunedAlgo(k, bytes, n, mapped); ok {
+			return a
+		}
+	}
+	if k == kBroadcast && mapped && bytes > l.inline() {
 		return AlgoDirect
 	}
 	if k == kReduce && bytes > l.inline() {
-		// Measured, not modelled (BENCHMARKS.md: 4 ranks, 64 MiB, 4.1
-		// against 3.4 GB/s): up the tree each piece is written once and
-		// reduced once per hop; the ring's reduce-scatter and gather move
-		// it through more memory than the model's β terms see.
 		return AlgoTree
 	}
 	sh := shape{k: k, n: n, bytes: bytes, inline: l.inline(), piece: l.piece, mapped: mapped}
@@ -144,6 +157,15 @@ func choose(k kind, bytes int64, n int, l layout, cm CostModel, mapped, multiHos
 	}
 	return best
 }
+
+// treeMax is the largest message the selector sends down (or up) a tree
+// where a read crosses a network: above it the ring's single pass over each
+// link wins (tuning.go).
+const treeMax = 1 << 20
+
+// hdMax is the largest message (bytes per rank) the selector gives to
+// halving-doubling (tuning.go).
+const hdMax = 8 << 20
 
 // hcclAlgoNames maps HCCL_ALGO's algorithm names (and hcomm's own) to
 // schedules (names are case-insensitive). HCCL's NHR, NHR_V1, AHC and pipeline have no hcomm
