@@ -22,6 +22,7 @@ package channel
 import (
 	"errors"
 	"sync"
+	"time"
 
 	"github.com/hcomm-dev/hcomm/device"
 	"github.com/hcomm-dev/hcomm/internal/reduce"
@@ -141,4 +142,40 @@ type Transport interface {
 // bytes are visible to the peer once its wait for the record returns.
 type WriteNotifier interface {
 	WriteWithNotify(stop <-chan struct{}, dst device.Ptr, src []byte, idx int) error
+}
+
+// Poller is implemented by a transport whose receiving a waiting caller can
+// drive (tcp). Such a transport's records arrive through its own goroutines,
+// which sleep in the network poller; a waiter that sleeps too is woken
+// through the host twice. Instead, hcomm's notify waits call Poll before
+// they sleep: the waiter reads the channel's sockets itself for a bounded
+// time, as Open MPI's progress engine polls its endpoints, and applies
+// whatever arrives — its own record, and everything else the peer sent.
+type Poller interface {
+	// Poll receives and applies what the peer sent, without blocking, until
+	// done reports true (Poll reports true), stop closes, the channel fails,
+	// limit passes (when it is positive) or the transport's own bound on
+	// polling does (Poll reports false: the caller then waits as it would
+	// have). done is called on the polling goroutine only. Safe for
+	// concurrent use.
+	Poll(stop <-chan struct{}, limit time.Duration, done func() bool) bool
+}
+
+// Clocked is implemented by a transport that keeps virtual time (channel/sim,
+// the simulator's): a notify record carries the time it arrives, which a wait
+// can only learn when it returns. hcomm calls NotifyWaited from the wait's
+// own goroutine as soon as a wait on this end's notify idx has returned, and
+// never for a wait that failed; other transports do not implement it and
+// cost nothing.
+type Clocked interface {
+	NotifyWaited(idx int)
+}
+
+// LocalCoster is implemented by a Dialer whose transports keep virtual time:
+// hcomm calls LocalWork from the stream task of each local copy or reduction
+// of bytes bytes (LocalCopyOnThread, LocalReduceOnThread,
+// LocalReduceToOnThread) of the rank the Dialer serves, as the task runs, so
+// that the rank's clock is charged for it.
+type LocalCoster interface {
+	LocalWork(bytes int64)
 }

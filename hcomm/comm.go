@@ -55,9 +55,15 @@ type Comm struct {
 	attempts map[chanKey]int // channel setups started per key: the exchange's call counter
 	inflight map[chanKey]*acquireCall
 	dialers  map[string]channel.Dialer
-	threads  []*Thread
-	values   map[any]any
-	ops      opState // BeginOp's counter and what each thread issues (optag.go)
+	// custom carries every channel when set (InitAllOver, custom.go), and
+	// localCost is its clock for local work, when it keeps one; a
+	// sub-communicator has its parent's. Set before the communicator is
+	// handed out, read without a lock.
+	custom    channel.Dialer
+	localCost channel.LocalCoster
+	threads   []*Thread
+	values    map[any]any
+	ops       opState // BeginOp's counter and what each thread issues (optag.go)
 	// notifyWait is SetNotifyWaitTimeOut's value in nanoseconds; 0: unset.
 	notifyWait atomic.Int64
 	// valueSnap is a copy of values that Value reads without the lock.
@@ -157,6 +163,7 @@ func newCommOn(op string, c Config, rank, size, devID int, parent *Comm, boot *b
 	cm.registry.Add(channel.Mem{Tag: "hccl buffer", Addr: buf, Size: bufSize})
 	if parent != nil {
 		cm.async = parent.async
+		cm.custom, cm.localCost = parent.custom, parent.localCost
 	} else {
 		cm.async = &asyncErr{}
 		cm.watchAsync() // asyncerr.go

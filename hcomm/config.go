@@ -10,6 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/hcomm-dev/hcomm/channel/tcp"
 	"github.com/hcomm-dev/hcomm/internal/metrics"
 )
 
@@ -57,6 +58,16 @@ type Config struct {
 	// bootstrap store listens on and tcp channels use (HCOMM_SOCKET_IFNAME,
 	// NCCL_SOCKET_IFNAME's syntax: "eth0", "eth,ib", "^docker,lo", "=eth0").
 	SocketIfname string
+	// TCPSpin is how long a wait on a tcp channel — a notify wait, a read,
+	// a fence — reads the channel's sockets itself, busy-polling them
+	// without blocking, before it sleeps and leaves them to the channel's
+	// background readers (HCOMM_TCP_SPIN, a duration: "200us", "1ms"; 0
+	// there turns polling off). Polling saves the wake-up through the host
+	// that a sleeping waiter pays for every message (tcp.DefaultSpin; the
+	// figures are in channel/tcp's documentation); the waiter keeps its
+	// processor that long, yielding it between looks. Negative turns
+	// polling off.
+	TCPSpin time.Duration
 
 	// Deterministic is how reproducible the reducing collectives are
 	// (HCCL_DETERMINISTIC, HcclCommConfig's hcclDeterministic). The zero
@@ -119,6 +130,13 @@ func (c Config) resolve() (Config, error) {
 	if c.LivenessTimeout < 0 {
 		return c, fmt.Errorf("Config.LivenessTimeout %v is negative", c.LivenessTimeout)
 	}
+	if c.TCPSpin == 0 {
+		d, err := envSpin()
+		if err != nil {
+			return c, err
+		}
+		c.TCPSpin = d
+	}
 	if c.Deterministic == DeterministicDefault {
 		d, err := envDeterministic()
 		if err != nil {
@@ -150,6 +168,24 @@ func envScaled(name string, def, min, unit, limit int64, what string) (int64, er
 		return 0, fmt.Errorf("environment variable %s=%q: %d %s overflows (at most %d)", name, v, n, what, limit/unit)
 	}
 	return n, nil
+}
+
+// envSpin reads HCOMM_TCP_SPIN: a duration ("200us", "1ms"), or 0 for no
+// polling (returned as -1, Config's "off"); unset or empty is
+// tcp.DefaultSpin.
+func envSpin() (time.Duration, error) {
+	v, ok := os.LookupEnv("HCOMM_TCP_SPIN")
+	if !ok || v == "" {
+		return tcp.DefaultSpin, nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d < 0 || d > time.Second {
+		return 0, fmt.Errorf("environment variable HCOMM_TCP_SPIN=%q: want a duration from 0 to 1s, such as 200us (0: no polling)", v)
+	}
+	if d == 0 {
+		return -1, nil
+	}
+	return d, nil
 }
 
 // CommConfigInit returns a Config with every field unset

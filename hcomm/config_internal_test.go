@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/hcomm-dev/hcomm/channel/tcp"
 )
 
 // A size or duration variable whose value overflows once scaled (MB to
@@ -58,5 +60,39 @@ func TestEnvScaledOverflow(t *testing.T) {
 	t.Setenv("HCOMM_LIVENESS_TIMEOUT", "")
 	if c, err := (Config{}).resolve(); err != nil || c.LivenessTimeout != DefaultLivenessTimeout {
 		t.Errorf("LivenessTimeout by default = %v, %v; want %v", c.LivenessTimeout, err, DefaultLivenessTimeout)
+	}
+}
+
+// HCOMM_TCP_SPIN is a duration (0: no polling, Config's negative); a bad
+// value is refused naming the variable; code wins over it.
+func TestTCPSpinSetting(t *testing.T) {
+	for _, tc := range []struct {
+		val  string
+		want time.Duration // 0: an error
+	}{
+		{"", tcp.DefaultSpin},
+		{"0", -1},
+		{"1ms", time.Millisecond},
+		{"50us", 50 * time.Microsecond},
+		{"-1ms", 0},
+		{"200", 0},
+		{"2s", 0},
+		{"fast", 0},
+	} {
+		t.Setenv("HCOMM_TCP_SPIN", tc.val)
+		c, err := Config{}.resolve()
+		if tc.want == 0 {
+			if err == nil || !strings.Contains(err.Error(), "HCOMM_TCP_SPIN") || !strings.Contains(err.Error(), tc.val) {
+				t.Errorf("HCOMM_TCP_SPIN=%q: resolve = %v, %v; want an error naming it", tc.val, c.TCPSpin, err)
+			}
+			continue
+		}
+		if err != nil || c.TCPSpin != tc.want {
+			t.Errorf("HCOMM_TCP_SPIN=%q: TCPSpin = %v, %v; want %v", tc.val, c.TCPSpin, err, tc.want)
+		}
+	}
+	t.Setenv("HCOMM_TCP_SPIN", "1ms")
+	if c, err := (Config{TCPSpin: 5 * time.Microsecond}).resolve(); err != nil || c.TCPSpin != 5*time.Microsecond {
+		t.Errorf("Config.TCPSpin 5µs under HCOMM_TCP_SPIN=1ms: %v, %v", c.TCPSpin, err)
 	}
 }

@@ -281,7 +281,9 @@ func LocalCopyOnThread(t *Thread, dst, src device.Ptr, n int64) error {
 			return noRankErr("LocalCopyOnThread", "", ErrPara, err, "%s range [%#x, +%d)", r.what, uintptr(r.p), n)
 		}
 	}
+	c, _ := t.Owner().(*Comm)
 	return t.Launch("LocalCopyOnThread", func(<-chan struct{}) error {
+		c.chargeLocal(n) // the simulator's clock (custom.go)
 		d, err := dev.Bytes(dst, n)
 		if err != nil {
 			return err
@@ -335,7 +337,9 @@ func localReduce(op string, t *Thread, dst, a, b device.Ptr, count int64, dt Dat
 			return noRankErr(op, "", ErrPara, err, "%s", names[i])
 		}
 	}
+	c, _ := t.Owner().(*Comm)
 	return t.Launch(op, func(<-chan struct{}) error {
+		c.chargeLocal(n) // the simulator's clock (custom.go)
 		d, err := dev.Bytes(dst, n)
 		if err != nil {
 			return err

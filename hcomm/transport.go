@@ -257,6 +257,9 @@ func (c *Comm) TransportTo(peer int, p Protocol) (string, error) {
 // the forced one, or the fastest that carries p and reaches the peer.
 func (c *Comm) pickTransport(peer int, p Protocol) (*transport, error) {
 	me, them := &c.boot.peers[c.rank], &c.boot.peers[peer]
+	if t := c.customTransport(); t != nil { // InitAllOver
+		return t, nil
+	}
 	where := fmt.Sprintf("rank %d is on %s, rank %d on %s", c.rank, me.where(), peer, them.where())
 	if f := c.cfg.Transport; f != "" {
 		t := transportNamed(f)

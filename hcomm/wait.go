@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/hcomm-dev/hcomm/channel"
 	"github.com/hcomm-dev/hcomm/device"
 	"github.com/hcomm-dev/hcomm/notify"
 )
@@ -43,7 +44,15 @@ func (c *Comm) awaitNotify(op string, ch *Channel, idx int, n *notify.Notify, ti
 	if timed {
 		start = time.Now()
 	}
-	err := c.waitReporting(n, timeout, stop, tag)
+	var err error
+	// A transport whose waiters can receive for themselves (tcp) polls
+	// first; its records would otherwise come through the network poller.
+	if p, ok := ch.tr.(channel.Poller); !ok || !p.Poll(stop, timeout, n.TryReset) {
+		err = c.waitReporting(n, timeout, stop, tag)
+	}
+	if clk, ok := ch.tr.(channel.Clocked); ok && err == nil {
+		clk.NotifyWaited(idx) // the simulator's virtual clock (channel/sim)
+	}
 	if timed {
 		d := time.Since(start)
 		c.cfg.metrics.ObserveWait(tr, d)

@@ -7,6 +7,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/hcomm-dev/hcomm/channel"
@@ -49,6 +50,17 @@ type sock struct {
 	lastTx    atomic.Int64  // unix nanoseconds of the last frame written
 	sendSince atomic.Int64  // unix nanoseconds a write began; 0 while idle
 	closedBy  atomic.Bool   // the peer sent CLOSE on this socket
+
+	// The receiving side (rx.go, progress.go). rtok is the receive token:
+	// its holder alone reads the socket and uses rx, rp, rn and rerr.
+	rtok   sync.Mutex
+	rx     rx
+	rc     syscall.RawConn       // the descriptor, read without the network poller (nil: read nc, blocking)
+	readFn func(fd uintptr)      // rawRead of rp into rn, rerr: made once, so a read allocates nothing
+	peekFn func(fd uintptr) bool // rawReadable: the background reader's wait
+	rp     []byte
+	rn     int
+	rerr   error
 }
 
 // conn is the Transport of one tcp channel.
@@ -64,6 +76,9 @@ type conn struct {
 	peerNN   int
 	chunk    int
 	timeout  time.Duration
+	spin     time.Duration // Options.Spin: how long Poll reads the sockets before it gives up
+	yield    bool          // Options.Yield: Poll yields to other processes too
+	lostGap  time.Duration // lostProcessor (tests: 0, Poll never takes a gap for a busy host)
 	socks    []*sock
 
 	rr     atomic.Uint32
@@ -101,7 +116,7 @@ type conn struct {
 
 func newConn(d *Dialer, local *channel.Local, name string, notifies []*notify.Notify, peerNN int, ncs []net.Conn) *conn {
 	c := &conn{log: d.log, rank: local.Rank, peer: local.Peer, name: name, dev: local.Device, reg: local.Registry,
-		hccl: local.HCCLBuf, notifies: notifies, peerNN: peerNN, chunk: d.opts.ChunkSize, timeout: d.opts.PeerTimeout,
+		hccl: local.HCCLBuf, notifies: notifies, peerNN: peerNN, chunk: d.opts.ChunkSize, timeout: d.opts.PeerTimeout, spin: d.opts.Spin, yield: d.opts.Yield, lostGap: lostProcessor,
 		dead: make(chan struct{}), reads: make(map[uint64]*pendingRead), fences: make(map[uint64]chan struct{}),
 		qsig: make(chan struct{}, 1)}
 	c.pcond = sync.NewCond(&c.amu)
@@ -111,7 +126,10 @@ func newConn(d *Dialer, local *channel.Local, name string, notifies []*notify.No
 	}
 	now := time.Now().UnixNano()
 	for i, nc := range ncs {
-		s := &sock{idx: i, nc: nc}
+		s := &sock{idx: i, nc: nc, rc: rawConn(nc)}
+		s.rx.buf = make([]byte, rxBufSize)
+		s.readFn = func(fd uintptr) { s.rn, s.rerr = rawRead(int(fd), s.rp) }
+		s.peekFn = func(fd uintptr) bool { return rawReadable(int(fd)) }
 		s.lastRx.Store(now)
 		s.lastTx.Store(now)
 		c.socks = append(c.socks, s)

@@ -29,6 +29,9 @@ const (
 	DefaultChunkSize = 1 << 20
 	// DefaultSocketBuffer is the kernel buffer asked for each socket.
 	DefaultSocketBuffer = 4 << 20
+	// DefaultSpin is how long a waiting caller polls the channel's sockets
+	// before it sleeps (Options.Spin).
+	DefaultSpin = 200 * time.Microsecond
 )
 
 // maxHandshakes bounds the accepted connections still proving the secret: a
@@ -69,6 +72,19 @@ type Options struct {
 	// socket (default 4 MiB; the kernel may cap it). Negative leaves the
 	// buffers to the kernel's autotuning.
 	SocketBuffer int
+	// Spin is how long a caller that waits for the peer — a notify wait
+	// through Poll (channel.Poller), Read, ReadReduce, Fence — reads the
+	// channel's sockets itself, without blocking, before it sleeps and
+	// leaves them to the channel's background readers (default
+	// DefaultSpin; negative: never, every wait sleeps at once). A polling
+	// waiter keeps its processor busy that long, yielding it between looks.
+	Spin time.Duration
+	// Yield makes a polling caller give its processor to the host's other
+	// threads (sched_yield, on linux) between looks, not only to its own
+	// process's goroutines: set it when the processes polling on the host
+	// outnumber its processors, so that each of them reaches the processor
+	// when its peer's bytes are in.
+	Yield bool
 }
 
 // Dialer makes tcp channels (channel.Dialer). It owns one listener shared by
@@ -114,6 +130,9 @@ func NewDialer(opts Options) (*Dialer, error) {
 	}
 	if opts.ChunkSize <= 0 {
 		opts.ChunkSize = DefaultChunkSize
+	}
+	if opts.Spin == 0 {
+		opts.Spin = DefaultSpin
 	}
 	if opts.ChunkSize > maxPayload {
 		return nil, fmt.Errorf("tcp: ChunkSize %d exceeds %d", opts.ChunkSize, maxPayload)

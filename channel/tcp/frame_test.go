@@ -99,7 +99,21 @@ func FuzzFrame(f *testing.F) {
 		stall := time.AfterFunc(20*time.Millisecond, func() { c.fail(errors.New("fuzz: stalled"), false) })
 		defer stall.Stop()
 		br := bufio.NewReader(bytes.NewReader(data))
-		var scratch []byte
+		// The receive engine is fed as reads would feed it, in pieces of
+		// 1 to 7 bytes, so that frames are also taken up mid-way.
+		s0 := c.socks[0]
+		piece := 1 + len(data)%7
+		feed := func(p []byte) (bool, error) {
+			for len(p) > 0 {
+				k := min(piece, len(p))
+				s0.rx.buf, s0.rx.pos, s0.rx.end = p[:k], 0, k
+				p = p[k:]
+				if done, err := c.consume(s0); err != nil || done {
+					return done, err
+				}
+			}
+			return false, nil
+		}
 		for c.failure() == nil {
 			h := make(header, headerLen)
 			if _, err := io.ReadFull(br, h); err != nil {
@@ -116,13 +130,24 @@ func FuzzFrame(f *testing.F) {
 					t.Fatalf("accepted header %x encodes back as %x", []byte(h), []byte(g))
 				}
 			}
-			done, err := c.handle(c.socks[0], br, h, &scratch)
-			if err != nil || done {
+			done, err := feed(h)
+			for err == nil && !done && s0.rx.phase != rxHeader {
+				k := s0.rx.need - s0.rx.got
+				if s0.rx.phase == rxVector {
+					k = s0.rx.vlen - s0.rx.vn
+				}
+				p := make([]byte, min(k, 4096))
+				n, _ := io.ReadFull(br, p)
+				if n == 0 {
+					break
+				}
+				done, err = feed(p[:n])
+			}
+			if err != nil || done || s0.rx.phase != rxHeader {
 				break
 			}
-			c.socks[0].applied.Add(1)
-			c.runPending()
 		}
+		s0.rxAbandon()
 		if !bytes.Equal(vb, want) {
 			t.Fatal("a frame changed memory that is not registered")
 		}

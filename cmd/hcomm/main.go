@@ -3,6 +3,8 @@
 //	hcomm run -n N [--] prog args...     N local ranks with torchrun's variables
 //	hcomm run --elastic -n N --min M …   the same, surviving failed ranks (replacements join)
 //	hcomm bench <collective|p2p> [flags] nccl-tests-style benchmark
+//	hcomm sim -profile F <collective>    predicted time and busbw, by simulation
+//	hcomm sim fit BENCH.json...          fit the simulator's link profile to runs
 //
 // Run "hcomm help <command>" for a command's flags.
 package main
@@ -34,6 +36,11 @@ const usage = `usage:
         run: up to K replacements are started and join it (hcomm.Membership)
   hcomm bench <collective|p2p> [flags]
         benchmark a collective (nccl-tests layout); "hcomm bench -h" lists flags
+  hcomm sim -profile FILE [flags] <collective>
+        predict a collective's time and busbw at many ranks by running its
+        schedules over a simulated network; "hcomm sim -h" lists flags
+  hcomm sim fit [-cores N] [-o FILE] BENCH.json...
+        fit the simulator's link profile to hcomm bench -J runs at a few ranks
 `
 
 // Main runs the command line args and returns the exit status.
@@ -47,6 +54,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		return runCmd(args[1:], stdout, stderr)
 	case "bench":
 		return bench.Main(args[1:], stdout, stderr, bench.Hooks{})
+	case "sim":
+		return simCmd(args[1:], stdout, stderr)
 	case "help", "-h", "--help":
 		if len(args) > 1 {
 			return Main([]string{args[1], "-h"}, stdout, stderr)

@@ -22,9 +22,9 @@ func p2pPattern(src int, i int64) byte { return byte(i*31 + int64(src)*7 + 1) }
 
 // runP2P is one rank's part of hcomm bench p2p: for every size and every
 // ordered pair (src, dst) — or every unordered pair with --bidir — the pair
-// runs -n iterations of WriteOnThread into the peer's HCCL buffer, a notify
-// record, and the peer's answering record (one round trip), while the other
-// ranks wait at a barrier. Time per iteration gives the pair's bandwidth; the
+// runs -n iterations of a write into the peer's benchmark buffer with its
+// notify record, and the peer's answering record (one round trip), while
+// the other ranks wait at a barrier. Time per iteration gives the pair's bandwidth; the
 // smallest size's time is its latency. With -c 1 the receiver checks every
 // byte after the pair's last iteration.
 func runP2P(ctx context.Context, c *hcomm.Comm, o Options, rep *report) (bool, error) {
@@ -62,8 +62,8 @@ func runP2P(ctx context.Context, c *hcomm.Comm, o Options, rep *report) (bool, e
 }
 
 // p2pRun is what one rank of hcomm bench p2p measures with: a channel to
-// every other rank, the address of the peer's benchmark buffer on each, one
-// thread, and a source buffer holding this rank's pattern.
+// every other rank, the address of the peer's benchmark buffer on each, and
+// a source buffer holding this rank's pattern.
 type p2pRun struct {
 	c       *hcomm.Comm
 	dev     *device.Device
@@ -72,11 +72,10 @@ type p2pRun struct {
 	src     device.Ptr // the bytes this rank writes
 	chans   []*hcomm.Channel
 	dsts    []device.Ptr // the peer's benchmark buffer, by rank
-	th      *hcomm.Thread
 }
 
 // setupP2P registers this rank's benchmark buffer, acquires a channel to
-// every other rank and a thread, and fills the source buffer. release frees
+// every other rank, and fills the source buffer. release frees
 // the buffers and the registration; on an error, setupP2P has freed them.
 func setupP2P(c *hcomm.Comm, o Options) (s *p2pRun, release func(), err error) {
 	n, me := c.Size(), c.Rank()
@@ -135,11 +134,6 @@ func setupP2P(c *hcomm.Comm, o Options) (s *p2pRun, release func(), err error) {
 			return nil, nil, fmt.Errorf("rank %d's channel does not show the %d-byte buffer it registered for the benchmark", p, o.MaxBytes)
 		}
 	}
-	ths, err := c.ThreadAcquire(hcomm.EngineCPUTS, 1, 0)
-	if err != nil {
-		return nil, nil, err
-	}
-	s.th = ths[0]
 	src, err := dev.Malloc(max(o.MaxBytes, 64))
 	if err != nil {
 		return nil, nil, err
@@ -254,13 +248,19 @@ func (s *p2pRun) measure(ctx context.Context, o Options, pairs []p2pPair, size i
 // measurePair runs this rank's side of pair p at size: -w warm-up
 // iterations, then -n timed ones. It returns the µs per timed iteration and,
 // with -c 1 on a receiving rank, the bytes that arrived wrong.
+//
+// The transfers are the data plane's immediate calls (WriteWithNotifyNbi,
+// ChannelNotifyWait), made by this goroutine: a round trip costs what the
+// link and the transport cost, and no hand-off to a stream's goroutine (a
+// queued write, record and wait each travel through the thread's stream).
 func (s *p2pRun) measurePair(ctx context.Context, o Options, p p2pPair, size int64) (float64, int64, error) {
-	me, th := s.me, s.th
+	me := s.me
 	peer := p.b
 	if me == p.b {
 		peer = p.a
 	}
 	ch, dst := s.chans[peer], s.dsts[peer]
+	stop := ctx.Done()
 	sender := me == p.a || o.Bidir
 	k := 0
 	iter := func() error {
@@ -273,41 +273,31 @@ func (s *p2pRun) measurePair(ctx context.Context, o Options, p p2pPair, size int
 		}
 		k++
 		if sender {
-			if err := hcomm.WriteOnThread(th, ch, dst, s.src, size); err != nil {
-				return err
-			}
-			if err := hcomm.ChannelNotifyRecordOnThread(th, ch, data); err != nil {
+			if err := hcomm.WriteWithNotifyNbi(stop, ch, dst, s.src, size, data); err != nil {
 				return err
 			}
 		}
 		if o.Bidir {
-			return hcomm.ChannelNotifyWaitOnThread(th, ch, data, 0)
+			return hcomm.ChannelNotifyWait(stop, ch, data, 0)
 		}
 		if sender {
-			return hcomm.ChannelNotifyWaitOnThread(th, ch, p2pAck, 0)
+			return hcomm.ChannelNotifyWait(stop, ch, p2pAck, 0)
 		}
-		if err := hcomm.ChannelNotifyWaitOnThread(th, ch, p2pData, 0); err != nil {
+		if err := hcomm.ChannelNotifyWait(stop, ch, p2pData, 0); err != nil {
 			return err
 		}
-		return hcomm.ChannelNotifyRecordOnThread(th, ch, p2pAck)
+		return hcomm.ChannelNotifyRecord(stop, ch, p2pAck)
 	}
-	sync := func() error { return syncStream(ctx, me, th.Stream()) }
 	for i := 0; i < o.Warmup; i++ {
 		if err := iter(); err != nil {
 			return 0, 0, err
 		}
-	}
-	if err := sync(); err != nil {
-		return 0, 0, err
 	}
 	t0 := time.Now()
 	for i := 0; i < o.Iters; i++ {
 		if err := iter(); err != nil {
 			return 0, 0, err
 		}
-	}
-	if err := sync(); err != nil {
-		return 0, 0, err
 	}
 	us := time.Since(t0).Seconds() * 1e6 / float64(o.Iters)
 	var wrong int64

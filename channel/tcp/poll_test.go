@@ -1,0 +1,275 @@
+package tcp
+
+import (
+	"context"
+	"errors"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hcomm-dev/hcomm/channel"
+)
+
+// The polling path (progress.go): callers that wait read the sockets
+// themselves, taking turns with the background readers.
+
+// pollFor polls tr until notify n of its end is recorded, for at most the
+// transport's spin, and reports whether it was.
+func pollFor(tr channel.Transport, c *channel.Conn, n int, stop <-chan struct{}) bool {
+	return tr.(channel.Poller).Poll(stop, 0, c.Notifies[n].TryReset)
+}
+
+// steady turns off, for the tests that need Poll to last its whole spin on
+// a loaded machine, the early sleep of a Poll that lost its processor.
+func steady(trs ...channel.Transport) {
+	for _, tr := range trs {
+		tr.(*conn).lostGap = 0
+	}
+}
+
+func TestPollReceivesAFrameSentInPieces(t *testing.T) {
+	rp := connectRaw(t, Options{Spin: 10 * time.Second})
+	steady(rp.c1.Transport)
+	mine := rp.r1.bytes(t)
+	clear(mine)
+	var wire []byte
+	for _, f := range []struct {
+		t       frameType
+		id, adr uint64
+		payload []byte
+	}{
+		{frameWrite, 0, uint64(rp.r1.buf.Addr) + 64, []byte("split across many reads")},
+		{frameNotify, 1, 0, []byte{0, 0, 0, 0, 0, 0, 0, 1}},
+	} {
+		h := make(header, headerLen)
+		h.encode(f.t, 0, 0, uint32(len(f.payload)), f.id, f.adr, 0)
+		wire = append(append(wire, h...), f.payload...)
+	}
+	got := make(chan bool, 1)
+	go func() { got <- pollFor(rp.c1.Transport, rp.c1, 1, nil) }()
+	// Pieces of 5 bytes with pauses: headers and payloads are cut, and
+	// every holder of the receive token finds a frame begun by the last.
+	for len(wire) > 0 {
+		k := min(5, len(wire))
+		if _, err := rp.nc.Write(wire[:k]); err != nil {
+			t.Fatal(err)
+		}
+		wire = wire[k:]
+		time.Sleep(300 * time.Microsecond)
+	}
+	select {
+	case ok := <-got:
+		if !ok {
+			t.Fatal("Poll gave up before the record came")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Poll did not return")
+	}
+	if s := string(mine[64 : 64+len("split across many reads")]); s != "split across many reads" {
+		t.Fatalf("memory holds %q", s)
+	}
+}
+
+// TestPollTwoWaitersOneChannel has two threads of each rank wait on one
+// channel at once, each for its own notify: whoever reads the sockets sets
+// the other's record.
+func TestPollTwoWaitersOneChannel(t *testing.T) {
+	for _, streams := range []int{1, 2} {
+		o := Options{Streams: streams, Spin: time.Second}
+		p := connectPair(t, o, o, 4096, 2)
+		const rounds = 300
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		errc := make(chan error, 4)
+		var wg sync.WaitGroup
+		// wait polls, then sleeps, as hcomm's notify wait does.
+		wait := func(c *channel.Conn, n int) error {
+			if pollFor(c.Transport, c, n, ctx.Done()) {
+				return nil
+			}
+			return c.Notifies[n].WaitNow(ctx)
+		}
+		for i := 0; i < 2; i++ {
+			wg.Add(2)
+			go func() { // rank 1: answers record i with record i
+				defer wg.Done()
+				for r := 0; r < rounds; r++ {
+					if err := wait(p.c1, i); err != nil {
+						errc <- err
+						return
+					}
+					if err := p.c1.Transport.NotifyRecord(nil, i); err != nil {
+						errc <- err
+						return
+					}
+				}
+			}()
+			go func() { // rank 0: records i, waits for the answer
+				defer wg.Done()
+				for r := 0; r < rounds; r++ {
+					if err := p.c0.Transport.NotifyRecord(nil, i); err != nil {
+						errc <- err
+						return
+					}
+					if err := wait(p.c0, i); err != nil {
+						errc <- err
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		close(errc)
+		for err := range errc {
+			t.Fatalf("streams=%d: %v", streams, err)
+		}
+	}
+}
+
+// TestPollPeerDiesMidPoll kills the peer while a frame is half sent and a
+// waiter polls with a long spin: the poll ends, and the wait fails naming
+// the peer.
+func TestPollPeerDiesMidPoll(t *testing.T) {
+	rp := connectRaw(t, Options{Spin: 30 * time.Second})
+	steady(rp.c1.Transport)
+	got := make(chan bool, 1)
+	go func() { got <- pollFor(rp.c1.Transport, rp.c1, 0, nil) }()
+	h := make(header, headerLen)
+	h.encode(frameWrite, 0, 0, 4096, 0, uint64(rp.r1.buf.Addr), 0)
+	if _, err := rp.nc.Write(append(h, make([]byte, 100)...)); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(20 * time.Millisecond)
+	start := time.Now()
+	rp.nc.Close()
+	select {
+	case ok := <-got:
+		if ok {
+			t.Fatal("Poll reports a record that never came")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Poll did not end when the peer died")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	err := rp.c1.Notifies[0].WaitNow(ctx)
+	if !errors.Is(err, channel.ErrPeerLost) || !strings.Contains(err.Error(), "rank 0") {
+		t.Fatalf("wait: %v, want channel.ErrPeerLost naming rank 0", err)
+	}
+	if d := time.Since(start); d > 3*time.Second {
+		t.Fatalf("the loss took %v to end the wait", d)
+	}
+}
+
+func TestPollEndsOnStopAndSpin(t *testing.T) {
+	p := connectPair(t, Options{Spin: 30 * time.Second}, Options{Spin: 20 * time.Millisecond}, 4096, 1)
+	steady(p.c0.Transport, p.c1.Transport)
+	stop := make(chan struct{})
+	time.AfterFunc(20*time.Millisecond, func() { close(stop) })
+	start := time.Now()
+	if pollFor(p.c0.Transport, p.c0, 0, stop) {
+		t.Fatal("Poll reports a record nobody made")
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("a stopped Poll took %v", d)
+	}
+	// The transport's own bound, and a shorter limit given by the caller.
+	start = time.Now()
+	if pollFor(p.c1.Transport, p.c1, 0, nil) {
+		t.Fatal("Poll reports a record nobody made")
+	}
+	if d := time.Since(start); d < 20*time.Millisecond || d > 5*time.Second {
+		t.Fatalf("Poll with a 20ms spin took %v", d)
+	}
+	start = time.Now()
+	if p.c0.Transport.(channel.Poller).Poll(nil, 10*time.Millisecond, p.c0.Notifies[0].TryReset) {
+		t.Fatal("Poll reports a record nobody made")
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("Poll limited to 10ms took %v", d)
+	}
+	// A record that is there already needs no polling, even with it off.
+	off := connectPair(t, Options{Spin: -1}, Options{Spin: -1}, 4096, 1)
+	if err := off.c0.Transport.NotifyRecord(nil, 0); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for !off.c1.Notifies[0].IsSet() && ctx.Err() == nil {
+		time.Sleep(time.Millisecond)
+	}
+	if !pollFor(off.c1.Transport, off.c1, 0, nil) {
+		t.Fatal("Poll with polling off missed a record already there")
+	}
+}
+
+// TestPollOneProcessor runs a ping-pong of polling waiters, with writes,
+// on one processor (GOMAXPROCS=1): each waiter must let the other side's
+// goroutines run.
+func TestPollOneProcessor(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	o := Options{Streams: 1, Spin: time.Millisecond}
+	p := connectPair(t, o, o, 1<<16, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	wait := func(c *channel.Conn) error {
+		if pollFor(c.Transport, c, 0, ctx.Done()) {
+			return nil
+		}
+		return c.Notifies[0].WaitNow(ctx)
+	}
+	const rounds = 1000
+	src := make([]byte, 1000)
+	m1 := p.r1.bytes(t)
+	errc := make(chan error, 1)
+	go func() {
+		for r := 0; r < rounds; r++ {
+			if err := wait(p.c1); err != nil {
+				errc <- err
+				return
+			}
+			if m1[999] != byte(r) {
+				errc <- errors.New("the write was not in memory when its record was")
+				return
+			}
+			if err := p.c1.Transport.NotifyRecord(nil, 0); err != nil {
+				errc <- err
+				return
+			}
+		}
+		errc <- nil
+	}()
+	for r := 0; r < rounds; r++ {
+		src[999] = byte(r)
+		if err := p.c0.Transport.(channel.WriteNotifier).WriteWithNotify(nil, p.r1.buf.Addr, src, 0); err != nil {
+			t.Fatal(err)
+		}
+		if err := wait(p.c0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestPollSleepsWhenItLostItsProcessor: a look that comes long after the
+// last one (someone else had the processor) ends the poll early, so that
+// the waiter sleeps and the network poller wakes it.
+func TestPollSleepsWhenItLostItsProcessor(t *testing.T) {
+	p := connectPair(t, Options{Spin: 30 * time.Second}, Options{}, 4096, 1)
+	start := time.Now()
+	looks := 0
+	ok := p.c0.Transport.(channel.Poller).Poll(nil, 0, func() bool {
+		looks++
+		if looks == 3 {
+			time.Sleep(2 * lostProcessor) // as if descheduled between looks
+		}
+		return false
+	})
+	if ok || time.Since(start) > 10*time.Second {
+		t.Fatalf("Poll = %v after %v and %d looks; want false soon after the gap", ok, time.Since(start), looks)
+	}
+}

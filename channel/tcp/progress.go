@@ -1,0 +1,189 @@
+package tcp
+
+import (
+	"errors"
+	"io"
+	"runtime"
+	"time"
+)
+
+// This file holds who drives the receive engine (rx.go): the background
+// reader of each socket, which sleeps in Go's network poller, and callers
+// that wait for something from the peer and poll the sockets themselves
+// meanwhile (Poll), for at most Options.Spin.
+//
+// Why poll: a rank that sleeps until its record arrives is woken through the
+// host — the network poller's thread, then the reader goroutine, then the
+// waiter — which costs 30–70 µs a hand-off on the small machines hcomm is
+// measured on, against 6 µs for a round trip between two processes that
+// both busy-poll their sockets. So a waiter reads the channel's sockets
+// itself, with non-blocking reads on the descriptors that never touch the
+// network poller, as Open MPI's progress engine polls its endpoints; the
+// reader goroutine stays parked in the network poller and takes over when
+// nobody polls.
+//
+// The receive token (sock.rtok) makes the two take turns: only its holder
+// reads the socket, and every holder reads until the kernel has nothing
+// more (EAGAIN) before it lets go. So no byte is left unread in the kernel
+// without the network poller seeing its arrival after the last read: the
+// reader, woken by that arrival, takes the token (waiting for a poller to
+// finish) and reads it, or finds it read. A frame half-read by one holder is
+// finished by the next (rx.go).
+
+// readSome reads into p what the socket holds now (errWouldBlock: nothing),
+// or, without descriptor access, blocks in nc.Read. The caller holds s.rtok.
+func (s *sock) readSome(p []byte) (int, error) {
+	if s.rc == nil {
+		return s.nc.Read(p)
+	}
+	s.rp = p
+	err := s.rc.Control(s.readFn)
+	s.rp = nil
+	if err != nil {
+		return 0, err
+	}
+	return s.rn, s.rerr
+}
+
+// readLoop is the background reader of socket s: it parks in the network
+// poller until the socket is readable, then takes the receive token and
+// drains the socket, until the socket ends. It fails the channel on a
+// protocol error, a reset or an EOF without CLOSE.
+func (c *conn) readLoop(s *sock) {
+	defer c.wg.Done()
+	defer c.readers.Done()
+	var done bool
+	var err error
+	if s.rc == nil {
+		s.rtok.Lock() // blocking reads: nobody else reads this socket
+		done, err = c.drain(s)
+		s.rtok.Unlock()
+	} else {
+		// The wait for readability happens in the network poller (RawRead),
+		// the reading outside it: a drain may fail the channel, which
+		// closes the socket, and a close waits for RawRead to return.
+		for !done && err == nil {
+			if err = s.rc.Read(s.peekFn); err == nil {
+				s.rtok.Lock()
+				done, err = c.drain(s)
+				s.rtok.Unlock()
+			}
+		}
+	}
+	s.rtok.Lock()
+	s.rxAbandon()
+	s.rtok.Unlock()
+	if done {
+		return
+	}
+	c.endRead(s, err)
+}
+
+// endRead turns the error that ended socket s's receiving into the
+// channel's failure.
+func (c *conn) endRead(s *sock, err error) {
+	var e *Error
+	if errors.As(err, &e) && errors.Is(err, ErrProtocol) {
+		c.fail(err, true)
+		return
+	}
+	if c.failure() != nil {
+		return
+	}
+	if err == io.EOF && c.closing.Load() {
+		return
+	}
+	// A peer that fails the channel sends ERROR on every socket and hangs
+	// up; give the other sockets a moment to deliver its reason.
+	t := time.NewTimer(errorGrace)
+	select {
+	case <-c.dead:
+	case <-t.C:
+	}
+	t.Stop()
+	c.lost("receive", s, err)
+}
+
+// Poll receives and applies what the peer sent, reading the channel's
+// sockets itself without blocking, until done reports true, stop closes,
+// the channel fails, or Options.Spin (or a shorter positive limit) passes
+// (channel.Poller). It reports
+// whether done reported true; the caller then sleeps as usual (the
+// background readers deliver what comes later). Between looks it yields the
+// processor to the process's other goroutines and, with Options.Yield, to
+// the host's other threads (sched_yield), so that ranks outnumbering the
+// cores still progress. Safe for concurrent use: callers on several threads take turns
+// on each socket, and whoever reads applies every frame for all of them.
+func (c *conn) Poll(stop <-chan struct{}, limit time.Duration, done func() bool) bool {
+	if done() {
+		return true
+	}
+	spin := c.spin
+	if limit > 0 && limit < spin {
+		spin = limit
+	}
+	if spin <= 0 {
+		return false
+	}
+	start := time.Now()
+	last := start
+	for {
+		c.pollOnce()
+		if done() {
+			return true
+		}
+		select {
+		case <-stop:
+			return false
+		case <-c.dead:
+			return false
+		default:
+		}
+		now := time.Now()
+		if now.Sub(start) >= spin || c.lostGap > 0 && now.Sub(last) >= c.lostGap {
+			return false
+		}
+		last = now
+		runtime.Gosched()
+		if c.yield {
+			osYield()
+		}
+	}
+}
+
+// lostProcessor is the gap between two looks of Poll that tells it the
+// host has more runnable threads than processors: someone else ran in
+// between. Poll then sleeps rather than spin on: a sleeper that the network
+// poller wakes is scheduled ahead of spinners, and the processor goes to
+// the threads that have work.
+const lostProcessor = 50 * time.Microsecond
+
+// pollOnce drains every socket of the channel nobody else is reading.
+func (c *conn) pollOnce() {
+	for _, s := range c.socks {
+		if s.rc == nil || !s.rtok.TryLock() {
+			continue
+		}
+		_, err := c.drain(s)
+		s.rtok.Unlock()
+		if err != nil && errors.Is(err, ErrProtocol) {
+			// A broken frame fails the channel at once; an ended socket
+			// is the background reader's to report (it wakes to the same
+			// end, EOF or reset, and reads the error sticky in rx).
+			c.fail(err, true)
+		}
+	}
+}
+
+// awaitPolling waits for ch to close, polling the channel's sockets first
+// for at most Options.Spin: the wait of Read and Fence for their answer.
+func (c *conn) awaitPolling(stop <-chan struct{}, ch <-chan struct{}) {
+	c.Poll(stop, 0, func() bool {
+		select {
+		case <-ch:
+			return true
+		default:
+			return false
+		}
+	})
+}

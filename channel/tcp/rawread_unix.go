@@ -1,0 +1,56 @@
+//go:build unix
+
+package tcp
+
+import (
+	"net"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// rawConn returns the descriptor access of a socket the receive engine reads
+// without Go's network poller (nil: it reads through nc, blocking).
+func rawConn(nc net.Conn) syscall.RawConn {
+	sc, ok := nc.(syscall.Conn)
+	if !ok {
+		return nil
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return nil
+	}
+	return rc
+}
+
+// rawRead reads what the socket fd holds now, without waiting: the
+// descriptor is non-blocking (Go's net package makes it so), and no bytes
+// is errWouldBlock.
+func rawRead(fd int, p []byte) (int, error) {
+	for {
+		n, err := unix.Read(fd, p)
+		switch err {
+		case nil:
+			return n, nil
+		case unix.EINTR:
+			continue
+		case unix.EAGAIN:
+			return 0, errWouldBlock
+		}
+		return 0, err
+	}
+}
+
+// rawReadable reports whether a read of the socket fd would not block now:
+// bytes are there, or its end, or an error (a one-byte peek that leaves the
+// byte in the socket).
+func rawReadable(fd int) bool {
+	var b [1]byte
+	for {
+		_, _, err := unix.Recvfrom(fd, b[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+		if err == unix.EINTR {
+			continue
+		}
+		return err != unix.EAGAIN
+	}
+}

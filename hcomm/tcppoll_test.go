@@ -1,0 +1,75 @@
+package hcomm_test
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/hcomm-dev/hcomm/device"
+	"github.com/hcomm-dev/hcomm/hcomm"
+	"github.com/hcomm-dev/hcomm/hcommtest"
+)
+
+// A notify wait on a tcp channel polls its sockets for Config.TCPSpin
+// before it sleeps; its timeout and Abort still end it on time, however
+// long the spin.
+func TestPollingWaitEndsOnTimeoutAndAbort(t *testing.T) {
+	cfg := &hcomm.Config{BufferSize: 32 << 10, Name: "test", TCPSpin: time.Second, ExecTimeout: time.Hour}
+	comms := hcommtest.Options{Config: cfg}.New(t, 2, hcommtest.TCP)
+	t.Cleanup(func() {
+		for _, c := range comms {
+			c.Abort()
+		}
+	})
+	var chs [2]*hcomm.Channel
+	var ths [2]*hcomm.Thread
+	hcommtest.Each(t, comms, func(t testing.TB, c *hcomm.Comm) {
+		r := c.Rank()
+		d := hcomm.ChannelDescInit(1)
+		d[0].RemoteRank, d[0].Protocol, d[0].NotifyNum = 1-r, hcomm.ProtocolROCE, 2
+		ch, err := c.ChannelAcquire(hcomm.EngineCPUTS, d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ts, err := c.ThreadAcquire(hcomm.EngineCPUTS, 1, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		chs[r], ths[r] = ch[0], ts[0]
+	})
+	if chs[0].Transport() != "tcp" {
+		t.Fatalf("the channel runs over %s", chs[0].Transport())
+	}
+	// A record polled for arrives.
+	if err := hcomm.ChannelNotifyRecord(nil, chs[1], 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := hcomm.ChannelNotifyWait(nil, chs[0], 0, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	const timeout = 50 * time.Millisecond
+	start := time.Now()
+	err := hcomm.ChannelNotifyWait(nil, chs[0], 0, timeout)
+	if took := time.Since(start); !errors.Is(err, hcomm.ErrTimeout) || took > 500*time.Millisecond {
+		t.Fatalf("a wait with timeout %v under a 1s spin: %v after %v", timeout, err, took)
+	}
+	hcomm.ChannelNotifyWaitOnThread(ths[0], chs[0], 1, 0)
+	done := make(chan error, 1)
+	go func() { done <- ths[0].Stream().SynchronizeWithTimeout(30 * time.Second) }()
+	time.Sleep(20 * time.Millisecond) // the wait polls now
+	start = time.Now()
+	if err := comms[0].Abort(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if !errors.Is(err, device.ErrStreamAbort) {
+			t.Fatalf("err = %v, want stream abort", err)
+		}
+		if took := time.Since(start); took > 500*time.Millisecond {
+			t.Fatalf("Abort took %v to end a polling wait", took)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Abort did not end the polling wait")
+	}
+}

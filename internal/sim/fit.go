@@ -1,0 +1,319 @@
+package sim
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"slices"
+	"strings"
+
+	simch "github.com/hcomm-dev/hcomm/channel/sim"
+	"github.com/hcomm-dev/hcomm/collectives"
+)
+
+// Measured is one measured call: a collective's time at a size and rank
+// count, all ranks on one host.
+type Measured struct {
+	Collective string
+	Ranks      int
+	Bytes      int64
+	Time       float64 // seconds
+}
+
+// benchJSON is the part of `hcomm bench -J`'s file (nccl-tests' layout)
+// that a fit reads.
+type benchJSON struct {
+	Args   []string `json:"args"`
+	Config struct {
+		Devices []json.RawMessage `json:"devices"`
+	} `json:"config"`
+	Results []struct {
+		Size int64 `json:"size"`
+		Out  *struct {
+			Time any `json:"time"`
+		} `json:"out_of_place"`
+		In *struct {
+			Time any `json:"time"`
+		} `json:"in_place"`
+	} `json:"results"`
+}
+
+// ReadBench reads the measurements of an `hcomm bench -J` file: the
+// collective from its command line, the rank count from its devices, and
+// per size the mean of the out-of-place and in-place times that were
+// measured. It fails naming the file and what is missing.
+func ReadBench(path string) ([]Measured, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var f benchJSON
+	if err := json.Unmarshal(b, &f); err != nil {
+		return nil, fmt.Errorf("%s: not an hcomm bench -J file: %v", path, err)
+	}
+	coll := ""
+	for i, a := range f.Args {
+		if a == "bench" && i+1 < len(f.Args) {
+			coll = f.Args[i+1]
+			break
+		}
+	}
+	if _, ok := colls[coll]; !ok {
+		return nil, fmt.Errorf("%s: its command line %q names no collective the simulator runs (%s)", path, strings.Join(f.Args, " "), strings.Join(Collectives(), ", "))
+	}
+	n := len(f.Config.Devices)
+	if n < 1 {
+		return nil, fmt.Errorf("%s: no devices: the rank count is unknown", path)
+	}
+	var out []Measured
+	for _, r := range f.Results {
+		var sum float64
+		var k int
+		for _, p := range [](*struct {
+			Time any `json:"time"`
+		}){r.Out, r.In} {
+			if p == nil {
+				continue
+			}
+			if t, ok := p.Time.(float64); ok && t > 0 {
+				sum += t
+				k++
+			}
+		}
+		if k > 0 {
+			out = append(out, Measured{Collective: coll, Ranks: n, Bytes: r.Size, Time: sum / float64(k) * 1e-6})
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("%s: no measured times", path)
+	}
+	return out, nil
+}
+
+// Fitted is a fit's outcome: the profile, and each measurement beside what
+// the profile predicts for it.
+type Fitted struct {
+	Profile simch.Profile
+	Points  []Measured
+	Pred    []float64 // seconds, by point
+}
+
+// params of a fit, in their profile units: α and o in µs, β and γ in ns/B.
+var params = []string{"alpha_us", "overhead_us", "beta_ns_per_byte", "gamma_ns_per_byte"}
+
+func unitProfile(k, n, cores int) simch.Profile {
+	p := simch.Profile{Hosts: 1, RanksPerHost: n, Cores: cores}
+	switch k {
+	case 0:
+		p.Intra.AlphaUs = 1
+	case 1:
+		p.Intra.OverheadUs = 1
+	case 2:
+		p.Intra.BetaNsPerByte = 1
+	case 3:
+		p.GammaNsPerByte = 1
+	}
+	return p
+}
+
+// Fit fits a one-host profile — α, o, β and γ, each at least 0 — to
+// measurements by least squares on the relative error: each measurement's
+// time is, along the schedule's critical path, a sum of so many α, o,
+// bytes·β and bytes·γ, and the simulator itself finds how many by running
+// the measured case with one cost at a time. cores is the measured host's
+// core count (see Profile.Cores); with cores set, the fit also picks the
+// oversubscription exponent, from 1 to 3, that fits best (the runs must
+// then include rank counts above cores). The fitted profile's inter-host level is
+// its intra-host level: one host's runs say nothing of a network between
+// hosts.
+func Fit(points []Measured, cores int, o Options) (Fitted, error) {
+	if len(points) == 0 {
+		return Fitted{}, fmt.Errorf("sim: nothing to fit")
+	}
+	if cores < 0 {
+		return Fitted{}, fmt.Errorf("sim: cores is %d: want 0 (a core per rank) or more", cores)
+	}
+	coef := make([][]float64, len(points)) // seconds per unit of each param
+	for i := range coef {
+		coef[i] = make([]float64, len(params))
+	}
+	var ranks []int
+	for _, p := range points {
+		if p.Time <= 0 {
+			return Fitted{}, fmt.Errorf("sim: measured %s of %d bytes at %d ranks took %v s: want a positive time", p.Collective, p.Bytes, p.Ranks, p.Time)
+		}
+		if !slices.Contains(ranks, p.Ranks) {
+			ranks = append(ranks, p.Ranks)
+		}
+	}
+	for _, n := range ranks {
+		for k := range params {
+			cl, err := NewCluster(unitProfile(k, n, 0), o)
+			if err != nil {
+				return Fitted{}, err
+			}
+			for i, p := range points {
+				if p.Ranks != n {
+					continue
+				}
+				r, err := cl.Run(Case{Collective: p.Collective, Bytes: p.Bytes})
+				if err != nil {
+					cl.Close()
+					return Fitted{}, err
+				}
+				coef[i][k] = r.Time
+			}
+			cl.Close()
+		}
+	}
+	// On one host every cost of every rank is multiplied by the same
+	// slowdown, so the coefficients at a slowdown are those without it
+	// times the slowdown: the exponent is fitted by trying each, from 1
+	// (ranks take turns, nothing more) up.
+	var theta []float64
+	bestExp, bestErr := 0.0, math.Inf(1)
+	for e := 1.0; e <= 3.0001; e += 0.05 {
+		scaled := make([][]float64, len(coef))
+		for i, p := range points {
+			s := simch.Slowdown(p.Ranks, cores, e)
+			scaled[i] = make([]float64, len(params))
+			for k := range params {
+				scaled[i][k] = coef[i][k] * s
+			}
+		}
+		th, err := nnls(scaled, points)
+		if err != nil {
+			continue
+		}
+		if r := residual(scaled, points, th); r < bestErr-1e-12 {
+			theta, bestExp, bestErr = th, e, r
+		}
+		if cores == 0 {
+			break // no slowdown: the exponent does not matter
+		}
+	}
+	if theta == nil {
+		return Fitted{}, fmt.Errorf("sim: no non-negative α, o, β, γ fit the measurements")
+	}
+	for i, p := range points {
+		s := simch.Slowdown(p.Ranks, cores, bestExp)
+		for k := range params {
+			coef[i][k] *= s
+		}
+	}
+	lvl := simch.Level{AlphaUs: theta[0], OverheadUs: theta[1], BetaNsPerByte: theta[2]}
+	f := Fitted{Profile: simch.Profile{Intra: lvl, Inter: lvl, GammaNsPerByte: theta[3], Hosts: 1, RanksPerHost: slices.Max(ranks), Cores: cores, OversubExp: bestExp},
+		Points: points, Pred: make([]float64, len(points))}
+	for i := range points {
+		for k := range params {
+			f.Pred[i] += coef[i][k] * theta[k]
+		}
+	}
+	return f, f.Profile.Validate()
+}
+
+// nnls minimises Σ ((Σ_k a_ik θ_k − t_i)/t_i)² over θ ≥ 0: the least
+// squares of every subset of the parameters, keeping the best whose
+// solution is non-negative (four parameters: sixteen subsets).
+func nnls(a [][]float64, pts []Measured) ([]float64, error) {
+	m := len(params)
+	best, bestErr := []float64(nil), math.Inf(1)
+	for mask := 1; mask < 1<<m; mask++ {
+		var idx []int
+		for k := 0; k < m; k++ {
+			if mask&(1<<k) != 0 {
+				idx = append(idx, k)
+			}
+		}
+		// Normal equations of the weighted problem.
+		q := len(idx)
+		ata := make([][]float64, q)
+		atb := make([]float64, q)
+		for r := range ata {
+			ata[r] = make([]float64, q)
+		}
+		for i, p := range pts {
+			w := 1 / p.Time
+			for r, kr := range idx {
+				atb[r] += a[i][kr] * w * w * p.Time
+				for c, kc := range idx {
+					ata[r][c] += a[i][kr] * a[i][kc] * w * w
+				}
+			}
+		}
+		x, ok := solve(ata, atb)
+		if !ok || slices.ContainsFunc(x, func(v float64) bool { return v < 0 || math.IsNaN(v) }) {
+			continue
+		}
+		theta := make([]float64, m)
+		for r, k := range idx {
+			theta[k] = x[r]
+		}
+		if e := residual(a, pts, theta); e < bestErr {
+			best, bestErr = theta, e
+		}
+	}
+	if best == nil {
+		return nil, fmt.Errorf("sim: no non-negative α, o, β, γ fit the measurements")
+	}
+	return best, nil
+}
+
+// residual is Σ ((Σ_k a_ik θ_k − t_i)/t_i)².
+func residual(a [][]float64, pts []Measured, theta []float64) float64 {
+	var e float64
+	for i, p := range pts {
+		var t float64
+		for k := range theta {
+			t += a[i][k] * theta[k]
+		}
+		e += (t - p.Time) * (t - p.Time) / (p.Time * p.Time)
+	}
+	return e
+}
+
+// solve solves a x = b by Gaussian elimination with partial pivoting; false
+// when a is singular.
+func solve(a [][]float64, b []float64) ([]float64, bool) {
+	n := len(b)
+	for c := 0; c < n; c++ {
+		p := c
+		for r := c + 1; r < n; r++ {
+			if math.Abs(a[r][c]) > math.Abs(a[p][c]) {
+				p = r
+			}
+		}
+		if math.Abs(a[p][c]) < 1e-300 {
+			return nil, false
+		}
+		a[c], a[p] = a[p], a[c]
+		b[c], b[p] = b[p], b[c]
+		for r := c + 1; r < n; r++ {
+			f := a[r][c] / a[c][c]
+			for k := c; k < n; k++ {
+				a[r][k] -= f * a[c][k]
+			}
+			b[r] -= f * b[c]
+		}
+	}
+	x := make([]float64, n)
+	for r := n - 1; r >= 0; r-- {
+		s := b[r]
+		for k := r + 1; k < n; k++ {
+			s -= a[r][k] * x[k]
+		}
+		x[r] = s / a[r][r]
+	}
+	return x, true
+}
+
+// AlgoNames maps the algorithm names `hcomm sim -a` takes to algorithms.
+func AlgoNames() map[string]collectives.Algorithm {
+	m := map[string]collectives.Algorithm{}
+	for _, a := range []collectives.Algorithm{collectives.AlgoAuto, collectives.AlgoOneShot, collectives.AlgoRing, collectives.AlgoDirect,
+		collectives.AlgoPairwise, collectives.AlgoHD, collectives.AlgoHier, collectives.AlgoTree, collectives.AlgoOrdered} {
+		m[a.String()] = a
+	}
+	return m
+}

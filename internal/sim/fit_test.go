@@ -1,0 +1,77 @@
+package sim
+
+import (
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	simch "github.com/hcomm-dev/hcomm/channel/sim"
+)
+
+// TestFitRecoversProfile: times simulated at 2–4 ranks with a known
+// profile fit back to it, and the fitted profile predicts 8 ranks as the
+// known one does.
+func TestFitRecoversProfile(t *testing.T) {
+	truth := simch.Level{AlphaUs: 20, OverheadUs: 4, BetaNsPerByte: 0.8}
+	const gamma, cores = 0.3, 2
+	var pts []Measured
+	for _, n := range []int{2, 3, 4} {
+		cl, err := NewCluster(simch.Profile{Intra: truth, GammaNsPerByte: gamma, Hosts: 1, RanksPerHost: n, Cores: cores}, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for b := int64(16); b <= 1<<20; b *= 4 {
+			pts = append(pts, Measured{"allreduce", n, b, run(t, cl, Case{Collective: "allreduce", Bytes: b}).Time})
+		}
+		cl.Close()
+	}
+	f, err := Fit(pts, cores, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := f.Profile
+	t.Logf("fitted %+v", got)
+	for _, c := range []struct {
+		name      string
+		got, want float64
+	}{{"alpha", got.Intra.AlphaUs, truth.AlphaUs}, {"overhead", got.Intra.OverheadUs, truth.OverheadUs},
+		{"beta", got.Intra.BetaNsPerByte, truth.BetaNsPerByte}, {"gamma", got.GammaNsPerByte, gamma}} {
+		if math.Abs(c.got-c.want) > 0.05*c.want {
+			t.Errorf("%s: fitted %v, want %v", c.name, c.got, c.want)
+		}
+	}
+	if got.Cores != cores || got.RanksPerHost != 4 || math.Abs(got.OversubExp-1) > 0.01 {
+		t.Errorf("fitted shape %d ranks, %d cores, exponent %v; want 4, %d and 1", got.RanksPerHost, got.Cores, got.OversubExp, cores)
+	}
+}
+
+func TestReadBench(t *testing.T) {
+	dir := t.TempDir()
+	good := `{"args": ["hcomm", "bench", "allreduce", "-b", "16"], "config": {"devices": [{}, {}, {}]},
+		"results": [{"size": 16, "out_of_place": {"time": 100.0}, "in_place": {"time": 120.0}},
+		            {"size": 64, "out_of_place": {"time": 150.0}, "in_place": null}]}`
+	p := filepath.Join(dir, "good.json")
+	os.WriteFile(p, []byte(good), 0o644)
+	ms, err := ReadBench(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Measured{{"allreduce", 3, 16, 110e-6}, {"allreduce", 3, 64, 150e-6}}
+	if len(ms) != 2 || ms[0].Ranks != 3 || math.Abs(ms[0].Time-want[0].Time) > 1e-12 || math.Abs(ms[1].Time-want[1].Time) > 1e-12 {
+		t.Errorf("ReadBench: %+v, want %+v", ms, want)
+	}
+	for name, c := range map[string]struct{ text, want string }{
+		"broken":  {`{"args": [`, "not an hcomm bench -J file"},
+		"p2p":     {`{"args": ["hcomm", "bench", "p2p"], "config": {"devices": [{}]}}`, "names no collective"},
+		"nodevs":  {`{"args": ["hcomm", "bench", "allreduce"], "config": {"devices": []}}`, "no devices"},
+		"notimes": {`{"args": ["hcomm", "bench", "allreduce"], "config": {"devices": [{}]}, "results": [{"size": 16}]}`, "no measured times"},
+	} {
+		p := filepath.Join(dir, name+".json")
+		os.WriteFile(p, []byte(c.text), 0o644)
+		if _, err := ReadBench(p); err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), p) {
+			t.Errorf("%s: error %v, want one naming %s and containing %q", name, err, p, c.want)
+		}
+	}
+}

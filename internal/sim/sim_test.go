@@ -1,0 +1,192 @@
+package sim
+
+import (
+	"math"
+	"math/bits"
+	"strconv"
+	"strings"
+	"testing"
+
+	simch "github.com/hcomm-dev/hcomm/channel/sim"
+	"github.com/hcomm-dev/hcomm/collectives"
+	"github.com/hcomm-dev/hcomm/internal/leakcheck"
+)
+
+func TestMain(m *testing.M) { leakcheck.Main(m) }
+
+const (
+	alpha = 10e-6 // seconds
+	beta  = 1e-9  // seconds per byte: 1 GB/s
+)
+
+// flat is one host of n ranks with α = 10 µs, β = 1 ns/B and free local
+// work, so that closed forms are exact up to the handshake's header bytes.
+func flat(t *testing.T, n int) *Cluster {
+	t.Helper()
+	cl, err := NewCluster(simch.Profile{Intra: simch.Level{AlphaUs: alpha * 1e6, BetaNsPerByte: beta * 1e9}, Hosts: 1, RanksPerHost: n}, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cl.Close() })
+	return cl
+}
+
+func run(t *testing.T, cl *Cluster, c Case) Result {
+	t.Helper()
+	r, err := cl.Run(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func near(t *testing.T, what string, got, want, tol float64) {
+	t.Helper()
+	if math.Abs(got-want) > tol*want {
+		t.Errorf("%s: predicted %.2f µs, closed form %.2f µs (off by %.2f%%, tolerance %.1f%%)", what, got*1e6, want*1e6, 100*(got-want)/want, 100*tol)
+	} else {
+		t.Logf("%s: predicted %.2f µs, closed form %.2f µs", what, got*1e6, want*1e6)
+	}
+}
+
+// TestRingClosedForm: the ring reduce-scatter and all-gather together take
+// the textbook ring all-reduce's 2(n−1)·α + 2(n−1)/n·S·β, plus one α at
+// each end of each collective (the handshake, and the last piece's
+// acknowledgement). hcomm's own ring all-reduce gathers by reads — a round
+// trip each over a network — so it takes 3(n−1)·α + 2(n−1)/n·S·β plus
+// three: the handshake, the publication of the results, the acknowledgement.
+func TestRingClosedForm(t *testing.T) {
+	const S = 1 << 20
+	for _, n := range []int{4, 8} {
+		cl := flat(t, n)
+		nf := float64(n)
+		rs := run(t, cl, Case{"reducescatter", collectives.AlgoRing, S})
+		ag := run(t, cl, Case{"allgather", collectives.AlgoRing, S})
+		near(t, "ring reduce-scatter + all-gather, n="+itoa(n), rs.Time+ag.Time,
+			2*(nf-1)*alpha+2*(nf-1)/nf*S*beta+4*alpha, 0.002)
+		ar := run(t, cl, Case{"allreduce", collectives.AlgoRing, S})
+		near(t, "hcomm ring all-reduce, n="+itoa(n), ar.Time, 3*(nf-1)*alpha+2*(nf-1)/nf*S*beta+3*alpha, 0.002)
+		if ar.BusBW <= 0 || math.Abs(ar.BusBW-float64(S)/ar.Time/1e9*2*(nf-1)/nf) > 1e-9 {
+			t.Errorf("n=%d: busbw %v for %v s", n, ar.BusBW, ar.Time)
+		}
+	}
+}
+
+// TestTreeHops: a reduce up the binomial tree of one piece takes log2(n)
+// hops of α + S·β, plus the handshake and the acknowledgement.
+func TestTreeHops(t *testing.T) {
+	const S = 256 << 10
+	for _, n := range []int{2, 4, 8, 16} {
+		cl := flat(t, n)
+		hops := float64(bits.Len(uint(n)) - 1)
+		r := run(t, cl, Case{"reduce", collectives.AlgoTree, S})
+		near(t, "tree reduce, n="+itoa(n), r.Time, hops*(alpha+S*beta)+2*alpha, 0.002)
+	}
+}
+
+// TestCoresSlowDown: four ranks on two cores take twice as long as on four.
+func TestCoresSlowDown(t *testing.T) {
+	p := simch.Profile{Intra: simch.Level{AlphaUs: 10, BetaNsPerByte: 1}, GammaNsPerByte: 0.5, Hosts: 1, RanksPerHost: 4}
+	var times [2]float64
+	for i, cores := range []int{4, 2} {
+		p.Cores = cores
+		cl, err := NewCluster(p, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		times[i] = run(t, cl, Case{"allreduce", collectives.AlgoRing, 1 << 20}).Time
+		cl.Close()
+	}
+	if math.Abs(times[1]/times[0]-2) > 1e-9 {
+		t.Errorf("2 cores: %v s, 4 cores: %v s; want twice as long", times[1], times[0])
+	}
+}
+
+// TestAutoNamesTheSelectorsChoice: a case with AlgoAuto reports what the
+// selector picked, and a forced one what was forced.
+func TestAutoNamesTheSelectorsChoice(t *testing.T) {
+	cl := flat(t, 4)
+	if r := run(t, cl, Case{"allreduce", collectives.AlgoAuto, 64}); r.Algo != "oneshot" {
+		t.Errorf("64-byte all-reduce: algorithm %q, want the selector's oneshot", r.Algo)
+	}
+	if r := run(t, cl, Case{"allreduce", collectives.AlgoHD, 1 << 20}); r.Algo != "hd" {
+		t.Errorf("forced hd: algorithm %q", r.Algo)
+	}
+}
+
+// TestLostOrRepeatedPieceFails: a write that does not land, or lands with
+// the bytes of the write before it, fails the result check — the simulator
+// times only schedules that deliver every piece once.
+func TestLostOrRepeatedPieceFails(t *testing.T) {
+	for _, c := range []Case{
+		{"allreduce", collectives.AlgoRing, 1 << 20},
+		{"allgather", collectives.AlgoRing, 1 << 20},
+		{"broadcast", collectives.AlgoTree, 1 << 20},
+		{"alltoall", collectives.AlgoPairwise, 1 << 20},
+	} {
+		for _, repeat := range []bool{false, true} {
+			cl := flat(t, 4)
+			run(t, cl, c) // fault-free first: the check passes
+			cl.World().Inject(simch.Fault{Rank: 0, Nth: 3, MinBytes: 1024, Repeat: repeat})
+			_, err := cl.Run(c)
+			if err == nil || !strings.Contains(err.Error(), "lost or repeated") {
+				t.Errorf("%s %v with a %s piece: error %v, want a failed result check", c.Collective, c.Algorithm, map[bool]string{false: "lost", true: "repeated"}[repeat], err)
+			}
+			cl.Close()
+		}
+	}
+}
+
+// TestBadInput: profiles, shapes and cases that make no sense fail with an
+// error naming what is wrong.
+func TestBadInput(t *testing.T) {
+	good := simch.Profile{Intra: simch.Level{AlphaUs: 1}, Hosts: 1, RanksPerHost: 2}
+	for _, c := range []struct {
+		name string
+		edit func(*simch.Profile, *Options)
+		want string
+	}{
+		{"negative alpha", func(p *simch.Profile, _ *Options) { p.Intra.AlphaUs = -1 }, "intra.alpha_us is -1"},
+		{"zero ranks per host", func(p *simch.Profile, _ *Options) { p.RanksPerHost = 0 }, "ranks_per_host is 0"},
+		{"hosts × ranks overflow", func(p *simch.Profile, _ *Options) { p.Hosts, p.RanksPerHost = math.MaxInt/2, 4 }, "more than 65536 ranks"},
+		{"HCCL buffers over 1 TiB", func(p *simch.Profile, o *Options) { p.RanksPerHost = 1 << 12; o.BufferSize = 1 << 30 }, "over 1 TiB"},
+		{"negative buffer", func(_ *simch.Profile, o *Options) { o.BufferSize = -1 }, "must not be negative"},
+	} {
+		p, o := good, Options{}
+		c.edit(&p, &o)
+		cl, err := NewCluster(p, o)
+		if err == nil {
+			cl.Close()
+		}
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: error %v, want one containing %q", c.name, err, c.want)
+		}
+	}
+	cl := flat(t, 2)
+	for _, c := range []struct {
+		c    Case
+		want string
+	}{
+		{Case{"allreduce", collectives.AlgoAuto, -8}, "size is negative"},
+		{Case{"allgather", collectives.AlgoAuto, 4}, "moves nothing"},
+		{Case{"allscatter", collectives.AlgoAuto, 64}, `no collective "allscatter"`},
+		{Case{"broadcast", collectives.AlgoHD, 64}, "hd"},
+	} {
+		if _, err := cl.Run(c.c); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%+v: error %v, want one containing %q", c.c, err, c.want)
+		}
+	}
+	if r := run(t, cl, Case{"allreduce", collectives.AlgoAuto, 64}); r.Time <= 0 {
+		t.Errorf("after the refused cases, an all-reduce took %v s", r.Time)
+	}
+	small, err := NewCluster(simch.Profile{Hosts: 1, RanksPerHost: 2}, Options{MemLimit: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer small.Close()
+	if _, err := small.Run(Case{"allreduce", collectives.AlgoAuto, 1 << 20}); err == nil || !strings.Contains(err.Error(), "over the memory limit of 1048576") {
+		t.Errorf("a 1 MiB all-reduce of 2 ranks under a 1 MiB limit: error %v", err)
+	}
+}
+
+func itoa(n int) string { return strconv.Itoa(n) }
