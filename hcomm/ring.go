@@ -301,12 +301,13 @@ func treeGather(ctx context.Context, m *mailbox, parent *bootstrap.Client, mine 
 			return nil, why(err, p, "waiting for every rank's description from")
 		}
 		all = v
-		k, err := parent.Add(ctx, gatherRead, 1)
-		if err == nil && k == int64(len(treeChildren(p, n))) {
-			err = parent.Set(ctx, gatherReadAll, []byte{1})
-		}
-		if err != nil {
-			return nil, why(err, p, "telling that it read every description to")
+		// This rank has every description: telling the parent is for the
+		// parent's sake (it may close its mailbox once its children have
+		// read), and a failure here — the parent, or the job, failing
+		// meanwhile — is no failure of this rank's init: its
+		// communicator learns of the loss from its watch.
+		if k, err := parent.Add(ctx, gatherRead, 1); err == nil && k == int64(len(treeChildren(p, n))) {
+			parent.Set(ctx, gatherReadAll, []byte{1})
 		}
 	}
 	if len(kids) > 0 {
