@@ -16,13 +16,42 @@ type sched struct {
 	t     *hcomm.Thread
 	err   error
 	opSeq uint64 // the collective's number (BeginOp)
+	per   int64  // bytes of the pipeline's piece for this call (pieceFor): at most the layout's slot
+	// poll bounds the inline poll for the peers' hellos (launchHello):
+	// HCOMM_HELLO_POLL's (helloPoll by default) when zero.
+	poll time.Duration
+	// afterSmall: the previous collective on the stream was one hello,
+	// so what the stream has pending drains as soon as the peers answer
+	// (launchHello waits a moment for it).
+	afterSmall bool
 
 	ctx    context.Context // bounds the channel setups (need); nil: none beyond the communicator's
 	issued int             // calls that enqueued (do)
 	unset  bool            // err is a setup of need's that failed before anything was enqueued
 }
 
+// pollFor returns the schedule's poll bound.
+func (s *sched) pollFor() time.Duration {
+	if s.poll > 0 {
+		return s.poll
+	}
+	if s.st.helloPoll > 0 {
+		return s.st.helloPoll
+	}
+	return helloPoll
+}
+
 func (s *sched) ok() bool { return s.err == nil }
+
+// piece is the bytes of the call's pipeline piece: what the tuning table
+// gives its collective, algorithm and size (pieceFor), else the layout's
+// slot. Every rank of the call computes the same.
+func (s *sched) piece() int64 {
+	if s.per > 0 {
+		return s.per
+	}
+	return s.st.lay.piece
+}
 
 func (s *sched) do(err error) {
 	if s.err == nil {

@@ -141,7 +141,7 @@ func allGather(c *hcomm.Comm, name string, h header, send device.Ptr, sendCount 
 				// the ranks read piece q of every input at about the same
 				// time, so that an input read by n ranks comes from memory
 				// about once.
-				per := sc.st.lay.piece
+				per := sc.piece()
 				var most int64
 				for _, x := range counts {
 					most = max(most, x*es)
@@ -196,10 +196,14 @@ func allGatherWindow(st *state, send device.Ptr, sendBytes int64, recv device.Pt
 func allGatherDirect(sc *sched, send device.Ptr, out func(p int) device.Ptr, counts []int64, es int64) {
 	st := sc.st
 	me, n := st.comm.Rank(), st.comm.Size()
-	per := st.lay.piece / es
+	per := sc.piece() / es
 	var rounds int64
 	for _, x := range counts {
 		rounds = max(rounds, pieces(x, per))
+	}
+	if !st.mapped {
+		allGatherPush(sc, out, counts, es, per, rounds)
+		return
 	}
 	others := sc.others()
 	var reads func()
@@ -233,6 +237,31 @@ func allGatherDirect(sc *sched, send device.Ptr, out func(p int) device.Ptr, cou
 	}
 }
 
+// allGatherPush is the direct all-gather where a peer is behind a network,
+// where a read is a round trip and the stream issues the n-1 reads of a piece
+// one after another: each owner writes each piece of its input (already in
+// its recv) into every peer's inbox, and every rank copies the peers' pieces
+// out of its own — one one-way hop per piece.
+func allGatherPush(sc *sched, out func(p int) device.Ptr, counts []int64, es, per, rounds int64) {
+	me, n := sc.st.comm.Rank(), sc.st.comm.Size()
+	for q := int64(0); q < rounds; q++ {
+		lo := q * per
+		if m := min(per, counts[me]-lo); m > 0 {
+			for i := 1; i < n; i++ {
+				sc.pipeSend(mod(me+i, n), out(me).Add(lo*es), m*es)
+			}
+		}
+		for i := 1; i < n; i++ {
+			p := mod(me-i, n)
+			if m := min(per, counts[p]-lo); m > 0 {
+				slot, done := sc.pipeRecv(p)
+				sc.copy(out(p).Add(lo*es), slot, m*es)
+				done()
+			}
+		}
+	}
+}
+
 // allGatherRing: at step s this rank forwards rank me-s's data to its right
 // neighbour and receives rank me-s-1's from its left, piece by piece through
 // the inboxes, copying each received piece into recv: every link carries the
@@ -240,7 +269,7 @@ func allGatherDirect(sc *sched, send device.Ptr, out func(p int) device.Ptr, cou
 func allGatherRing(sc *sched, out func(p int) device.Ptr, counts []int64, es int64) {
 	st := sc.st
 	me, n := st.comm.Rank(), st.comm.Size()
-	per := st.lay.piece / es
+	per := sc.piece() / es
 	right, left := mod(me+1, n), mod(me-1, n)
 	for step := 0; step < n-1; step++ {
 		sp, rp := mod(me-step, n), mod(me-step-1, n)

@@ -184,7 +184,12 @@ func issueWindowed(c *hcomm.Comm, name string, k kind, s *device.Stream, o *Opti
 	// BeginOp numbers the collective for errors and logs, and times it when
 	// metrics are on; endOp enqueues the closing task.
 	opSeq, endOp := c.BeginOp(t, name, algo.String())
-	sc := &sched{st: st, t: t, opSeq: opSeq, ctx: st.setupCtx(s)}
+	sc := &sched{st: st, t: t, opSeq: opSeq, ctx: st.setupCtx(s), per: pieceFor(k, algo, n, c.Size(), st.mapped, st.lay.piece)}
+	if s == st.own {
+		sc.poll = slicePoll // the host-slice layer's stream: its caller waits anyway
+	}
+	sc.afterSmall = st.lastStream == s && st.lastSmall
+	st.lastSmall = algo == AlgoOneShot // a schedule that is one hello
 	st.seq++
 	if err := body(sc, algo); err != nil {
 		return err
@@ -276,7 +281,7 @@ func allReduceRing(sc *sched, send, recv device.Ptr, count int64, dt hcomm.DataT
 		sc.copy(recv, send, count*es)
 		return
 	}
-	block := n * (st.lay.piece / es)
+	block := n * (sc.piece() / es)
 	// Software-pipelined: the all-gather reads of block b are issued after the
 	// reduce-scatter of block b+1, so that by the time this rank waits for a
 	// peer's result the peer has long published it, and a rank that is a
@@ -298,6 +303,9 @@ func allReduceRing(sc *sched, send, recv device.Ptr, count int64, dt hcomm.DataT
 // rank's result; it returns the function that issues the block's all-gather.
 func allReduceBlock(sc *sched, send, recv device.Ptr, count int64, dt hcomm.DataType, op hcomm.ReduceOp) (gather func()) {
 	st := sc.st
+	if !st.mapped {
+		return allReduceBlockPush(sc, send, recv, count, dt, op)
+	}
 	me, n := st.comm.Rank(), st.comm.Size()
 	es := int64(dt.Size())
 	others := sc.others()
@@ -318,6 +326,41 @@ func allReduceBlock(sc *sched, send, recv device.Ptr, count int64, dt hcomm.Data
 			p := mod(me-i, n)
 			off, cnt := chunk(count, n, mod(p+1, n))
 			sc.readGather(p, ks[p], recv.Add(off*es), 0, cnt*es)
+		}
+	}
+}
+
+// allReduceBlockPush is allReduceBlock where a peer is behind a network: a
+// read there is a round trip, and the stream issues the n-1 reads of the
+// all-gather one after another. Instead the reduce-scatter ends in recv, and
+// the all-gather has every rank write its result into every peer's inbox
+// (one-way, all at once) and copy the peers' results out of its own: one
+// hop where the reads took n-1 round trips, the same bytes on every link.
+// The sends and the receives both go in the returned function, so that
+// every pipe carries its pieces in the same order on both of its ends.
+func allReduceBlockPush(sc *sched, send, recv device.Ptr, count int64, dt hcomm.DataType, op hcomm.ReduceOp) (gather func()) {
+	me, n := sc.st.comm.Rank(), sc.st.comm.Size()
+	es := int64(dt.Size())
+	at := func(c int) device.Ptr {
+		off, _ := chunk(count, n, c)
+		return recv.Add(off * es)
+	}
+	// Rank p ends the reduce-scatter with the result of chunk p+1.
+	ringReduceScatter(sc, 0, func(c int) (int64, int64) { return chunk(count, n, c) }, send, at, dt, op)
+	return func() {
+		mine := mod(me+1, n)
+		if _, cnt := chunk(count, n, mine); cnt > 0 {
+			for i := 1; i < n; i++ {
+				sc.pipeSend(mod(me+i, n), at(mine), cnt*es)
+			}
+		}
+		for i := 1; i < n; i++ {
+			p := mod(me-i, n)
+			if _, cnt := chunk(count, n, mod(p+1, n)); cnt > 0 {
+				slot, done := sc.pipeRecv(p)
+				sc.copy(at(mod(p+1, n)), slot, cnt*es)
+				done()
+			}
 		}
 	}
 }

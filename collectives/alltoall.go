@@ -108,7 +108,7 @@ func alltoall(c *hcomm.Comm, name string, h header, send device.Ptr, sc_, sd []i
 			}
 			return nil
 		}
-		per := sched.st.lay.piece / es
+		per := sched.piece() / es
 		for r := 1; r < n; r++ {
 			to, from := mod(me+r, n), mod(me-r, n)
 			for q := int64(0); q < max(pieces(sc_[to], per), pieces(rc[from], per)); q++ {

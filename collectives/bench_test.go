@@ -17,7 +17,12 @@ import (
 // enqueues b.N back-to-back calls on its stream and synchronizes once; time per
 // call = elapsed / b.N; algbw = size / time; busbw = algbw * factor.
 func benchColl(b *testing.B, n int, size int64, factor float64, call func(c *hcomm.Comm, s *device.Stream, send, recv device.Ptr, count int64) error) {
-	comms := hcommtest.New(b, n, hcommtest.Auto)
+	benchCollOn(b, n, hcommtest.Auto, size, factor, call)
+}
+
+// benchCollOn is benchColl over transport tr.
+func benchCollOn(b *testing.B, n int, tr hcommtest.Transport, size int64, factor float64, call func(c *hcomm.Comm, s *device.Stream, send, recv device.Ptr, count int64) error) {
+	comms := hcommtest.New(b, n, tr)
 	type rank struct {
 		s          *device.Stream
 		send, recv device.Ptr

@@ -78,7 +78,7 @@ func broadcastOneShot(sc *sched, h header, buf device.Ptr, bytes int64, root int
 // rank, which beats forwarding along a ring wherever a read is a memmove.
 func broadcastDirect(sc *sched, buf device.Ptr, bytes int64, root int) {
 	me := sc.st.comm.Rank()
-	per := sc.st.lay.piece
+	per := sc.piece()
 	var readers []int
 	for p := 0; p < sc.st.comm.Size(); p++ {
 		if p != root {
@@ -119,7 +119,7 @@ func broadcastRing(sc *sched, buf device.Ptr, bytes int64, root int) {
 	me, n := st.comm.Rank(), st.comm.Size()
 	pos := mod(me-root, n)
 	right, left := mod(me+1, n), mod(me-1, n)
-	per := st.lay.piece
+	per := sc.piece()
 	for lo := int64(0); lo < bytes; lo += per {
 		m := min(per, bytes-lo)
 		if pos == 0 {

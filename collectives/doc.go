@@ -48,7 +48,9 @@
 //     the data once. The all-reduce runs a ring reduce-scatter on blocks of
 //     n pieces, so that a block stays in cache from its first step to its
 //     last, and then every rank reads the others' results straight from their
-//     HCCL buffers (one copy per receiver, not a write and a copy).
+//     HCCL buffers (one copy per receiver, not a write and a copy) — or, where
+//     a peer is behind a network and a read is a round trip, every rank
+//     writes its result into every peer's inbox.
 //   - hd: recursive halving-doubling (HCCL's H-D_R), folding rank counts that
 //     are not powers of two; all-reduce up to a few MiB.
 //   - hier: two levels (HCCL's level0/level1): reduce within each host over
@@ -58,12 +60,26 @@
 //     reduce); picked for small and mid-size messages over a network.
 //   - direct: every rank reads each piece straight from its owner's HCCL
 //     buffer (broadcast, all-gather); the choice wherever a read is a
-//     memmove (inproc, shm).
+//     memmove (inproc, shm). Over a network the all-gather's owner writes
+//     each piece into every reader's inbox instead (AllGatherV's only
+//     algorithm).
 //   - pairwise: n-1 rounds of exchanges (all-to-all, scatter, gather).
 //   - ordered: every rank sends piece p of its input to rank p, which reduces
 //     it from all ranks' pieces in rank order, then the results are gathered
 //     (all-reduce, reduce-scatter, reduce): the algorithm of
 //     HCCL_DETERMINISTIC=strict.
+//
+// # Tuning
+//
+// The selector's size thresholds and the pipelines' piece sizes are data:
+// tuning.go holds one row per collective, transport class (mapped: inproc,
+// shm; network: tcp), band of rank counts and range of sizes, each citing
+// the measurement that put it there. choose reads the algorithm from the
+// first row that matches a call, and every pipelined schedule its piece
+// (bounded by the HCCL buffer's slot). BenchmarkTuning measures every
+// algorithm and piece the table decides between, and BENCHMARKS.md
+// ("Retuning the selector") says how to read its output into the table on
+// another machine.
 //
 // # Determinism
 //

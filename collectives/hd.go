@@ -97,7 +97,7 @@ func allReduceHD(sc *sched, send, recv device.Ptr, count int64, dt hcomm.DataTyp
 
 // stream sends n bytes at src to peer through its inbox, piece by piece.
 func (s *sched) stream(peer int, src device.Ptr, n int64) {
-	per := s.st.lay.piece
+	per := s.piece()
 	for off := int64(0); off < n; off += per {
 		s.pipeSend(peer, src.Add(off), min(per, n-off))
 	}
@@ -106,7 +106,7 @@ func (s *sched) stream(peer int, src device.Ptr, n int64) {
 // receive consumes n bytes from peer's pipe into dst, piece by piece:
 // consume(dst+off, slot, off, bytes) when given, else a copy.
 func (s *sched) receive(peer int, dst device.Ptr, n int64, consume func(dst, slot device.Ptr, off, m int64)) {
-	per := s.st.lay.piece
+	per := s.piece()
 	for off := int64(0); off < n; off += per {
 		m := min(per, n-off)
 		slot, done := s.pipeRecv(peer)
@@ -123,7 +123,7 @@ func (s *sched) receive(peer int, dst device.Ptr, n int64, consume func(dst, slo
 // into dst, interleaving the pieces so that two ranks exchanging with each
 // other never wait on each other's full inbox.
 func (s *sched) exchange(peer int, src device.Ptr, sn int64, dst device.Ptr, rn int64, consume func(dst, slot device.Ptr, off, m int64)) {
-	per := s.st.lay.piece
+	per := s.piece()
 	for off := int64(0); off < sn || off < rn; off += per {
 		if off < sn {
 			s.pipeSend(peer, src.Add(off), min(per, sn-off))

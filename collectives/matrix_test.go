@@ -11,6 +11,7 @@ import (
 	"github.com/hcomm-dev/hcomm/collectives"
 	"github.com/hcomm-dev/hcomm/device"
 	"github.com/hcomm-dev/hcomm/hcomm"
+	"github.com/hcomm-dev/hcomm/hcommtest"
 	"github.com/hcomm-dev/hcomm/internal/reduce"
 )
 
@@ -578,4 +579,196 @@ func broadcastRaw(t *testing.T, comms []*hcomm.Comm, m matrixCase, algo collecti
 		func(r int) []byte {
 			return encodeAll(m.dt, cnt, func(i int) float64 { return input(m.dt, m.root, i) })
 		}, fmt.Sprintf("Broadcast %v %v", m, algo))
+}
+
+// TestMidSizeThresholds: every collective and algorithm at counts on and
+// around the thresholds of the tuning table and the pipelines — the inline
+// size (one-shot against the rest, per rank and per call), one and n
+// pipeline pieces (pieces forced to 4 KiB, so that mid sizes run through
+// many pieces and blocks), and treeMax over a network (the tree against the
+// ring) — odd counts among them, in a 1-byte and a 4-byte type, over inproc
+// and tcp with 2, 3 and 4 ranks, each checked against the float64
+// reference, on one set of communicators per case so that the pipes'
+// counters carry from size to size.
+func TestMidSizeThresholds(t *testing.T) {
+	const piece = 4 << 10
+	defer collectives.SetPieceOverride(piece)()
+	for _, tr := range []hcommtest.Transport{hcommtest.Inproc, hcommtest.TCP} {
+		for _, n := range []int{2, 3, 4} {
+			if raceEnabled && tr == hcommtest.TCP && n != 3 {
+				continue // under the race detector: tcp with 3 ranks only
+			}
+			t.Run(fmt.Sprintf("%v/ranks=%d", tr, n), func(t *testing.T) {
+				comms := hcommtest.New(t, n, tr)
+				inline := collectives.InlineBytes(comms[0])
+				for _, dt := range []hcomm.DataType{hcomm.Int8, hcomm.Float32} {
+					es := int64(dt.Size())
+					var counts []int64
+					for _, b := range []int64{inline, inline / int64(n), piece, int64(n) * piece} {
+						counts = append(counts, b/es-1, b/es, b/es+1)
+					}
+					counts = append(counts, 5*int64(n)*piece/es+3) // several blocks of the ring all-reduce
+					for _, count := range counts {
+						m := matrixCase{dt: dt, op: hcomm.Sum, count: count, root: int(count) % n, inline: inline}
+						for _, a := range algosOf("AllGather") {
+							testAllGather(t, comms, m, a, count%2 == 1)
+						}
+						for _, a := range algosOf("ReduceScatter") {
+							testReduceScatter(t, comms, m, a, count%2 == 0)
+						}
+						for _, a := range algosOf("AlltoAll") {
+							testAlltoAll(t, comms, m, a)
+						}
+						for _, a := range algosOf("AllReduce") {
+							if a == collectives.AlgoHier || a == collectives.AlgoOrdered {
+								continue // their own tests
+							}
+							if fits(a, count*es, inline) {
+								allReduceRaw(t, comms, m, a, count%2 == 1)
+							}
+						}
+						for _, a := range algosOf("Broadcast") {
+							if fits(a, count*es, inline) {
+								broadcastRaw(t, comms, m, a)
+							}
+						}
+						testVCollectives(t, comms, m)
+					}
+				}
+				if tr == hcommtest.TCP && n > 2 && !raceEnabled {
+					// treeMax: the selector's tree below, its ring above.
+					for _, count := range []int64{1<<20/4 - 1, 1 << 20 / 4, 1<<20/4 + 1} {
+						broadcastRaw(t, comms, matrixCase{dt: hcomm.Float32, count: count, root: n - 1}, collectives.AlgoAuto)
+					}
+				}
+			})
+		}
+	}
+}
+
+// TestBackToBackSizes: collectives of different kinds, sizes and algorithms
+// issued back to back on one stream with no synchronization between them —
+// one-shot, one piece, many pieces, forced algorithms — and every result
+// checked once the stream is done: a schedule's pipes and gather slots must
+// be left in step for whatever follows, whatever its size.
+func TestBackToBackSizes(t *testing.T) {
+	defer collectives.SetPieceOverride(4 << 10)()
+	for _, tr := range []hcommtest.Transport{hcommtest.Inproc, hcommtest.TCP} {
+		for _, n := range []int{2, 4} {
+			t.Run(fmt.Sprintf("%v/ranks=%d", tr, n), func(t *testing.T) {
+				comms := hcommtest.New(t, n, tr)
+				inline := collectives.InlineBytes(comms[0]) / 4
+				type call struct {
+					kind  string
+					count int64
+					algo  collectives.Algorithm
+				}
+				calls := []call{
+					{"AllReduce", 7, 0}, {"AllGather", inline + 1, 0}, {"AllReduce", 3*1024 + 5, collectives.AlgoRing},
+					{"Broadcast", 1, 0}, {"ReduceScatter", 5 * 1024, 0}, {"AlltoAll", 1025, 0},
+					{"AllReduce", 5*1024 + 3, collectives.AlgoHD}, {"Broadcast", 9 * 1024, collectives.AlgoTree},
+					{"AllGather", 2049, collectives.AlgoRing}, {"AllGather", 2049, collectives.AlgoDirect},
+					{"Broadcast", 9*1024 + 1, collectives.AlgoDirect}, {"ReduceScatter", 3, 0}, {"AlltoAll", 1, 0},
+				}
+				run(t, comms, func(c *hcomm.Comm) error {
+					me, dev := c.Rank(), c.Device()
+					s, err := dev.CreateStream()
+					if err != nil {
+						return err
+					}
+					defer s.Destroy()
+					type result struct {
+						recv device.Ptr
+						want []float32
+					}
+					var results []result
+					for i, x := range calls {
+						o := &collectives.Options{Algorithm: x.algo}
+						in := func(r int, j int64) float32 { return float32((int64(r)*31 + j*7 + int64(i)) % 13) }
+						sendN, recvN := x.count, x.count
+						switch x.kind {
+						case "AllGather":
+							recvN = int64(n) * x.count
+						case "ReduceScatter":
+							sendN = int64(n) * x.count
+						case "AlltoAll":
+							sendN, recvN = int64(n)*x.count, int64(n)*x.count
+						}
+						send, _ := dev.Malloc(4 * sendN)
+						recv, _ := dev.Malloc(4 * recvN)
+						defer dev.Free(send)
+						defer dev.Free(recv)
+						host := make([]float32, sendN)
+						for j := range host {
+							host[j] = in(me, int64(j))
+						}
+						if err := dev.MemcpyHtoD(send, f32bytes(host)); err != nil {
+							return err
+						}
+						want := make([]float32, recvN)
+						switch x.kind {
+						case "AllReduce":
+							err = collectives.AllReduce(send, recv, x.count, hcomm.Float32, hcomm.Sum, c, s, o)
+							for j := range want {
+								for r := 0; r < n; r++ {
+									want[j] += in(r, int64(j))
+								}
+							}
+						case "AllGather":
+							err = collectives.AllGather(send, recv, x.count, hcomm.Float32, c, s, o)
+							for j := range want {
+								want[j] = in(j/int(x.count), int64(j)%x.count)
+							}
+						case "Broadcast":
+							recv = send
+							err = collectives.Broadcast(send, x.count, hcomm.Float32, n-1, c, s, o)
+							for j := range want {
+								want[j] = in(n-1, int64(j))
+							}
+						case "ReduceScatter":
+							err = collectives.ReduceScatter(send, recv, x.count, hcomm.Float32, hcomm.Sum, c, s, o)
+							for j := range want {
+								for r := 0; r < n; r++ {
+									want[j] += in(r, int64(me)*x.count+int64(j))
+								}
+							}
+						case "AlltoAll":
+							err = collectives.AlltoAll(send, x.count, hcomm.Float32, recv, x.count, hcomm.Float32, c, s, o)
+							for j := range want {
+								p := j / int(x.count)
+								want[j] = in(p, int64(me)*x.count+int64(j)%x.count)
+							}
+						}
+						if err != nil {
+							return fmt.Errorf("call %d (%s of %d, %v): %w", i, x.kind, x.count, x.algo, err)
+						}
+						results = append(results, result{recv, want})
+					}
+					if err := s.SynchronizeWithTimeout(time.Minute); err != nil {
+						return err
+					}
+					for i, r := range results {
+						got := make([]byte, 4*len(r.want))
+						if err := dev.MemcpyDtoH(got, r.recv); err != nil {
+							return err
+						}
+						for j, w := range r.want {
+							if g := math.Float32frombits(binary.LittleEndian.Uint32(got[4*j:])); g != w {
+								return fmt.Errorf("call %d (%s of %d, %v): element %d = %v, want %v", i, calls[i].kind, calls[i].count, calls[i].algo, j, g, w)
+							}
+						}
+					}
+					return nil
+				})
+			})
+		}
+	}
+}
+
+func f32bytes(v []float32) []byte {
+	b := make([]byte, 4*len(v))
+	for i, x := range v {
+		binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(x))
+	}
+	return b
 }

@@ -90,7 +90,7 @@ func reduceScatter(c *hcomm.Comm, name string, h header, send device.Ptr, counts
 			}
 			// Blocks of one piece per rank; shift -1 ends rank r's reduction
 			// on chunk r.
-			per := sc.st.lay.piece / es
+			per := sc.piece() / es
 			var blocks int64
 			for _, x := range counts {
 				blocks = max(blocks, pieces(x, per))

@@ -80,60 +80,36 @@ func has(k kind, a Algorithm) bool {
 // bytes per rank (the size the one-shot path would carry inline) among n
 // ranks, given the layout and whether every peer's memory is mapped (inproc,
 // shm: a read is a memmove) or behind a network (tcp: a read is a round
-// trip). The thresholds come from the per-algorithm table in BENCHMARKS.md.
+// trip). What fits a hello slot goes one-shot; ranks on several hosts reduce
+// in two levels; an all-gather from a window on mapped peers reads them in
+// place; everything else is the tuning table's (tuning.go), whose rows cite
+// their measurements, and a collective the table has no row for takes the
+// last algorithm it lists.
 func choose(k kind, bytes int64, n int, l layout, mapped, multiHost, windowed bool) Algorithm {
 	if has(k, AlgoOneShot) && bytes <= l.inline() {
 		return AlgoOneShot
 	}
-	switch k {
-	case kAllReduce:
-		if multiHost {
-			return AlgoHier
-		}
-		// With two ranks halving-doubling is one exchange each way with no
-		// publish step: it wins up to several MiB (BENCHMARKS.md: 1 MiB,
-		// 11.9 against 8.3 GB/s; 8 MiB, 8.8 against 6.4); the ring's
-		// cache-sized blocks win above, and with more ranks everywhere
-		// measured (4 ranks, 1 MiB: 4.9 against 3.2).
-		if bytes <= hdMax && n == 2 {
-			return AlgoHD
-		}
-		return AlgoRing
-	case kBroadcast:
-		switch {
-		case mapped:
-			return AlgoDirect
-		case bytes <= treeMax && n > 2:
-			return AlgoTree
-		}
-		return AlgoRing
-	case kReduce:
-		// Up the tree each piece is written once and reduced once per
-		// hop; the ring's reduce-scatter plus gather moves more
-		// (BENCHMARKS.md: 4 ranks, 64 MiB, 4.1 against 3.4 GB/s).
-		return AlgoTree
-	case kAllGather:
-		// With two ranks the ring is one write and one copy per piece with
-		// no publish step; with more, reading each owner's piece directly
-		// beats forwarding it n-1 times. From a window, a direct read is
-		// the only copy: it wins with two ranks too (BENCHMARKS.md).
-		if mapped && (n > 2 || windowed) {
-			return AlgoDirect
-		}
-		return AlgoRing
-	case kReduceScatter, kReduceScatterV:
-		return AlgoRing
+	switch {
+	case k == kAllReduce && multiHost:
+		return AlgoHier
+	case k == kAllGather && mapped && windowed:
+		// From a window a direct read is the only copy: it wins with two
+		// ranks too (BENCHMARKS.md).
+		return AlgoDirect
+	}
+	if a, ok := tunedAlgo(k, bytes, n, mapped); ok {
+		return a
 	}
 	return algorithms[k][len(algorithms[k])-1]
 }
 
 // treeMax is the largest message the selector sends down (or up) a tree
 // where a read crosses a network: above it the ring's single pass over each
-// link wins.
+// link wins (tuning.go).
 const treeMax = 1 << 20
 
 // hdMax is the largest message (bytes per rank) the selector gives to
-// halving-doubling.
+// halving-doubling (tuning.go).
 const hdMax = 8 << 20
 
 // hcclAlgoNames maps HCCL_ALGO's algorithm names (and hcomm's own) to

@@ -6,6 +6,7 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/hcomm-dev/hcomm/device"
 	"github.com/hcomm-dev/hcomm/hcomm"
@@ -121,6 +122,8 @@ type state struct {
 
 	last       *device.Event // the previous collective's completion
 	lastStream *device.Stream
+	lastSmall  bool          // the previous collective was one hello (launchHello may wait for it)
+	helloPoll  time.Duration // HCOMM_HELLO_POLL: the inline poll's bound; negative: no inline hello
 
 	own      *device.Stream // the stream of the host-slice layer
 	staging  device.Ptr     // the host-slice layer's device copy of the data
@@ -241,6 +244,9 @@ func (st *state) init1() {
 	st.noCheck = os.Getenv("HCOMM_COLL_CHECK") == "0"
 	st.strict = c.Config().Deterministic == hcomm.DeterministicStrict
 	st.forced, st.err = envAlgo()
+	if st.err == nil {
+		st.helloPoll, st.err = envHelloPoll() // handshake.go
+	}
 	if st.err == nil && st.lay.helloSlot > 0 {
 		// The buffer stays allocated until the communicator is destroyed,
 		// after its streams' work: the handshake's tasks read and write

@@ -41,7 +41,7 @@ func broadcastTree(sc *sched, buf device.Ptr, bytes int64, root int) {
 	v := mod(me-root, n)
 	real := func(u int) int { return (u + root) % n }
 	kids := treeChildren(v, n)
-	per := st.lay.piece
+	per := sc.piece()
 	for lo := int64(0); lo < bytes; lo += per {
 		m := min(per, bytes-lo)
 		if v == 0 {
@@ -69,7 +69,7 @@ func reduceTree(sc *sched, send, recv device.Ptr, count int64, dt hcomm.DataType
 	real := func(u int) int { return (u + root) % n }
 	kids := treeChildren(v, n)
 	es := int64(dt.Size())
-	per := st.lay.piece / es
+	per := sc.piece() / es
 	scratch := sc.mySlot(st.lay.scratchOff())
 	for lo := int64(0); lo < count; lo += per {
 		m := min(per, count-lo)

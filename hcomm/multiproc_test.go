@@ -44,6 +44,10 @@ func TestHelperRank(t *testing.T) {
 		stateLossRank(t) // stateloss_test.go
 		return
 	}
+	if role == "polldeath" {
+		pollDeathRank(t) // polldeath_test.go
+		return
+	}
 	if role == "die-before-list" { // rank 1 dies after joining, before it reads the list of ranks
 		hcomm.SetPeersHook(func(rank int) {
 			if rank == 1 {
@@ -166,7 +170,7 @@ func (l *lineLog) Write(p []byte) (int, error) {
 		line := string(l.part[:i])
 		l.part = l.part[i+1:]
 		if strings.HasPrefix(line, "READY") || strings.HasPrefix(line, "OPERROR") || strings.HasPrefix(line, "DESTROYED") || strings.HasPrefix(line, "TCPBYTES") ||
-			strings.HasPrefix(line, "SHRUNK") || strings.HasPrefix(line, "DECIDING") || strings.HasPrefix(line, "STATE") {
+			strings.HasPrefix(line, "SHRUNK") || strings.HasPrefix(line, "DECIDING") || strings.HasPrefix(line, "STATE") || strings.HasPrefix(line, "POLL") {
 			select {
 			case l.lines <- markLine{line, time.Now()}:
 			default:
