@@ -191,6 +191,9 @@ func ChannelNotifyTryWait(ch *Channel, localIdx int) (bool, error) {
 		found = p.Poll(nil, time.Nanosecond, n.TryReset)
 	}
 	if found {
+		if clk, ok := ch.tr.(channel.Clocked); ok {
+			clk.NotifyWaited(localIdx) // as a wait that returns (awaitNotify)
+		}
 		if c.cfg.metrics != nil {
 			c.cfg.metrics.ObserveWait(ch.Transport(), 0)
 		}
