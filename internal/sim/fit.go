@@ -147,11 +147,13 @@ func Fit(points []Measured, cores int, o Options) (Fitted, error) {
 			ranks = append(ranks, p.Ranks)
 		}
 	}
-	for _, n := range ranks {
-		for k := range params {
-			cl, err := NewCluster(unitProfile(k, n, 0), o)
+	// times runs every point at profile q(n) (no slowdown).
+	times := func(q func(n int) simch.Profile) ([]float64, error) {
+		ts := make([]float64, len(points))
+		for _, n := range ranks {
+			cl, err := NewCluster(q(n), o)
 			if err != nil {
-				return Fitted{}, err
+				return nil, err
 			}
 			for i, p := range points {
 				if p.Ranks != n {
@@ -160,11 +162,21 @@ func Fit(points []Measured, cores int, o Options) (Fitted, error) {
 				r, err := cl.Run(Case{Collective: p.Collective, Bytes: p.Bytes})
 				if err != nil {
 					cl.Close()
-					return Fitted{}, err
+					return nil, err
 				}
-				coef[i][k] = r.Time
+				ts[i] = r.Time
 			}
 			cl.Close()
+		}
+		return ts, nil
+	}
+	for k := range params {
+		ts, err := times(func(n int) simch.Profile { return unitProfile(k, n, 0) })
+		if err != nil {
+			return Fitted{}, err
+		}
+		for i := range points {
+			coef[i][k] = ts[i]
 		}
 	}
 	// On one host every cost of every rank is multiplied by the same
@@ -172,29 +184,65 @@ func Fit(points []Measured, cores int, o Options) (Fitted, error) {
 	// times the slowdown: the exponent is fitted by trying each, from 1
 	// (ranks take turns, nothing more) up.
 	var theta []float64
-	bestExp, bestErr := 0.0, math.Inf(1)
-	for e := 1.0; e <= 3.0001; e += 0.05 {
-		scaled := make([][]float64, len(coef))
-		for i, p := range points {
-			s := simch.Slowdown(p.Ranks, cores, e)
-			scaled[i] = make([]float64, len(params))
-			for k := range params {
-				scaled[i][k] = coef[i][k] * s
+	var bestExp float64
+	fitExp := func() {
+		theta, bestExp = nil, 0
+		bestErr := math.Inf(1)
+		for e := 1.0; e <= 3.0001; e += 0.05 {
+			scaled := make([][]float64, len(coef))
+			for i, p := range points {
+				s := simch.Slowdown(p.Ranks, cores, e)
+				scaled[i] = make([]float64, len(params))
+				for k := range params {
+					scaled[i][k] = coef[i][k] * s
+				}
+			}
+			th, err := nnls(scaled, points)
+			if err != nil {
+				continue
+			}
+			if r := residual(scaled, points, th); r < bestErr-1e-12 {
+				theta, bestExp, bestErr = th, e, r
+			}
+			if cores == 0 {
+				break // no slowdown: the exponent does not matter
 			}
 		}
-		th, err := nnls(scaled, points)
-		if err != nil {
-			continue
-		}
-		if r := residual(scaled, points, th); r < bestErr-1e-12 {
-			theta, bestExp, bestErr = th, e, r
-		}
-		if cores == 0 {
-			break // no slowdown: the exponent does not matter
-		}
 	}
-	if theta == nil {
-		return Fitted{}, fmt.Errorf("sim: no non-negative α, o, β, γ fit the measurements")
+	fitExp()
+	// The counts with one cost at a time add up to a case's time only when
+	// its critical path is the same whatever the costs; where costs overlap
+	// (a rank's local copies while its peers' pieces are on their way, as
+	// in the push all-gather) it is not. A case's time is a piecewise
+	// linear, homogeneous function of the costs, so its counts at the
+	// fitted profile are its slopes there: they are taken by finite
+	// differences and the fit repeated, a few times.
+	for round := 0; round < 3 && theta != nil; round++ {
+		at := func(d int, h float64) func(n int) simch.Profile {
+			return func(n int) simch.Profile {
+				th := slices.Clone(theta)
+				if d >= 0 {
+					th[d] += h
+				}
+				lvl := simch.Level{AlphaUs: th[0], OverheadUs: th[1], BetaNsPerByte: th[2]}
+				return simch.Profile{Intra: lvl, Inter: lvl, GammaNsPerByte: th[3], Hosts: 1, RanksPerHost: n}
+			}
+		}
+		base, err := times(at(-1, 0))
+		if err != nil {
+			return Fitted{}, err
+		}
+		for k := range params {
+			h := max(theta[k]*1e-3, 1e-4)
+			ts, err := times(at(k, h))
+			if err != nil {
+				return Fitted{}, err
+			}
+			for i := range points {
+				coef[i][k] = (ts[i] - base[i]) / h
+			}
+		}
+		fitExp()
 	}
 	for i, p := range points {
 		s := simch.Slowdown(p.Ranks, cores, bestExp)
