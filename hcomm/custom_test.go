@@ -104,6 +104,34 @@ func TestInitAllOver(t *testing.T) {
 	if waited.Load() != 1 || local.Load() != 512 {
 		t.Errorf("told of %d waits and %d bytes of local work; want 1 and 512", waited.Load(), local.Load())
 	}
+	// A try-wait that finds the record is a returned wait too (the
+	// collectives' inline hello polls with it), one that does not is not.
+	if ok, err := hcomm.ChannelNotifyTryWait(chs[1][0], 0); ok || err != nil {
+		t.Fatalf("try-wait with nothing recorded: %v, %v", ok, err)
+	}
+	if err := hcomm.ChannelNotifyRecordOnThread(ts[0], chs[0][0], 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := hcomm.ThreadSynchronize(ts[0]); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		ok, err := hcomm.ChannelNotifyTryWait(chs[1][0], 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("try-wait did not see the record in 5s")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if waited.Load() != 2 {
+		t.Errorf("after a try-wait that found the record: told of %d waits, want 2", waited.Load())
+	}
 }
 
 // TestInitAllOverBadInput: each mistake is named.
