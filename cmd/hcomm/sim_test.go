@@ -75,7 +75,7 @@ func TestSimBadCommandLines(t *testing.T) {
 		{[]string{"sim", "-profile", good, "allscatter"}, `no collective "allscatter"`},
 		{[]string{"sim", "-profile", good, "-n", "0", "allreduce"}, "-n"},
 		{[]string{"sim", "-profile", good, "-n", "6", "-ppn", "4", "allreduce"}, "6 ranks are not a whole number of hosts of 4"},
-		{[]string{"sim", "-profile", good, "-a", "tree", "allreduce"}, `allreduce has no algorithm "tree"`},
+		{[]string{"sim", "-profile", good, "-a", "pairwise", "allreduce"}, `allreduce has no algorithm "pairwise"`},
 		{[]string{"sim", "-profile", good, "-b", "1M", "-e", "1K", "allreduce"}, "want 0 < b <= e"},
 		{[]string{"sim", "fit", filepath.Join(dir, "missing.json")}, "missing.json"},
 		{[]string{"sim", "fit", broken}, "not an hcomm bench -J file"},
