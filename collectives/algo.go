@@ -17,10 +17,28 @@ type sched struct {
 	err   error
 	opSeq uint64 // the collective's number (BeginOp)
 	per   int64  // bytes of the pipeline's piece for this call (pieceFor): at most the layout's slot
+	// poll bounds the inline poll for the peers' hellos (launchHello):
+	// HCOMM_HELLO_POLL's (helloPoll by default) when zero.
+	poll time.Duration
+	// afterSmall: the previous collective on the stream was one hello,
+	// so what the stream has pending drains as soon as the peers answer
+	// (launchHello waits a moment for it).
+	afterSmall bool
 
 	ctx    context.Context // bounds the channel setups (need); nil: none beyond the communicator's
 	issued int             // calls that enqueued (do)
 	unset  bool            // err is a setup of need's that failed before anything was enqueued
+}
+
+// pollFor returns the schedule's poll bound.
+func (s *sched) pollFor() time.Duration {
+	if s.poll > 0 {
+		return s.poll
+	}
+	if s.st.helloPoll > 0 {
+		return s.st.helloPoll
+	}
+	return helloPoll
 }
 
 func (s *sched) ok() bool { return s.err == nil }

@@ -120,6 +120,8 @@ func allGather(c *hcomm.Comm, name string, h header, send device.Ptr, sendCount 
 					sc.copy(out(p), at(p), counts[p]*es)
 				}
 			}
+		case AlgoRD:
+			allGatherRD(sc, h, send, recv, sendCount*es)
 		case AlgoDirect:
 			if inWin {
 				h.flags |= flagWindow
@@ -169,6 +171,10 @@ func allGather(c *hcomm.Comm, name string, h header, send device.Ptr, sendCount 
 			sc.open(h, algo)
 			sc.copy(out(me), send, sendCount*es)
 			allGatherRing(sc, out, counts, es)
+		case AlgoBruck:
+			sc.open(h, algo)
+			sc.copy(out(me), send, sendCount*es)
+			allGatherBruck(sc, out, sendCount*es)
 		default:
 			return collErr(c, name, hcomm.ErrNotSupport, nil, "algorithm %v is not available for %s", algo, name)
 		}

@@ -86,6 +86,9 @@ func checkAlgo(c *hcomm.Comm, name string, k kind, algo Algorithm, n int64, lay 
 	if algo == AlgoOneShot && n > lay.inline() {
 		return collErr(c, name, hcomm.ErrPara, nil, "oneshot takes at most %d bytes per rank with this HCCL buffer, got %d", lay.inline(), n)
 	}
+	if p := rdPayload(k, n, c.Size()); algo == AlgoRD && p > lay.inline() {
+		return collErr(c, name, hcomm.ErrPara, nil, "rd carries at most %d bytes with this HCCL buffer, %v of %d bytes per rank among %d ranks needs %d", lay.inline(), k, n, c.Size(), p)
+	}
 	return nil
 }
 
@@ -120,12 +123,25 @@ func AllReduce(send, recv device.Ptr, count int64, dt hcomm.DataType, op hcomm.R
 		switch algo {
 		case AlgoOneShot:
 			allReduceOneShot(sc, h, send, recv, count, dt, op)
+		case AlgoRD:
+			allReduceRD(sc, h, send, recv, count, dt, op)
 		case AlgoRing:
 			sc.open(h, algo)
 			allReduceRing(sc, send, recv, count, dt, op)
 		case AlgoHD:
 			sc.open(h, algo)
 			allReduceHD(sc, send, recv, count, dt, op)
+		case AlgoTree:
+			// A reduce up the binomial tree to rank 0 and a broadcast down
+			// it, each pipelined in pieces: 2 log2(n) hops deep, each piece
+			// reduced once per hop.
+			sc.open(h, algo)
+			if c.Size() == 1 {
+				sc.copy(recv, send, n)
+				break
+			}
+			reduceTree(sc, send, recv, count, dt, op, 0)
+			broadcastTree(sc, recv, n, 0)
 		case AlgoHier:
 			sc.open(h, algo)
 			allReduceHier(sc, s, send, recv, count, dt, op)
@@ -175,7 +191,7 @@ func issueWindowed(c *hcomm.Comm, name string, k kind, s *device.Stream, o *Opti
 	}
 	inWin := windowed != nil && windowed(st) // always: the schedule uses what it finds
 	if algo == AlgoAuto {
-		algo = choose(k, n, c.Size(), st.lay, st.mapped, st.multiHost, inWin)
+		algo = choose(k, n, c.Size(), st.lay, st.costs, st.mapped, st.multiHost, inWin)
 	}
 	t, err := st.begin(s)
 	if err != nil {
@@ -185,6 +201,11 @@ func issueWindowed(c *hcomm.Comm, name string, k kind, s *device.Stream, o *Opti
 	// metrics are on; endOp enqueues the closing task.
 	opSeq, endOp := c.BeginOp(t, name, algo.String())
 	sc := &sched{st: st, t: t, opSeq: opSeq, ctx: st.setupCtx(s), per: pieceFor(k, algo, n, c.Size(), st.mapped, st.lay.piece)}
+	if s == st.own {
+		sc.poll = slicePoll // the host-slice layer's stream: its caller waits anyway
+	}
+	sc.afterSmall = st.lastStream == s && st.lastSmall
+	st.lastSmall = algo == AlgoOneShot // a schedule that is one hello
 	st.seq++
 	if err := body(sc, algo); err != nil {
 		return err

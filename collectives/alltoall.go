@@ -85,6 +85,12 @@ func alltoall(c *hcomm.Comm, name string, h header, send device.Ptr, sc_, sd []i
 		// them against its receive counts.
 		sched.need(sched.others()) // before countTable enqueues: a failed setup takes the call back
 		table := sched.countTable(sc_)
+		if sched.sparse() {
+			// The butterfly first, as every collective above helloFullMax
+			// ranks (so that any mismatch reaches every rank); the counts'
+			// hello with every peer then checks what only a pair can.
+			sched.butterfly(h, nil)
+		}
 		sched.hello(h, sched.others(), table, int64(8*n), func(p int, payload []byte) error {
 			if len(payload) < 8*n {
 				return fmt.Errorf("rank %d's hello carries %d bytes of counts, want %d", p, len(payload), 8*n)

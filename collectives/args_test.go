@@ -80,8 +80,12 @@ func TestBadCallFailsBeforeSetup(t *testing.T) {
 		{"Broadcast root 3", hcomm.ErrPara, func() error { return collectives.Broadcast(p, 4, hcomm.Float32, n, c, s, nil) }},
 		{"Reduce root -1", hcomm.ErrPara, func() error { return collectives.Reduce(p, p, 4, hcomm.Float32, hcomm.Sum, -1, c, s, nil) }},
 		{"Scatter root 3", hcomm.ErrPara, func() error { return collectives.Scatter(p, p, 4, hcomm.Float32, n, c, s, nil) }},
-		{"AllReduce with tree", hcomm.ErrNotSupport, func() error {
-			return collectives.AllReduce(p, p, 4, hcomm.Float32, hcomm.Sum, c, s, &collectives.Options{Algorithm: collectives.AlgoTree})
+		{"AllReduce with pairwise", hcomm.ErrNotSupport, func() error {
+			return collectives.AllReduce(p, p, 4, hcomm.Float32, hcomm.Sum, c, s, &collectives.Options{Algorithm: collectives.AlgoPairwise})
+		}},
+		{"AllGather rd too large", hcomm.ErrPara, func() error {
+			// rd's hellos carry the whole output: n times the input.
+			return collectives.AllGather(big, big, inline/2, hcomm.Int8, c, s, &collectives.Options{Algorithm: collectives.AlgoRD})
 		}},
 		{"AlltoAll with ring", hcomm.ErrNotSupport, func() error {
 			return collectives.AlltoAll(p, 4, hcomm.Float32, p.Add(64), 4, hcomm.Float32, c, s, &collectives.Options{Algorithm: collectives.AlgoRing})

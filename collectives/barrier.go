@@ -18,6 +18,12 @@ func Barrier(c *hcomm.Comm, s *device.Stream) error {
 	}
 	return issue(c, name, kBarrier, s, nil, 0, func(sc *sched, algo Algorithm) error {
 		h.algo = AlgoOneShot
+		if sc.sparse() {
+			// Above helloFullMax ranks the butterfly is the barrier (a
+			// dissemination barrier: log2(n) rounds).
+			sc.butterfly(h, nil)
+			return nil
+		}
 		sc.hello(h, sc.others(), 0, 0, nil)
 		return nil
 	})

@@ -35,6 +35,8 @@ func Broadcast(buf device.Ptr, count int64, dt hcomm.DataType, root int, c *hcom
 			sc.open(h, algo)
 		case algo == AlgoOneShot:
 			broadcastOneShot(sc, h, buf, n, root)
+		case algo == AlgoRD:
+			broadcastRD(sc, h, buf, n, root)
 		case algo == AlgoDirect:
 			if w, off, ok := sc.st.windowOf(buf, n); ok && n > 0 {
 				h.flags |= flagWindow

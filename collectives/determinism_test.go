@@ -185,7 +185,7 @@ func diffElem(a, b []byte, es int) int {
 }
 
 // detCases are the all-reduces of the determinism tests: the large case
-// for every algorithm, and one that fits inline for oneshot (and the
+// for every algorithm, and one that fits inline for oneshot and rd (and the
 // selector).
 func detCases(dt hcomm.DataType, inline int64) []struct {
 	algo  collectives.Algorithm
@@ -205,7 +205,7 @@ func detCases(dt hcomm.DataType, inline int64) []struct {
 	add(collectives.AlgoAuto, small)
 	add(collectives.AlgoAuto, detCount)
 	for _, a := range collectives.Algorithms("AllReduce") {
-		if a == collectives.AlgoOneShot {
+		if a == collectives.AlgoOneShot || a == collectives.AlgoRD {
 			add(a, small)
 		} else {
 			add(a, detCount)

@@ -34,16 +34,34 @@
 // recycled). Set HCOMM_COLL_CHECK=0 to skip the comparison (the exchange
 // stays: it is what makes slot reuse safe); BENCHMARKS.md gives its cost.
 //
+// Above helloFullMax (8) ranks a hello to every peer costs each rank 2(n-1)
+// messages per collective; there every collective opens with the butterfly
+// instead (butterfly.go): log2(n) rounds in which each rank trades hellos
+// with its recursive-doubling partner, two more where n is not a power of
+// two. A rank that finds a difference goes on with its rounds, its hellos
+// poisoned and carrying both headers, so that after the last round every
+// rank of a mismatched collective knows of it and fails with ErrMismatch
+// naming both calls. Which handshake runs depends on the rank count alone,
+// so every rank runs the same one.
+//
 // # Algorithms
 //
-// Each collective has the schedules Algorithms lists; the selector picks one
-// by collective, message size and transport, HCCL_ALGO overrides it for all
+// Each collective has the schedules Algorithms lists; the selector picks the
+// one of least modelled time (cost.go: each schedule's cost as a formula of
+// the rank count, the size and the link class's α, o, β and γ, CostModel,
+// HCOMM_COST_MODEL), after a few measured rules the model does not capture;
+// HCCL_ALGO overrides it for all
 // ranks ("level0:NA;level1:ring" or per collective
 // "allreduce=level0:NA;level1:ring/allgather=level0:NA;level1:fullmesh"), and
 // Options.Algorithm overrides it per call (every rank must pick the same; the
 // handshake checks).
 //
-//   - oneshot: data inline with the hello, one hand-off: small messages.
+//   - oneshot: data inline with the hello, one hand-off: small messages
+//     among up to helloFullMax ranks.
+//   - rd: recursive doubling, the data inline in the butterfly handshake:
+//     log2(n) hand-offs for the whole collective (all-reduce, broadcast,
+//     reduce, reduce-scatter, all-gather of small messages among many
+//     ranks).
 //   - ring: pieces through each neighbour's inbox slots; every link carries
 //     the data once. The all-reduce runs a ring reduce-scatter on blocks of
 //     n pieces, so that a block stays in cache from its first step to its
@@ -57,7 +75,10 @@
 //     shared memory, all-reduce among one rank per host over the network,
 //     broadcast within each host; picked when ranks span hosts.
 //   - tree: a binomial tree, pipelined in pieces, log2(n) hops (broadcast,
-//     reduce); picked for small and mid-size messages over a network.
+//     reduce, and all-reduce as a reduce then a broadcast); picked for
+//     small and mid-size messages over a network.
+//   - bruck: Bruck's all-gather, ⌈log2 n⌉ rounds at distances 1, 2, 4, …
+//     through the pipes: all-gathers above the inline size over a network.
 //   - direct: every rank reads each piece straight from its owner's HCCL
 //     buffer (broadcast, all-gather); the choice wherever a read is a
 //     memmove (inproc, shm). Over a network the all-gather's owner writes
@@ -89,7 +110,7 @@
 // inputs, rank count, sizes and configuration give the same bits run after
 // run, whatever the timing (HCCL_DETERMINISTIC=true, hcomm.DeterministicOn,
 // which therefore costs nothing; it holds with the level off too). What
-// differs between algorithms is the order itself: the ring, halving-doubling,
+// differs between algorithms is the order itself: the ring, halving-doubling, recursive doubling,
 // the tree and the two-level schedule each associate a floating-point sum
 // their own way, so a change of algorithm, transport (through the selector),
 // rank count or size may change the last bits.
@@ -100,7 +121,7 @@
 // data type, so that every algorithm and transport gives the same bits — the
 // bits a sequential loop over the ranks gives. The selector then picks
 // oneshot (which reduces the inline inputs in rank order) where the data
-// fits inline and ordered elsewhere; a reducing collective forced onto another
+// fits inline among up to helloFullMax ranks, and ordered elsewhere; a reducing collective forced onto another
 // algorithm, by Options.Algorithm or HCCL_ALGO, fails with
 // hcomm.ErrNotSupport naming the algorithm. Ordered moves the same bytes per
 // rank as the ring, to every peer instead of the neighbours;

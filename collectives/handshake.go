@@ -4,11 +4,14 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/hcomm-dev/hcomm/device"
 	"github.com/hcomm-dev/hcomm/hcomm"
+	"github.com/hcomm-dev/hcomm/internal/spin"
 )
 
 // ErrMismatch is matched (errors.Is) by the error of a collective whose ranks
@@ -216,7 +219,7 @@ func (s *sched) hello(h header, peers []int, src device.Ptr, n int64, extra func
 // task of its own.
 func (s *sched) helloThen(h header, peers []int, src device.Ptr, n int64, extra func(p int, payload []byte) error, then func(x *helloCall) error) (at func(rank int) device.Ptr) {
 	x := &helloCall{}
-	x.atFn, x.runFn = x.at, x.run
+	x.bind()
 	return s.helloWith(x, h, peers, src, n, extra, then)
 }
 
@@ -228,7 +231,7 @@ var helloPool sync.Pool
 func init() {
 	helloPool.New = func() any {
 		x := &helloCall{pooled: true}
-		x.atFn, x.runFn = x.at, x.run
+		x.bind()
 		return x
 	}
 }
@@ -238,9 +241,15 @@ func (x *helloCall) release() {
 	if !x.pooled {
 		return
 	}
-	atFn, runFn := x.atFn, x.runFn
-	*x = helloCall{pooled: true, atFn: atFn, runFn: runFn}
+	atFn, runFn, firstFn, restFn := x.atFn, x.runFn, x.firstFn, x.restFn
+	*x = helloCall{pooled: true, atFn: atFn, runFn: runFn, firstFn: firstFn, restFn: restFn}
 	helloPool.Put(x)
+}
+
+// bind makes x's method values once, so that issuing a hello allocates
+// none.
+func (x *helloCall) bind() {
+	x.atFn, x.runFn, x.firstFn, x.restFn = x.at, x.run, x.first, x.rest
 }
 
 // helloWith is helloThen on a helloCall the caller provides (fresh, or from
@@ -288,8 +297,107 @@ func (s *sched) helloWith(x *helloCall, h header, peers []int, src device.Ptr, n
 	// as the task has run.
 	at = x.atFn
 	s.jitter()
-	s.launchStop("collective hello", x.runFn)
+	s.launchHello(x)
 	return at
+}
+
+// helloPoll bounds how long a stream-ordered collective's caller polls for
+// its peers' hellos in its own goroutine (launchHello). The collectives
+// return once their work is enqueued, so the caller may not wait for a
+// peer; but a peer that makes the same call at about the same time answers
+// within a microsecond or two (a cache line's round trip), and a poll that
+// sees every hello completes a small collective without handing it to the
+// stream's goroutine at all. A peer later than this is waited for by a
+// stream task, as if the caller had not polled.
+const helloPoll = 5 * time.Microsecond
+
+// envHelloPoll reads HCOMM_HELLO_POLL, the bound of the stream-ordered
+// collectives' inline poll (helloPoll unless set): a duration ("5us"), or
+// 0 or "off" for no hello in the calling goroutine at all — every hello a
+// queued stream task, as before the inline path (to measure one against
+// the other). The host-slice layer polls for slicePoll either way, unless
+// it is off.
+func envHelloPoll() (time.Duration, error) {
+	v := os.Getenv("HCOMM_HELLO_POLL")
+	switch v {
+	case "":
+		return helloPoll, nil
+	case "0", "off":
+		return -1, nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d < 0 {
+		return 0, fmt.Errorf("HCOMM_HELLO_POLL=%q: want a duration such as 5us, or off", v)
+	}
+	if d == 0 {
+		return -1, nil
+	}
+	return d, nil
+}
+
+// slicePoll is helloPoll for the host-slice layer, whose caller waits for
+// the collective anyway: it polls longer before the stream's goroutine takes
+// over the wait (and the caller waits for that, within its ctx).
+const slicePoll = spin.Default
+
+// idleWait is how many tasks a stream may have pending, all of small
+// collectives, for launchHello to wait (for the poll bound) for it to be
+// idle: a deeper queue is a caller far ahead of its peers, which a wait
+// per call would only slow.
+const idleWait = 64
+
+// launchHello issues the hello x. When the thread's stream is idle, the
+// non-blocking part — prepare, the writes to every peer — runs now, in the
+// calling goroutine, as the stream's next task (device.Stream.RunInline),
+// which then polls for the peers' hellos for up to the schedule's poll
+// bound; if all are there it verifies them and runs then (the one-shot
+// all-reduce's reduction), and the collective is done before its call
+// returns. Otherwise the waits that remain, the check and then are a stream
+// task queued behind it. A busy stream gets the whole hello as one queued
+// task, as before. Either way the tasks are the stream's, in its order: a
+// failure (a mismatch, a lost peer) fails the stream, for its Synchronize
+// to report, and an abort ends the task's waits.
+func (s *sched) launchHello(x *helloCall) {
+	if !s.ok() {
+		x.release()
+		return
+	}
+	st := s.t.Stream()
+	if s.st.helloPoll < 0 { // HCOMM_HELLO_POLL=off
+		s.launchStop("collective hello", x.runFn) // run releases x
+		return
+	}
+	if n := st.Pending(); n > 0 && n <= idleWait && s.afterSmall {
+		// The stream is busy with the small collectives before this one,
+		// which end as soon as the peers answer: a moment's wait keeps
+		// this one off the queue. Without it, one late peer would send
+		// every later call to the queue, for good: a caller whose calls
+		// queue runs ahead of its stream, which is then never idle
+		// until it synchronizes. Waiting for at most the poll bound per
+		// call, the caller lets the stream drain its queue.
+		spin.Until(s.pollFor(), func() bool { return st.Pending() == 0 })
+	}
+	ran, err := st.RunInline("collective hello", x.firstFn)
+	if ran {
+		s.do(nil) // counted as issued: this call can no longer be taken back
+	}
+	switch {
+	case !ran && err != nil: // the stream is unusable: nothing ran
+		x.release()
+		s.do(err)
+	case !ran:
+		s.launchStop("collective hello", x.runFn) // run releases x
+	case err == nil && x.pending:
+		s.launchStop("collective hello", x.restFn) // rest releases x
+		if !s.ok() {
+			x.release()
+		}
+	default:
+		// Done, or failed: a failure is the stream's now (its Synchronize
+		// reports it, and the rest of the schedule is skipped), as a
+		// queued task's would be.
+		x.release()
+	}
 }
 
 // run (the hello's stream task) writes this rank's hello into every peer's
@@ -297,6 +405,77 @@ func (s *sched) helloWith(x *helloCall, h header, peers []int, src device.Ptr, n
 // checks them (verify).
 func (x *helloCall) run(stop <-chan struct{}) error {
 	defer x.release()
+	if err := x.send(stop); err != nil {
+		return err
+	}
+	return x.finish(stop)
+}
+
+// first (the hello's task, run inline by launchHello) sends the hello and
+// polls for the peers' for up to the schedule's bound: when every one is
+// there, it checks them and the hello is done; otherwise it sets pending,
+// and rest, queued behind it, waits for the others. launchHello releases x.
+func (x *helloCall) first(stop <-chan struct{}) error {
+	if err := x.send(stop); err != nil {
+		return err
+	}
+	st := x.s.st
+	var ferr error
+	seen := func() bool {
+		for x.next < len(x.peers) {
+			p := x.peers[x.next]
+			ok, err := hcomm.ChannelNotifyTryWait(st.chans[p], nHello+int(x.par[p]))
+			if err != nil {
+				// A broken notify: the queued wait fails at once,
+				// with the error that names the collective.
+				return true
+			}
+			if !ok {
+				return false
+			}
+			if ferr = st.hello.Fetch(x.slotOff(p), headerSize+x.n); ferr != nil {
+				return true
+			}
+			x.next++
+		}
+		return true
+	}
+	// A peer in another process (shm) may be waiting for this core:
+	// yield it between polls once a tight poll has not seen the hellos.
+	// (Called directly, not through a func value, so that seen does not
+	// escape: a small all-reduce allocates almost nothing.)
+	remote := false
+	for _, p := range x.peers {
+		if st.chans[p].Transport() != hcomm.TransportInproc {
+			remote = true
+			break
+		}
+	}
+	if remote {
+		spin.UntilYield(x.s.pollFor(), seen)
+	} else {
+		spin.Until(x.s.pollFor(), seen)
+	}
+	if ferr != nil {
+		return ferr
+	}
+	if x.next < len(x.peers) {
+		x.pending = true
+		return nil
+	}
+	return x.verify()
+}
+
+// rest (a stream task behind first) waits for the hellos first did not see,
+// and checks them all.
+func (x *helloCall) rest(stop <-chan struct{}) error {
+	defer x.release()
+	return x.finish(stop)
+}
+
+// send writes the header and payload into this rank's slot and from there
+// into every peer's, recording the peer's hello notify.
+func (x *helloCall) send(stop <-chan struct{}) error {
 	if err := x.prepare(); err != nil {
 		return err
 	}
@@ -308,7 +487,13 @@ func (x *helloCall) run(stop <-chan struct{}) error {
 			return err
 		}
 	}
-	for _, p := range x.peers {
+	return nil
+}
+
+// finish waits for the hellos of peers[x.next:] and checks every peer's.
+func (x *helloCall) finish(stop <-chan struct{}) error {
+	st := x.s.st
+	for _, p := range x.peers[x.next:] {
 		if err := hcomm.CollectiveNotifyWait(stop, st.chans[p], nHello+int(x.par[p]), 0, x.h.kind.String(), x.opSeq, x.h.algo.String()); err != nil {
 			return err
 		}
@@ -324,21 +509,25 @@ func (x *helloCall) run(stop <-chan struct{}) error {
 
 // helloCall is one hello in flight: what its stream tasks need.
 type helloCall struct {
-	h      header
-	peers  []int
-	src    device.Ptr
-	n      int64
-	extra  func(p int, payload []byte) error
-	then   func(x *helloCall) error
-	s      *sched
-	par    []uint64 // hello parity with each peer (parBuf for up to 8 ranks)
-	parBuf [8]uint64
-	mine   device.Ptr
-	dev    *device.Device
-	check  bool
-	opSeq  uint64 // the collective's number from BeginOp, for wait errors
-	atFn   func(rank int) device.Ptr
-	runFn  func(stop <-chan struct{}) error // x.run, made once
+	h       header
+	peers   []int
+	src     device.Ptr
+	n       int64
+	extra   func(p int, payload []byte) error
+	then    func(x *helloCall) error
+	s       *sched
+	par     []uint64 // hello parity with each peer (parBuf for up to 8 ranks)
+	parBuf  [8]uint64
+	mine    device.Ptr
+	dev     *device.Device
+	check   bool
+	opSeq   uint64 // the collective's number from BeginOp, for wait errors
+	atFn    func(rank int) device.Ptr
+	runFn   func(stop <-chan struct{}) error // x.run, made once
+	firstFn func(stop <-chan struct{}) error // x.first
+	restFn  func(stop <-chan struct{}) error // x.rest
+	next    int                              // peers[:next] have been seen (first's poll)
+	pending bool                             // first left peers[next:] to rest
 
 	pooled bool       // from helloPool: released when run ends
 	red    reduceArgs // the one-shot all-reduce's call (reduceInline)
@@ -444,8 +633,13 @@ func (x *helloCall) verify() error {
 	return nil
 }
 
-// open runs the handshake with every peer, without inline payload.
+// open runs the handshake without inline payload: with every peer, or
+// above helloFullMax ranks the butterfly (butterfly.go).
 func (s *sched) open(h header, algo Algorithm) {
 	h.algo = algo
+	if s.sparse() {
+		s.butterfly(h, s.schedulePeers(h, algo))
+		return
+	}
 	s.hello(h, s.others(), 0, 0, nil)
 }

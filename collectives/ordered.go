@@ -65,7 +65,9 @@ func inRankOrder(algo Algorithm) bool { return algo == AlgoOneShot || algo == Al
 // (AlgoAuto: none), from says by whom, for the error.
 func strictAlgo(c *hcomm.Comm, name string, k kind, algo Algorithm, from string, bytes int64, l layout) (Algorithm, error) {
 	switch {
-	case algo == AlgoAuto && has(k, AlgoOneShot) && bytes <= l.inline():
+	case algo == AlgoAuto && has(k, AlgoOneShot) && bytes <= l.inline() && l.n <= helloFullMax:
+		// Above helloFullMax ranks every collective the selector picks
+		// opens with the butterfly (butterfly.go): ordered does.
 		return AlgoOneShot, nil
 	case algo == AlgoAuto:
 		return AlgoOrdered, nil

@@ -47,6 +47,8 @@ func Reduce(send, recv device.Ptr, count int64, dt hcomm.DataType, op hcomm.Redu
 					sc.reduce(recv, at(p), count, dt, op)
 				}
 			}
+		case AlgoRD:
+			reduceRD(sc, h, send, recv, count, dt, op, root)
 		case AlgoTree, AlgoRing, AlgoOrdered:
 			sc.open(h, algo)
 			switch {

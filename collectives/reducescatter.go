@@ -75,6 +75,8 @@ func reduceScatter(c *hcomm.Comm, name string, h header, send device.Ptr, counts
 					sc.reduce(recv, at(p).Add(off), cnt, dt, op)
 				}
 			}
+		case AlgoRD:
+			reduceScatterRD(sc, h, send, recv, total, displs[me], counts[me], dt, op)
 		case AlgoOrdered:
 			sc.open(h, algo)
 			if n == 1 {

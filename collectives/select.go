@@ -2,6 +2,7 @@ package collectives
 
 import (
 	"fmt"
+	"math"
 	"os"
 	"strings"
 )
@@ -19,8 +20,10 @@ const (
 	AlgoPairwise                  // n-1 rounds, in round r rank i exchanges with ranks i+r and i-r (all-to-all, scatter, gather)
 	AlgoHD                        // recursive halving-doubling (HCCL's H-D_R), folding rank counts that are not powers of two
 	AlgoHier                      // two levels: reduce within each host, all-reduce among one rank per host, broadcast within each host
-	AlgoTree                      // binomial tree, pipelined in pieces: log2(n) hops (broadcast, reduce)
+	AlgoTree                      // binomial tree, pipelined in pieces: log2(n) hops (broadcast, reduce; all-reduce as a reduce and a broadcast)
 	AlgoOrdered                   // every rank reduces its piece from all ranks' inputs in rank order: the same bits whatever the transport (HCCL_DETERMINISTIC=strict)
+	AlgoRD                        // recursive doubling: log2(n) exchanges of the whole (small) message, inline with the butterfly handshake
+	AlgoBruck                     // Bruck's all-gather: ⌈log2 n⌉ rounds at distances 1, 2, 4, … through the pipes
 )
 
 func (a Algorithm) String() string {
@@ -43,6 +46,10 @@ func (a Algorithm) String() string {
 		return "tree"
 	case AlgoOrdered:
 		return "ordered"
+	case AlgoRD:
+		return "rd"
+	case AlgoBruck:
+		return "bruck"
 	}
 	return fmt.Sprintf("Algorithm(%d)", int(a))
 }
@@ -50,13 +57,13 @@ func (a Algorithm) String() string {
 // algorithms lists, per collective, the schedules it has, in the order the
 // selector considers them.
 var algorithms = [kSendRecv + 1][]Algorithm{
-	kAllReduce:      {AlgoOneShot, AlgoHD, AlgoHier, AlgoRing, AlgoOrdered},
-	kBroadcast:      {AlgoOneShot, AlgoDirect, AlgoTree, AlgoRing},
-	kAllGather:      {AlgoOneShot, AlgoDirect, AlgoRing},
+	kAllReduce:      {AlgoOneShot, AlgoRD, AlgoHD, AlgoTree, AlgoHier, AlgoRing, AlgoOrdered},
+	kBroadcast:      {AlgoOneShot, AlgoRD, AlgoDirect, AlgoTree, AlgoRing},
+	kAllGather:      {AlgoOneShot, AlgoRD, AlgoDirect, AlgoRing, AlgoBruck},
 	kAllGatherV:     {AlgoDirect},
-	kReduceScatter:  {AlgoOneShot, AlgoRing, AlgoOrdered},
+	kReduceScatter:  {AlgoOneShot, AlgoRD, AlgoRing, AlgoOrdered},
 	kReduceScatterV: {AlgoRing, AlgoOrdered},
-	kReduce:         {AlgoOneShot, AlgoTree, AlgoRing, AlgoOrdered},
+	kReduce:         {AlgoOneShot, AlgoRD, AlgoTree, AlgoRing, AlgoOrdered},
 	kScatter:        {AlgoPairwise},
 	kGather:         {AlgoPairwise},
 	kAlltoAll:       {AlgoPairwise},
@@ -78,29 +85,77 @@ func has(k kind, a Algorithm) bool {
 
 // choose is the selector: the algorithm for a collective of kind k moving
 // bytes per rank (the size the one-shot path would carry inline) among n
-// ranks, given the layout and whether every peer's memory is mapped (inproc,
-// shm: a read is a memmove) or behind a network (tcp: a read is a round
-// trip). What fits a hello slot goes one-shot; ranks on several hosts reduce
-// in two levels; an all-gather from a window on mapped peers reads them in
-// place; everything else is the tuning table's (tuning.go), whose rows cite
-// their measurements, and a collective the table has no row for takes the
-// last algorithm it lists.
-func choose(k kind, bytes int64, n int, l layout, mapped, multiHost, windowed bool) Algorithm {
-	if has(k, AlgoOneShot) && bytes <= l.inline() {
-		return AlgoOneShot
-	}
-	switch {
-	case k == kAllReduce && multiHost:
+// ranks, given the layout, the cost model, and whether every peer's memory
+// is mapped (inproc, shm: a read is a memmove) or behind a network (tcp: a
+// read is a round trip). First the rules the model does not see:
+//
+//   - ranks that span hosts reduce in two levels (hier) above the inline
+//     size;
+//   - where memory is mapped, an all-gather from a window reads in place
+//     (direct);
+//   - up to helloFullMax ranks, what fits a hello slot goes one-shot, and
+//     the rest is the tuning table's (tuning.go), whose rows cite their
+//     measurements (made at 2 to 8 ranks);
+//   - the direct schedules are for mapped memory only (over a network a
+//     read is a round trip per piece and peer);
+//   - above helloFullMax ranks every collective opens with the butterfly,
+//     and the one-shot schedules (a hello to every peer) are left out, so
+//     that a mismatch reaches every rank;
+//   - ordered is HCCL_DETERMINISTIC=strict's (strictAlgo), never chosen
+//     here.
+//
+// Above helloFullMax ranks it picks the schedule whose modelled time
+// (costOf, under the link class's LinkCost) is least among those that can
+// carry the call; a broadcast on mapped memory above the inline size reads
+// the root's pieces (direct) and a reduce above it takes the tree, as the
+// table measured. The choice depends only on what every rank knows alike
+// (k, bytes, n, the layout, the model and the transport), so that every
+// rank makes it.
+func choose(k kind, bytes int64, n int, l layout, cm CostModel, mapped, multiHost, windowed bool) Algorithm {
+	if k == kAllReduce && multiHost && bytes > l.inline() {
 		return AlgoHier
-	case k == kAllGather && mapped && windowed:
+	}
+	if k == kAllGather && mapped && windowed {
 		// From a window a direct read is the only copy: it wins with two
 		// ranks too (BENCHMARKS.md).
 		return AlgoDirect
 	}
-	if a, ok := tunedAlgo(k, bytes, n, mapped); ok {
-		return a
+	if n <= helloFullMax {
+		if has(k, AlgoOneShot) && bytes <= l.inline() {
+			return AlgoOneShot
+		}
+		if a, ok := tunedAlgo(k, bytes, n, mapped); ok {
+			return a
+		}
 	}
-	return algorithms[k][len(algorithms[k])-1]
+	if k == kBroadcast && mapped && bytes > l.inline() {
+		return AlgoDirect
+	}
+	if k == kReduce && bytes > l.inline() {
+		return AlgoTree
+	}
+	sh := shape{k: k, n: n, bytes: bytes, inline: l.inline(), piece: l.piece, mapped: mapped}
+	lc := cm.class(mapped)
+	best, bestCost := Algorithm(-1), math.Inf(1)
+	for _, a := range algorithms[k] {
+		switch {
+		case a == AlgoOrdered || a == AlgoHier:
+			continue
+		case a == AlgoDirect && !mapped:
+			continue
+		case a == AlgoOneShot && n > helloFullMax:
+			continue
+		}
+		if c := costOf(a, sh, lc); c < bestCost {
+			best, bestCost = a, c
+		}
+	}
+	if best < 0 {
+		// Nothing the model can carry (one schedule, and it cannot):
+		// the last listed, as before there was a model.
+		return algorithms[k][len(algorithms[k])-1]
+	}
+	return best
 }
 
 // treeMax is the largest message the selector sends down (or up) a tree
@@ -128,6 +183,8 @@ var hcclAlgoNames = map[string]Algorithm{
 	"direct":   AlgoDirect,
 	"oneshot":  AlgoOneShot,
 	"ordered":  AlgoOrdered,
+	"rd":       AlgoRD,
+	"bruck":    AlgoBruck,
 	"na":       AlgoAuto,
 }
 
@@ -167,7 +224,7 @@ func parseAlgo(v string) (map[kind]Algorithm, error) {
 			}
 			a, ok := hcclAlgoNames[strings.ToLower(strings.TrimSpace(name))]
 			if !ok {
-				return 0, fmt.Errorf("%q: algorithm %q is not available in hcomm (have ring, H-D_R, hier, NB/tree, pairwise, fullmesh, oneshot, ordered, NA)", part, name)
+				return 0, fmt.Errorf("%q: algorithm %q is not available in hcomm (have ring, H-D_R, rd, bruck, hier, NB/tree, pairwise, fullmesh, oneshot, ordered, NA)", part, name)
 			}
 			switch strings.ToLower(strings.TrimSpace(lvl)) {
 			case "level0":

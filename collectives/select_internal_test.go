@@ -124,13 +124,13 @@ func TestChooseAllGatherWindowed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if a := choose(kAllGather, 64<<20, 2, l, true, false, false); a != AlgoRing {
+	if a := choose(kAllGather, 64<<20, 2, l, DefaultCostModel(), true, false, false); a != AlgoRing {
 		t.Errorf("2 ranks, staged: %v, want ring", a)
 	}
-	if a := choose(kAllGather, 64<<20, 2, l, true, false, true); a != AlgoDirect {
+	if a := choose(kAllGather, 64<<20, 2, l, DefaultCostModel(), true, false, true); a != AlgoDirect {
 		t.Errorf("2 ranks, windowed: %v, want direct", a)
 	}
-	if a := choose(kAllGather, 64<<20, 2, l, false, false, true); a != AlgoRing {
+	if a := choose(kAllGather, 64<<20, 2, l, DefaultCostModel(), false, false, true); a != AlgoRing {
 		t.Errorf("2 ranks over tcp, windowed: %v, want ring", a)
 	}
 }
@@ -144,7 +144,7 @@ func TestChooseOrderedOnlyWhenStrict(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, k := range []kind{kAllReduce, kReduceScatter, kReduceScatterV, kReduce} {
-		if a := choose(k, 64<<20, 4, l, true, false, false); a == AlgoOrdered {
+		if a := choose(k, 64<<20, 4, l, DefaultCostModel(), true, false, false); a == AlgoOrdered {
 			t.Errorf("%v, 64 MiB, not strict: the selector chose ordered", k)
 		}
 		if a, err := strictAlgo(nil, "x", k, AlgoAuto, "", 64<<20, l); err != nil || a != AlgoOrdered {

@@ -6,6 +6,7 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/hcomm-dev/hcomm/device"
 	"github.com/hcomm-dev/hcomm/hcomm"
@@ -102,6 +103,7 @@ type state struct {
 	mapped    bool               // every peer's memory is mapped (inproc, shm): a read is a memmove
 	prepared  bool               // connect has checked the layout and learnt mapped
 	forced    map[kind]Algorithm // HCCL_ALGO
+	costs     CostModel          // the selector's cost model (HCOMM_COST_MODEL over the defaults)
 	windows   int                // windows registered so far (the next one's id - 1)
 	wins      []*Window          // the live windows (window.go)
 
@@ -121,6 +123,8 @@ type state struct {
 
 	last       *device.Event // the previous collective's completion
 	lastStream *device.Stream
+	lastSmall  bool          // the previous collective was one hello (launchHello may wait for it)
+	helloPoll  time.Duration // HCOMM_HELLO_POLL: the inline poll's bound; negative: no inline hello
 
 	own      *device.Stream // the stream of the host-slice layer
 	staging  device.Ptr     // the host-slice layer's device copy of the data
@@ -244,6 +248,12 @@ func (st *state) init1() {
 	st.noCheck = os.Getenv("HCOMM_COLL_CHECK") == "0"
 	st.strict = c.Config().Deterministic == hcomm.DeterministicStrict
 	st.forced, st.err = envAlgo()
+	if st.err == nil {
+		st.helloPoll, st.err = envHelloPoll() // handshake.go
+	}
+	if st.err == nil {
+		st.costs, st.err = envCostModel()
+	}
 	if st.err == nil && st.lay.helloSlot > 0 {
 		// The buffer stays allocated until the communicator is destroyed,
 		// after its streams' work: the handshake's tasks read and write

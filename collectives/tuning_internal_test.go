@@ -66,9 +66,9 @@ func TestChooseReadsTable(t *testing.T) {
 			continue
 		}
 		for _, mapped := range []bool{true, false} {
-			for n := 2; n <= 9; n++ {
+			for n := 2; n <= helloFullMax; n++ { // above, the cost model decides (TestChooseByCost)
 				for _, b := range []int64{l.inline() + 1, treeMax, treeMax + 1, hdMax, hdMax + 1} {
-					got := choose(k, b, n, l, mapped, false, false)
+					got := choose(k, b, n, l, DefaultCostModel(), mapped, false, false)
 					want, ok := tunedAlgo(k, b, n, mapped)
 					if !ok {
 						want = algorithms[k][len(algorithms[k])-1]

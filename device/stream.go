@@ -28,7 +28,8 @@ type Stream struct {
 	q         []task // q[head:] are queued; the consumed front is reused (compact)
 	head      int
 	submitted uint64        // tasks enqueued so far (seq of the newest)
-	nsub      atomic.Uint64 // submitted, for lock-free polls
+	nsub      atomic.Uint64 // the newest queued task's seq, for the worker's lock-free polls
+	nall      atomic.Uint64 // submitted (queued or inline), for Pending
 	completed atomic.Uint64 // tasks finished (run, skipped or failed)
 	err       error         // first failure not yet reported by Synchronize
 	errSeq    uint64        // the task that failed with err
@@ -36,6 +37,7 @@ type Stream struct {
 	stop      chan struct{} // closed when the running task must give up
 	stopErr   error
 	waiters   []*progressWaiter
+	inline    atomic.Bool // a task runs in its caller's goroutine (RunInline); set under mu
 	destroyed bool
 	cbs       sync.WaitGroup // non-blocking callbacks still running
 
@@ -51,6 +53,8 @@ type task struct {
 	seq  uint64
 	name string
 	run  func(stop <-chan struct{}) error
+	// inline: the task runs in its caller's goroutine (RunInline).
+	inline bool
 	// skipped, when set, is told why the task did not run (the stream's
 	// failure, or an abort) before the task counts as completed.
 	skipped func(err error)
@@ -166,12 +170,75 @@ func (s *Stream) enqueueTask(t task) (uint64, error) {
 	t.seq = seq
 	s.q = append(s.q, t)
 	s.nsub.Store(seq)
+	s.nall.Store(seq)
 	s.mu.Unlock()
 	select {
 	case s.wake <- struct{}{}:
 	default:
 	}
 	return seq, nil
+}
+
+// RunInline runs fn as the stream's next task in the calling goroutine,
+// now, when the stream is idle: no task queued or running and no failure
+// that a Synchronize has yet to report. It reports whether it ran fn; when it
+// did not (the stream is busy), nothing happened and the caller enqueues the
+// work with Launch instead. err is fn's failure, or the stream's: a destroyed
+// stream is an ErrInvalidHandle error (ran is false).
+//
+// A task run inline is a task like any other: it takes the next sequence
+// number, so that stream order, an event recorded after it, Query and
+// Synchronize see it exactly as if the stream's goroutine had run it; its
+// failure fails the stream (Synchronize reports it, the exception callback
+// is told) and is returned here as well. Tasks that other goroutines enqueue
+// while it runs wait behind it. fn gets the stream's stop channel and must
+// return promptly once it closes: Abort, and the device's Close, end an
+// inline task as they end a queued one. Destroy waits for it.
+//
+// What it saves is the hand-off: a caller that would enqueue a short task and
+// wait for it (or whose task a peer answers within microseconds) wakes no
+// goroutine and waits for none. It is safe for concurrent use.
+func (s *Stream) RunInline(name string, fn func(stop <-chan struct{}) error) (ran bool, err error) {
+	if s == nil {
+		return false, newErr(name, -1, -1, ErrInvalidHandle, "nil stream (pass Device.DefaultStream() for the default stream)")
+	}
+	if fn == nil {
+		return false, s.errf(name, ErrInvalidValue, "nil task function")
+	}
+	s.mu.Lock()
+	if s.destroyed {
+		s.mu.Unlock()
+		return false, s.errf(name, ErrInvalidHandle, "stream is destroyed")
+	}
+	if s.inline.Load() || s.err != nil || s.completed.Load() != s.submitted {
+		s.mu.Unlock()
+		return false, nil
+	}
+	s.submitted++
+	t := task{seq: s.submitted, name: name, run: fn, inline: true}
+	s.inline.Store(true)
+	s.nall.Store(t.seq)
+	stop := s.stop
+	s.mu.Unlock()
+	err = s.runTask(&t, stop)
+	return true, s.finish(&t, err)
+}
+
+// Pending returns how many tasks of s are enqueued (or running inline) and
+// not yet complete: a snapshot, without locking, for a caller choosing
+// between RunInline and Launch (one that would wait a moment for a stream
+// about to be idle, but not for a long queue). A nil or destroyed stream has
+// none. It is safe for concurrent use.
+func (s *Stream) Pending() uint64 {
+	if s == nil {
+		return 0
+	}
+	c := s.completed.Load()
+	n := s.nall.Load()
+	if c >= n {
+		return 0
+	}
+	return n - c
 }
 
 // MaxPending is how many tasks a stream holds before an enqueue waits for
@@ -226,6 +293,15 @@ func (s *Stream) loop() {
 	var popped uint64
 	for {
 		s.mu.Lock()
+		if s.head < len(s.q) && s.inline.Load() {
+			// A task runs in its caller's goroutine (RunInline): the
+			// queued ones wait for its end, which wakes this loop.
+			s.mu.Unlock()
+			if !spin.Until(spin.Default, func() bool { return !s.inline.Load() }) {
+				<-s.wake
+			}
+			continue
+		}
 		if s.head < len(s.q) {
 			t := s.q[s.head]
 			s.q[s.head] = task{}
@@ -274,7 +350,9 @@ func (s *Stream) runTask(t *task, stop <-chan struct{}) (err error) {
 	return t.run(stop)
 }
 
-func (s *Stream) finish(t *task, err error) {
+// finish counts t as completed, failed with err when not nil, and returns
+// the error the stream keeps for it.
+func (s *Stream) finish(t *task, err error) error {
 	if err != nil {
 		var e *Error
 		if !errors.As(err, &e) {
@@ -284,6 +362,13 @@ func (s *Stream) finish(t *task, err error) {
 	s.mu.Lock()
 	if err != nil && s.err == nil {
 		s.err, s.errSeq = err, t.seq
+	}
+	// The worker waits for the end of an inline task before it starts the
+	// tasks queued behind it: wake it when there are some.
+	wake := false
+	if t.inline {
+		s.inline.Store(false)
+		wake = s.head < len(s.q)
 	}
 	c := s.completed.Add(1)
 	if len(s.waiters) > 0 {
@@ -301,9 +386,16 @@ func (s *Stream) finish(t *task, err error) {
 		s.waiters = keep
 	}
 	s.mu.Unlock()
+	if wake {
+		select {
+		case s.wake <- struct{}{}:
+		default:
+		}
+	}
 	if err != nil {
 		s.dev.raise(s, t.seq, err)
 	}
+	return err
 }
 
 // awaitResult says why awaitProgress returned.
@@ -502,9 +594,12 @@ func (s *Stream) destroy() {
 		return
 	}
 	s.destroyed = true
+	target := s.submitted
 	s.mu.Unlock()
 	close(s.quit)
 	<-s.done
+	// The worker ends with its queue; a task run inline may outlast it.
+	s.awaitProgress(target, spin.Default, nil, nil)
 	s.cbs.Wait()
 	if rt := s.report.Load(); rt != nil {
 		rt.drop(s)

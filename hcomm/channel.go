@@ -71,6 +71,14 @@ func (ch *Channel) Protocol() Protocol { return ch.proto }
 // or "tcp" (see transport.go for how it is chosen).
 func (ch *Channel) Transport() string { return ch.tr.Name() }
 
+// Flagged reports whether ch's transport stores flagged words into the
+// peer's memory (channel.FlagWriter: inproc and shm), so that
+// WriteFlaggedNbi works on it. Safe for concurrent use.
+func (ch *Channel) Flagged() bool {
+	_, ok := ch.tr.(channel.FlagWriter)
+	return ok
+}
+
 // NotifyNum returns the number of local notifies.
 func (ch *Channel) NotifyNum() int { return len(ch.notifies) }
 

@@ -3,7 +3,9 @@ package hcomm
 import (
 	"time"
 
+	"github.com/hcomm-dev/hcomm/channel"
 	"github.com/hcomm-dev/hcomm/device"
+	"github.com/hcomm-dev/hcomm/internal/metrics"
 )
 
 // Immediate mode: HCCL's thread-less data-plane calls (HcommWriteNbi,
@@ -55,6 +57,41 @@ func writeNow(op string, stop <-chan struct{}, ch *Channel, dst, src device.Ptr,
 		}
 	}
 	if err := c.write(stop, ch, dst, b, remoteIdx); err != nil {
+		return c.taskFailed(op, ch.RemoteRank(), err)
+	}
+	return nil
+}
+
+// WriteFlaggedNbi stores n bytes from local src into the peer's memory at
+// dst as flagged words, now: each 4 bytes of src beside flag, one atomic
+// 8-byte store each (channel.FlagWriter), so that the peer, polling its own
+// memory with channel.TakeFlagged for flag, sees the data without a notify —
+// the data plane of a low-latency protocol. n must be a multiple of 4, dst
+// 8-byte aligned, and the 2n bytes at dst inside the peer's registered
+// memory; a transport without flagged words (tcp: see Channel.Flagged) is an
+// ErrNotSupport error. It does not wait: the caller's protocol must keep
+// the peer's words from being rewritten before the peer has taken them.
+func WriteFlaggedNbi(stop <-chan struct{}, ch *Channel, dst, src device.Ptr, n int64, flag uint32) error {
+	const op = "WriteFlaggedNbi"
+	c, err := chanComm(op, ch)
+	if err != nil {
+		return err
+	}
+	fw, ok := ch.tr.(channel.FlagWriter)
+	if !ok {
+		return c.errorf(op, ch.RemoteRank(), ErrNotSupport, nil, "the %s channel to rank %d has no flagged writes (inproc and shm have)", ch.Transport(), ch.RemoteRank())
+	}
+	if n < 0 || n%4 != 0 || dst%8 != 0 {
+		return c.errorf(op, ch.RemoteRank(), ErrPara, nil, "flagged write of %d bytes to %#x: want a non-negative multiple of 4 bytes and an 8-byte aligned address", n, uintptr(dst))
+	}
+	if err := c.remoteCheck(op, ch, "dst", dst, 2*n); err != nil {
+		return err
+	}
+	b, err := c.dev.Bytes(src, n)
+	if err != nil {
+		return c.errorf(op, ch.RemoteRank(), ErrPara, err, "local src")
+	}
+	if err := c.moved(ch, metrics.Write, 2*n, fw.WriteFlagged(stop, dst, b, flag)); err != nil {
 		return c.taskFailed(op, ch.RemoteRank(), err)
 	}
 	return nil
@@ -123,6 +160,51 @@ func ChannelNotifyWait(stop <-chan struct{}, ch *Channel, localIdx int, timeout 
 // wait issued between BeginOp and its end.
 func CollectiveNotifyWait(stop <-chan struct{}, ch *Channel, localIdx int, timeout time.Duration, op string, seq uint64, algo string) error {
 	return notifyWaitNow("ChannelNotifyWait", stop, ch, localIdx, timeout, opTag{op: op, algo: algo, seq: seq})
+}
+
+// ChannelNotifyTryWait is the non-blocking twin of ChannelNotifyWait: it
+// reports whether local notify localIdx of ch is recorded and, when it is,
+// resets it, as the wait would have; it never waits (over a transport whose
+// waiters receive for themselves, tcp, it first takes in what the sockets
+// hold, once). A caller polls with it
+// for a short, bounded time before it commits to a wait (the collectives
+// poll their handshake so in the calling goroutine, and enqueue the wait
+// only when a peer is late). A notify broken by the loss of the peer is the
+// error ChannelNotifyWait would return; so are bad arguments. A poll that
+// finds the record counts in the metrics as a wait that took no time (the
+// polls that found nothing are the caller's to account for), and is never
+// published as where this rank waits. Safe for concurrent use.
+func ChannelNotifyTryWait(ch *Channel, localIdx int) (bool, error) {
+	const op = "ChannelNotifyTryWait"
+	c, err := chanComm(op, ch)
+	if err != nil {
+		return false, err
+	}
+	n, err := c.localNotify(op, ch, localIdx)
+	if err != nil {
+		return false, err
+	}
+	found := n.TryReset()
+	if p, ok := ch.tr.(channel.Poller); ok && !found {
+		// A transport whose waiters receive for themselves (tcp): take
+		// in what has arrived, once, as a wait's poll would.
+		found = p.Poll(nil, time.Nanosecond, n.TryReset)
+	}
+	if found {
+		if c.cfg.metrics != nil {
+			c.cfg.metrics.ObserveWait(ch.Transport(), 0)
+		}
+		return true, nil
+	}
+	if n.Broken() == nil {
+		return false, nil
+	}
+	// A broken notify fails a wait at once: its error says which peer was
+	// lost, as the wait's would.
+	if err := c.awaitNotify(op, ch, localIdx, n, 0, opTag{}, nil); err != nil {
+		return false, c.taskFailed(op, ch.RemoteRank(), err)
+	}
+	return true, nil // recorded after all, before the break
 }
 
 func notifyWaitNow(op string, stop <-chan struct{}, ch *Channel, localIdx int, timeout time.Duration, tag opTag) error {

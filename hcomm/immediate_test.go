@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hcomm-dev/hcomm/channel"
 	"github.com/hcomm-dev/hcomm/device"
 	"github.com/hcomm-dev/hcomm/hcomm"
 )
@@ -143,6 +144,108 @@ func TestImmediateCalls(t *testing.T) {
 			p.comms[0].Destroy()
 			if err := hcomm.ChannelNotifyRecord(nil, p.ch[0], 0); !errors.Is(err, hcomm.ErrUnavail) {
 				t.Errorf("record after Destroy: %v, want ErrUnavail", err)
+			}
+		})
+	}
+}
+
+// ChannelNotifyTryWait never waits: false before the peer records, true
+// (and the notify reset) once its record has arrived, false again after;
+// a bad index is ErrPara.
+func TestChannelNotifyTryWait(t *testing.T) {
+	for _, tr := range hcomm.Transports() {
+		t.Run(tr, func(t *testing.T) {
+			p := newPair(t, &hcomm.Config{BufferSize: 32 << 10, Name: "poll", Transport: tr})
+			for round := 0; round < 3; round++ {
+				start := time.Now()
+				if ok, err := hcomm.ChannelNotifyTryWait(p.ch[1], 2); ok || err != nil {
+					t.Fatalf("round %d: before the record: %v, %v; want false, nil", round, ok, err)
+				}
+				if d := time.Since(start); d > time.Second {
+					t.Fatalf("a poll took %v", d)
+				}
+				if err := hcomm.ChannelNotifyRecord(nil, p.ch[0], 2); err != nil {
+					t.Fatal(err)
+				}
+				deadline := time.Now().Add(10 * time.Second)
+				for {
+					ok, err := hcomm.ChannelNotifyTryWait(p.ch[1], 2)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if ok {
+						break
+					}
+					if time.Now().After(deadline) {
+						t.Fatalf("round %d: the record never showed", round)
+					}
+					time.Sleep(100 * time.Microsecond)
+				}
+				if ok, err := hcomm.ChannelNotifyTryWait(p.ch[1], 2); ok || err != nil {
+					t.Fatalf("round %d: after the poll took the record: %v, %v; want false, nil", round, ok, err)
+				}
+			}
+			_, err := hcomm.ChannelNotifyTryWait(p.ch[1], 3)
+			if !errors.Is(err, hcomm.ErrPara) || !strings.Contains(err.Error(), "index 3") {
+				t.Fatalf("index 3 of 3: %v, want ErrPara naming the index", err)
+			}
+		})
+	}
+}
+
+// WriteFlaggedNbi stores flagged words into the peer's memory where the
+// transport maps it (inproc, shm), which the peer sees with
+// channel.TakeFlagged and no notify; bad lengths, addresses and ranges are
+// ErrPara, and a transport without flagged words (tcp) ErrNotSupport.
+func TestWriteFlaggedNbi(t *testing.T) {
+	for _, tr := range hcomm.Transports() {
+		t.Run(tr, func(t *testing.T) {
+			p := newPair(t, &hcomm.Config{BufferSize: 32 << 10, Name: "flagged", Transport: tr})
+			remote, _, err := p.comms[0].ChannelGetHcclBuffer(p.ch[0])
+			if err != nil {
+				t.Fatal(err)
+			}
+			const n = 16
+			fill(t, p.comms[0], p.buf[0], n, 42)
+			dst := remote.Add(8 << 10)
+			if !p.ch[0].Flagged() {
+				err := hcomm.WriteFlaggedNbi(nil, p.ch[0], dst, p.buf[0], n, 7)
+				if !errors.Is(err, hcomm.ErrNotSupport) {
+					t.Fatalf("on %s, which has no flagged writes: %v, want ErrNotSupport", tr, err)
+				}
+				return
+			}
+			for flag := uint32(1); flag <= 3; flag++ {
+				if err := hcomm.WriteFlaggedNbi(nil, p.ch[0], dst, p.buf[0], n, flag); err != nil {
+					t.Fatal(err)
+				}
+				words, err := p.comms[1].Device().Bytes(p.buf[1].Add(8<<10), 2*n)
+				if err != nil {
+					t.Fatal(err)
+				}
+				got := make([]byte, n)
+				deadline := time.Now().Add(10 * time.Second)
+				for !channel.TakeFlagged(got, words, flag) {
+					if time.Now().After(deadline) {
+						t.Fatalf("flag %d: the words never showed", flag)
+					}
+				}
+				if want := bytes.Repeat([]byte{42}, n); !bytes.Equal(got, want) {
+					t.Fatalf("flag %d: took %v, want %v", flag, got, want)
+				}
+			}
+			for _, c := range []struct {
+				what string
+				dst  device.Ptr
+				n    int64
+			}{
+				{"6 bytes", dst, 6},
+				{"an unaligned address", dst + 4, 8},
+				{"a range past the HCCL buffer", remote.Add(p.size - 8), 8},
+			} {
+				if err := hcomm.WriteFlaggedNbi(nil, p.ch[0], c.dst, p.buf[0], c.n, 9); !errors.Is(err, hcomm.ErrPara) {
+					t.Errorf("%s: %v, want ErrPara", c.what, err)
+				}
 			}
 		})
 	}

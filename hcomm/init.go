@@ -349,8 +349,11 @@ func join(ctx context.Context, op string, c Config, js joinSpec) (*Comm, error) 
 	boot := &bootState{store: bootstrap.Prefix(cli, "c"), client: cli, root: srv, peers: peers, fabric: inproc.Default, iface: ifc,
 		secret: js.secret, standby: sb, mail: mb, ns: "c"}
 	mb.setOnLost(boot.mailLost)
+	mbox := mb
 	boot.release = func() error {
-		mb.close()
+		if mbox != nil {
+			mbox.close()
+		}
 		cli.Close()
 		if srv != nil {
 			srv.Close()
@@ -376,6 +379,11 @@ func join(ctx context.Context, op string, c Config, js joinSpec) (*Comm, error) 
 			srv = nil // release leaves it to the timer
 			time.AfterFunc(min(failLinger, c.ConnectTimeout), func() { s.Close() })
 		}
+		// Its mailbox too: the others' channel setups that meet there wait
+		// for the loss event rather than fail on a store that closed.
+		m := mbox
+		mbox = nil
+		time.AfterFunc(min(failLinger, c.ConnectTimeout), m.close)
 		boot.unref()
 		return nil, err
 	}

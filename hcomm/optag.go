@@ -110,7 +110,10 @@ func (c *Comm) BeginOp(t *Thread, op, algo string) (seq uint64, end func() error
 		return tag.seq, clear
 	}
 	var start time.Time // written and read by tasks of one stream, in order
-	if err := t.Launch(op+" begin", func(<-chan struct{}) error {
+	// The begin and end tasks run in the calling goroutine when the stream
+	// is idle (they take no time), so that they do not send a collective
+	// that would run there too (a small one's handshake) to the queue.
+	if err := launchOrRun(t, op+" begin", func(<-chan struct{}) error {
 		start = time.Now()
 		return nil
 	}); err != nil {
@@ -118,11 +121,23 @@ func (c *Comm) BeginOp(t *Thread, op, algo string) (seq uint64, end func() error
 	}
 	return tag.seq, func() error {
 		clear()
-		return t.Launch(op+" end", func(<-chan struct{}) error {
+		return launchOrRun(t, op+" end", func(<-chan struct{}) error {
 			d := time.Since(start)
 			c.cfg.metrics.ObserveCollective(op, algo, d)
 			c.log(LevelTrace, "collective done", "op", op, "seq", tag.seq, "algorithm", algo, "duration", d)
 			return nil
 		})
 	}
+}
+
+// launchOrRun runs fn as t's next task: in the calling goroutine when t's
+// stream is idle (device.Stream.RunInline), enqueued otherwise.
+func launchOrRun(t *Thread, name string, fn func(stop <-chan struct{}) error) error {
+	if ran, err := t.Stream().RunInline(name, fn); ran || err != nil {
+		if !ran {
+			return err // the stream is unusable
+		}
+		return nil // fn's failure, if any, is the stream's, as a queued task's
+	}
+	return t.Launch(name, fn)
 }

@@ -297,16 +297,28 @@ func treeGather(ctx context.Context, m *mailbox, parent *bootstrap.Client, mine 
 			gatherHook(r, 1)
 		}
 		v, err := parent.Get(ctx, gatherAll)
+		if err != nil && errors.Is(context.Cause(ctx), ErrRankLost) {
+			// A loss elsewhere may have come just after the parent had
+			// every description (a rank that failed right after its init):
+			// take them if they are there — the communicator learns of the
+			// loss from its watch.
+			tctx, tcancel := context.WithTimeout(context.Background(), time.Second)
+			if b, ok, terr := parent.TryGet(tctx, gatherAll); terr == nil && ok {
+				v, err = b, nil
+			}
+			tcancel()
+		}
 		if err != nil {
 			return nil, why(err, p, "waiting for every rank's description from")
 		}
 		all = v
-		k, err := parent.Add(ctx, gatherRead, 1)
-		if err == nil && k == int64(len(treeChildren(p, n))) {
-			err = parent.Set(ctx, gatherReadAll, []byte{1})
-		}
-		if err != nil {
-			return nil, why(err, p, "telling that it read every description to")
+		// This rank has every description: telling the parent is for the
+		// parent's sake (it may close its mailbox once its children have
+		// read), and a failure here — the parent, or the job, failing
+		// meanwhile — is no failure of this rank's init: its
+		// communicator learns of the loss from its watch.
+		if k, err := parent.Add(ctx, gatherRead, 1); err == nil && k == int64(len(treeChildren(p, n))) {
+			parent.Set(ctx, gatherReadAll, []byte{1})
 		}
 	}
 	if len(kids) > 0 {
@@ -314,7 +326,12 @@ func treeGather(ctx context.Context, m *mailbox, parent *bootstrap.Client, mine 
 			return nil, why(err, -1, "serving every description to its children")
 		}
 		if _, err := local.Get(ctx, gatherReadAll); err != nil {
-			return nil, why(err, -1, "waiting for its children to read every description")
+			// A loss meanwhile (the watch's verdict) is no failure of this
+			// rank's init, which has every description: its communicator
+			// learns of it from its watch.
+			if cause := context.Cause(ctx); cause == nil || !errors.Is(cause, ErrRankLost) {
+				return nil, why(err, -1, "waiting for its children to read every description")
+			}
 		}
 	}
 	var out []json.RawMessage

@@ -30,6 +30,9 @@
 //     fail, with Config.Goodbye the peer's waits fail with it.
 //  8. PeerLoss (with Config.Lose): a peer gone without a goodbye fails the
 //     waits on its channel promptly, naming it, and every later call.
+//  9. Flagged (with channel.FlagWriter): rounds of flagged words through
+//     two slots, each seen whole by the receiver's poll; bad lengths,
+//     addresses and ranges refused.
 package channeltest
 
 import (
@@ -99,4 +102,5 @@ var cases = []struct {
 	{"RangeRefusals", testRangeRefusals},
 	{"Close", testClose},
 	{"PeerLoss", testPeerLoss},
+	{"Flagged", testFlagged},
 }

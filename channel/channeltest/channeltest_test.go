@@ -107,6 +107,14 @@ type brokenTransport struct {
 	read         func(dst []byte, src device.Ptr) error
 	fence        func() error
 	close        func() error
+	writeFlagged func(dst device.Ptr, src []byte, flag uint32) error
+}
+
+func (b *brokenTransport) WriteFlagged(stop <-chan struct{}, dst device.Ptr, src []byte, flag uint32) error {
+	if b.writeFlagged != nil {
+		return b.writeFlagged(dst, src, flag)
+	}
+	return b.Transport.(channel.FlagWriter).WriteFlagged(stop, dst, src, flag)
 }
 
 func (b *brokenTransport) Write(stop <-chan struct{}, dst device.Ptr, src []byte) error {
@@ -217,6 +225,7 @@ func TestCasesCanFail(t *testing.T) {
 			cfg.Goodbye, cfg.LossWithin = true, 200*time.Millisecond
 			return cfg
 		}(), "did not end within"},
+		{"Flagged", brokenConfig(flagsFirst), "a word of another round"},
 		{"PeerLoss", func() Config {
 			cfg := brokenConfig(func(*brokenTransport) {})
 			cfg.Lose, cfg.LossWithin = func(TB, channel.Transport) {}, 200*time.Millisecond // a loss nobody notices
@@ -257,6 +266,30 @@ func lateWrites(t *brokenTransport) {
 		time.AfterFunc(20*time.Millisecond, func() {
 			defer wg.Done()
 			copy(b, p)
+		})
+		return nil
+	}
+	t.close = func() error {
+		wg.Wait()
+		return t.Transport.Close()
+	}
+}
+
+// flagsFirst makes flagged writes land flags before data: the words are
+// stored with the flag and zero data, the data 20 ms later.
+func flagsFirst(t *brokenTransport) {
+	var wg sync.WaitGroup
+	t.writeFlagged = func(dst device.Ptr, src []byte, flag uint32) error {
+		b, err := t.peerBytes(dst, 2*len(src))
+		if err != nil {
+			return err
+		}
+		channel.PutFlagged(b, make([]byte, len(src)), flag)
+		p := append([]byte(nil), src...)
+		wg.Add(1)
+		time.AfterFunc(20*time.Millisecond, func() {
+			defer wg.Done()
+			channel.PutFlagged(b, p, flag)
 		})
 		return nil
 	}

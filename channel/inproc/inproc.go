@@ -187,6 +187,26 @@ func (t *Transport) Write(_ <-chan struct{}, dst device.Ptr, src []byte) error {
 	return nil
 }
 
+var _ channel.FlagWriter = (*Transport)(nil)
+
+// WriteFlagged stores src into the peer's memory at dst as flagged words
+// (channel.FlagWriter): atomic 8-byte stores into the peer's device memory,
+// which this process holds.
+func (t *Transport) WriteFlagged(_ <-chan struct{}, dst device.Ptr, src []byte, flag uint32) error {
+	if err := channel.CheckFlagged(dst, len(src)); err != nil {
+		return err
+	}
+	b, err := t.peerBytes(dst, int64(channel.FlaggedLen(len(src))))
+	if err != nil {
+		return err
+	}
+	if !channel.Aligned8(b) {
+		return fmt.Errorf("rank %d's memory at %#x is not 8-byte aligned in this process", t.peer.Rank, uintptr(dst))
+	}
+	channel.PutFlagged(b, src, flag)
+	return nil
+}
+
 // Read copies the peer's memory at src into dst.
 func (t *Transport) Read(_ <-chan struct{}, dst []byte, src device.Ptr) error {
 	b, err := t.peerBytes(src, int64(len(dst)))

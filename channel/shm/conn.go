@@ -310,6 +310,28 @@ func (t *Transport) Write(_ <-chan struct{}, dst device.Ptr, src []byte) error {
 	return nil
 }
 
+var _ channel.FlagWriter = (*Transport)(nil)
+
+// WriteFlagged stores src into the peer's memory at dst as flagged words
+// (channel.FlagWriter): atomic 8-byte stores into the shared mapping, which
+// the peer polls in its own.
+func (t *Transport) WriteFlagged(_ <-chan struct{}, dst device.Ptr, src []byte, flag uint32) error {
+	if err := channel.CheckFlagged(dst, len(src)); err != nil {
+		return fmt.Errorf("shm WriteFlagged on %s (rank %d -> rank %d): %w", t.name, t.rank, t.peer, err)
+	}
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	b, err := t.peerBytes("WriteFlagged", dst, int64(channel.FlaggedLen(len(src))))
+	if err != nil {
+		return err
+	}
+	if !channel.Aligned8(b) {
+		return fmt.Errorf("shm WriteFlagged on %s (rank %d -> rank %d): the mapping of %#x is not 8-byte aligned", t.name, t.rank, t.peer, uintptr(dst))
+	}
+	channel.PutFlagged(b, src, flag)
+	return nil
+}
+
 // Read copies the peer's memory at src into dst.
 func (t *Transport) Read(_ <-chan struct{}, dst []byte, src device.Ptr) error {
 	t.mu.RLock()

@@ -37,3 +37,42 @@ func Until(d time.Duration, cond func() bool) bool {
 		}
 	}
 }
+
+// tightPolls is how many times UntilYield polls before its first yield: a
+// peer on another core answers within a fraction of a microsecond, and a
+// yield costs a system call even when nothing else wants the core (the
+// shared notify's wait polls the same way).
+const tightPolls = 256
+
+// UntilYield is Until for a condition another process makes true (a peer
+// over shared memory): it polls tightPolls times in a row, then yields the
+// core to other processes (sched_yield) between polls — the peer may be
+// waiting for this very core when processes outnumber cores — and to this
+// process's goroutines only every 64th poll, for at most d. It never
+// sleeps.
+func UntilYield(d time.Duration, cond func() bool) bool {
+	if cond() {
+		return true
+	}
+	if d <= 0 {
+		return false
+	}
+	for i := 0; i < tightPolls; i++ {
+		if cond() {
+			return true
+		}
+	}
+	start := time.Now()
+	for i := 1; ; i++ {
+		if i&63 == 0 {
+			runtime.Gosched()
+		}
+		osYield()
+		if cond() {
+			return true
+		}
+		if i&7 == 0 && time.Since(start) >= d {
+			return false
+		}
+	}
+}

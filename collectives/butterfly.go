@@ -1,0 +1,559 @@
+package collectives
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/hcomm-dev/hcomm/device"
+	"github.com/hcomm-dev/hcomm/hcomm"
+	"github.com/hcomm-dev/hcomm/internal/reduce"
+)
+
+// The butterfly handshake and the recursive-doubling all-reduce.
+//
+// Up to helloFullMax ranks a collective opens with the full handshake
+// (handshake.go): every rank's hello to every peer, one round. Above it that
+// costs each rank 2(n-1) messages per collective, which is what a small
+// collective's time is made of on a host whose cores are all busy; there a
+// collective opens instead with the butterfly — the exchange pattern of
+// recursive doubling, log2(n) rounds in which a rank trades hellos with the
+// partner whose (virtual) rank differs in one bit, so that each rank sends
+// and receives log2(n) hellos (two more where the rank count is not a power
+// of two: see butterflySteps). A rank that finds a peer's hello differing
+// from its own does not stop: it goes on with its rounds, its hellos now
+// poisoned (flagPoison) and carrying the two differing headers, and a rank
+// that receives a poisoned hello does the same. After the last round every
+// 2^k-block of ranks has either compared equal throughout or heard of a
+// difference, for every k up to the whole group (by induction on the
+// rounds), so that every rank of a mismatched collective fails with
+// ErrMismatch naming both calls, and no rank waits for a hello that will not
+// come — given that every rank runs the butterfly, which holds because the
+// choice between the two handshakes depends on the rank count alone.
+//
+// The recursive-doubling all-reduce (AlgoRD) is the same exchange with data:
+// each hello carries the rank's partial result inline, and each round
+// combines the partner's with this rank's, lower virtual rank first, so that
+// both partners compute the same bits and, after log2(n) rounds, every rank
+// holds the result: log2(n) hand-offs for the whole collective, handshake
+// included, in one stream task per rank.
+
+// helloFullMax is the largest rank count whose collectives open with the
+// full handshake; above it they open with the butterfly.
+const helloFullMax = 8
+
+// flagPoison, in a butterfly hello, says that its sender has learnt of a
+// mismatch; the payload then holds the two differing headers.
+const flagPoison = 0x80
+
+// sparse reports whether this communicator's collectives open with the
+// butterfly rather than the full handshake.
+func (s *sched) sparse() bool { return s.st.comm.Size() > helloFullMax }
+
+// bfStep is one round of the butterfly for one rank: it sends its hello to
+// peer, receives peer's, or both (in that order).
+type bfStep struct {
+	peer       int
+	send, recv bool
+	lowerMine  bool   // the reduction puts this rank's partial first
+	final      bool   // the received payload is the result (a folded rank)
+	par        uint64 // the hello parity with peer
+}
+
+// butterflySteps returns rank me's rounds among n ranks, without parities.
+// With n = 2^k + r, the odd ranks below 2r fold: each sends its hello (and
+// input) to the even rank before it, which combines it with its own and
+// stands in for both in the 2^k-rank exchange, then sends the outcome back.
+// Virtual rank v of the exchange is rank 2v below r, v + r above.
+func butterflySteps(me, n int) []bfStep {
+	if n <= 1 {
+		return nil
+	}
+	pow := 1
+	for pow*2 <= n {
+		pow *= 2
+	}
+	r := n - pow
+	if me < 2*r && me%2 == 1 {
+		return []bfStep{{peer: me - 1, send: true}, {peer: me - 1, recv: true, final: true}}
+	}
+	var steps []bfStep
+	virt := me - r
+	if me < 2*r {
+		virt = me / 2
+		steps = append(steps, bfStep{peer: me + 1, recv: true, lowerMine: true})
+	}
+	real := func(v int) int {
+		if v < r {
+			return 2 * v
+		}
+		return v + r
+	}
+	for mask := 1; mask < pow; mask <<= 1 {
+		v := virt ^ mask
+		steps = append(steps, bfStep{peer: real(v), send: true, recv: true, lowerMine: virt < v})
+	}
+	if me < 2*r {
+		steps = append(steps, bfStep{peer: me + 1, send: true})
+	}
+	return steps
+}
+
+// bfMode is what a butterfly's hellos carry and how a rank combines its
+// partner's with its own.
+type bfMode uint8
+
+const (
+	bfHello  bfMode = iota // the header alone: the handshake
+	bfReduce               // a partial result, reduced lower virtual rank first (all-reduce, reduce, reduce-scatter)
+	bfGather               // every rank's block at its place, copied over (all-gather)
+	bfBcast                // the root's data, once a rank has it (broadcast)
+)
+
+// bfCall is one butterfly in flight: what its stream task needs.
+type bfCall struct {
+	s      *sched
+	h      header
+	steps  []bfStep
+	mode   bfMode
+	src    device.Ptr    // this rank's input: the payload (bfReduce), its block (bfGather), the root's data (bfBcast)
+	n      int64         // the payload's bytes; 0 for the handshake alone
+	block  int64         // bfGather: bytes per rank's block
+	root   int           // bfBcast: the root
+	red    reduceArgs    // bfReduce: count, type, op
+	out    device.Ptr    // where the result goes (0: nowhere)
+	err    error         // the task's failure, set before failed is closed
+	failed chan struct{} // closed when the task fails
+	outLo  int64         // the part of the payload that goes there
+	outN   int64
+	opSeq  uint64
+}
+
+// butterfly opens a collective with the butterfly handshake (header only);
+// also are the peers the schedule that follows talks to, whose channels are
+// set up with the butterfly's own (state.need: one setup per call, so that
+// no cycle of ranks waiting for each other's setups can form).
+func (s *sched) butterfly(h header, also []int) {
+	s.butterflyWith(&bfCall{h: h}, also)
+}
+
+// butterflyWith issues the butterfly task x (h, mode and the data fields
+// set by the caller), after setting up the channels to its partners and to
+// the peers in also.
+func (s *sched) butterflyWith(x *bfCall, also []int) {
+	st := s.st
+	me := st.comm.Rank()
+	steps := butterflySteps(me, st.comm.Size())
+	peers := make([]int, 0, len(steps))
+	for _, stp := range steps {
+		peers = append(peers, stp.peer)
+	}
+	// The channels to the partners met for the first time (state.go); a
+	// setup that failed leaves the hello counters as they were. Partners
+	// are mutual, so that every rank's setup completes whatever the others
+	// call next; the schedule's own peers are set up after the butterfly
+	// is enqueued (alsoNeed).
+	if s.need(peers); s.unset {
+		return
+	}
+	defer s.alsoNeed(x, also)
+	x.s, x.opSeq, x.failed = s, s.opSeq, make(chan struct{})
+	x.h.seq = st.seq
+	x.h.from = int32(me)
+	x.h.size = int32(st.comm.Size())
+	if x.n > st.lay.inline() {
+		s.do(fmt.Errorf("%v: %d bytes of inline payload, the hello slots hold %d", x.h.kind, x.n, st.lay.inline()))
+	}
+	x.steps = steps
+	// A peer met twice (a fold) takes two parities, in the same order on
+	// both sides: its hello in, then this rank's out (or the reverse).
+	for i := range x.steps {
+		p := x.steps[i].peer
+		x.steps[i].par = st.hellos[p] % 2
+		st.hellos[p]++
+	}
+	if !s.ok() {
+		return
+	}
+	if len(x.steps) == 0 {
+		switch x.mode {
+		case bfReduce:
+			s.copy(x.out, x.src.Add(x.outLo), x.outN)
+		case bfGather:
+			s.copy(x.out, x.src, x.block)
+		}
+		return
+	}
+	s.jitter()
+	s.launchStop("collective butterfly", x.run)
+}
+
+// alsoNeed sets up the channels to the peers in also, the schedule's after
+// the butterfly's, once the butterfly x is enqueued: a rank whose call
+// differs from its peers' (another algorithm, needing other peers) would
+// otherwise wait in that setup for peers that never join it, until
+// HCCL_CONNECT_TIMEOUT, and never send the hellos that tell the others.
+// Here the butterfly runs meanwhile, and its failure ends the setup: the
+// call fails with the butterfly's error (ErrMismatch).
+func (s *sched) alsoNeed(x *bfCall, also []int) {
+	if len(also) == 0 || !s.ok() {
+		return
+	}
+	parent := s.ctx
+	if parent == nil {
+		parent = context.Background()
+	}
+	ctx, cancel := context.WithCancel(parent)
+	defer cancel()
+	go func() {
+		select {
+		case <-x.failed:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	if err := s.st.need(ctx, also); err != nil {
+		select {
+		case <-x.failed:
+			s.do(x.err)
+		default:
+			s.do(err)
+		}
+	}
+}
+
+// virt is rank q's virtual rank in the butterfly among n = pow + r ranks
+// (a folded rank's is its folder's).
+func virt(q, r int) int {
+	if q < 2*r {
+		return q / 2
+	}
+	return q - r
+}
+
+// foldR returns r of n = pow + r.
+func foldR(n int) int { return n - 1<<lg2(n) }
+
+// bitOf returns the mask of a butterfly round with peer p (0 for a fold).
+func bitOf(me, p, r int) int {
+	if p/2 == me/2 && me < 2*r && p < 2*r {
+		return 0
+	}
+	return virt(me, r) ^ virt(p, r)
+}
+
+// bfFailure is what a butterfly learnt of a mismatch: the two calls, or the
+// error a peer's hello gave.
+type bfFailure struct {
+	a, b   header // the two differing calls (b.kind == 0: only a is known)
+	peer   int    // the peer whose hello told it
+	direct bool   // this rank compared a with b itself
+	err    error  // a hello that could not be read
+}
+
+// run is the butterfly's stream task; a failure closes x.failed.
+func (x *bfCall) run(stop <-chan struct{}) error {
+	err := x.exchange(stop)
+	if err != nil {
+		x.err = err
+		close(x.failed)
+	}
+	return err
+}
+
+// exchange is run's body: the rounds, the checks, the combining.
+func (x *bfCall) exchange(stop <-chan struct{}) error {
+	s, st := x.s, x.s.st
+	lay := st.lay
+	me, size := int(x.h.from), st.comm.Size()
+	r := foldR(size)
+	view := st.hello.Bytes()
+	own := func(k int) int64 { return lay.helloOff(me, uint64(k)) }
+	cur := 0
+	b := view[own(cur) : own(cur)+lay.helloSlot]
+	x.h.encode(b)
+	have := true // bfBcast: this rank holds the root's data
+	if in := x.n; in > 0 {
+		at, src := int64(0), x.src
+		switch x.mode {
+		case bfGather:
+			at, in = int64(me)*x.block, x.block
+		case bfBcast:
+			have = me == x.root
+			if !have {
+				in = 0
+			}
+		}
+		if in > 0 {
+			v, err := st.comm.Device().Map(src, in)
+			if err != nil {
+				return err
+			}
+			copy(b[headerSize+at:], v.Bytes())
+			v.Unmap()
+		}
+	}
+	var (
+		bad    *bfFailure
+		result []byte // a folded rank's result, in its folder's hello
+	)
+	for _, stp := range x.steps {
+		p := stp.peer
+		if stp.send {
+			length := headerSize + x.n
+			if !have {
+				length = headerSize
+			}
+			b := view[own(cur) : own(cur)+lay.helloSlot]
+			if bad != nil {
+				length = x.poison(b, bad)
+			}
+			if err := st.hello.Flush(own(cur), length); err != nil {
+				return err
+			}
+			if err := hcomm.WriteWithNotifyNbi(stop, st.chans[p], s.peerSlot(p, lay.helloOff(me, stp.par)), s.mySlot(own(cur)), length, nHello+int(stp.par)); err != nil {
+				return err
+			}
+		}
+		if !stp.recv {
+			continue
+		}
+		if err := hcomm.CollectiveNotifyWait(stop, st.chans[p], nHello+int(stp.par), 0, x.h.kind.String(), x.opSeq, x.h.algo.String()); err != nil {
+			return err
+		}
+		off := lay.helloOff(p, stp.par)
+		if err := st.hello.Fetch(off, headerSize); err != nil {
+			return err
+		}
+		if f := x.check(view[off:off+lay.helloSlot], off, p); f != nil && bad == nil {
+			bad = f
+		}
+		if bad != nil || x.mode == bfHello || x.n == 0 {
+			continue
+		}
+		// What the partner holds: all of it after its rounds (a folded
+		// rank's result), its own block or its folded partner's (a fold
+		// in), or what the ranks of its half of the round hold.
+		bit := bitOf(me, p, r)
+		partnerHas := func(q int) bool {
+			switch {
+			case stp.final:
+				return true
+			case bit == 0:
+				return q == p
+			}
+			return virt(q, r)&^(bit-1) == virt(p, r)&^(bit-1)
+		}
+		if x.mode == bfBcast && (have || !partnerHas(x.root)) {
+			continue
+		}
+		if err := st.hello.Fetch(off+headerSize, x.n); err != nil {
+			return err
+		}
+		theirs := view[off+headerSize : off+headerSize+x.n]
+		if stp.final {
+			result = theirs
+			continue
+		}
+		mine := view[own(cur)+headerSize : own(cur)+headerSize+x.n]
+		switch x.mode {
+		case bfBcast:
+			copy(mine, theirs)
+			have = true
+		case bfGather:
+			for q := 0; q < size; q++ {
+				if q != me && partnerHas(q) {
+					copy(mine[int64(q)*x.block:int64(q+1)*x.block], theirs[int64(q)*x.block:])
+				}
+			}
+		case bfReduce:
+			next := 1 - cur
+			dst := view[own(next) : own(next)+headerSize+x.n]
+			copy(dst[:headerSize], view[own(cur):own(cur)+headerSize])
+			lo, hi := mine, theirs
+			if !stp.lowerMine {
+				lo, hi = theirs, mine
+			}
+			if err := reduce.Reduce3(dst[headerSize:], lo, hi, int(x.red.count), x.red.dt, x.red.op); err != nil {
+				return err
+			}
+			cur = next
+		}
+	}
+	if bad != nil {
+		return x.failure(bad)
+	}
+	if x.mode == bfHello || x.outN == 0 {
+		return nil
+	}
+	if result == nil {
+		result = view[own(cur)+headerSize : own(cur)+headerSize+x.n]
+	}
+	out, err := st.comm.Device().Map(x.out, x.outN)
+	if err != nil {
+		return err
+	}
+	defer out.Unmap()
+	copy(out.Bytes(), result[x.outLo:x.outLo+x.outN])
+	return out.Flush(0, x.outN)
+}
+
+// check compares peer p's hello b (at off in the hello region; its header
+// fetched) with this rank's call, and returns what it learnt of a mismatch:
+// a difference, or the poison the peer passes on.
+func (x *bfCall) check(b []byte, off int64, p int) *bfFailure {
+	st := x.s.st
+	got, err := decodeHeader(b)
+	if err == nil && got.from != int32(p) {
+		err = fmt.Errorf("the hello in rank %d's slot says it is from rank %d", p, got.from)
+	}
+	if err != nil {
+		return &bfFailure{peer: p, err: err}
+	}
+	if got.flags&flagPoison != 0 {
+		f := &bfFailure{peer: p}
+		carried := min(2, int(st.lay.inline()/headerSize))
+		if err := st.hello.Fetch(off+headerSize, int64(carried)*headerSize); err != nil {
+			return &bfFailure{peer: p, err: err}
+		}
+		if f.a, err = decodeHeader(b[headerSize:]); err != nil {
+			f.a = got
+		}
+		if carried > 1 {
+			f.b, _ = decodeHeader(b[2*headerSize:])
+		}
+		return f
+	}
+	if st.noCheck {
+		return nil
+	}
+	if !got.same(x.h) || got.seq != x.h.seq {
+		return &bfFailure{a: x.h, b: got, peer: p, direct: true}
+	}
+	return nil
+}
+
+// poison turns this rank's hello b into a poisoned one carrying what it
+// learnt, and returns the bytes to send.
+func (x *bfCall) poison(b []byte, f *bfFailure) int64 {
+	h := x.h
+	h.flags |= flagPoison
+	h.encode(b)
+	carried := min(2, int(x.s.st.lay.inline()/headerSize))
+	a, o := f.a, f.b
+	if f.err != nil || a.kind == 0 {
+		a, o = x.h, header{}
+	}
+	a.encode(b[headerSize:])
+	if carried > 1 {
+		if o.kind != 0 {
+			o.encode(b[2*headerSize:])
+		} else {
+			clear(b[2*headerSize : 3*headerSize])
+		}
+	}
+	return headerSize + int64(carried)*headerSize
+}
+
+// failure is the error a butterfly that learnt of a mismatch ends with.
+func (x *bfCall) failure(f *bfFailure) error {
+	st := x.s.st
+	me, h := int(x.h.from), x.h
+	if f.err != nil {
+		return &hcomm.Error{Op: h.kind.String(), Comm: st.comm.Name(), Rank: me, Peer: f.peer, Code: hcomm.ErrInternal, Err: f.err}
+	}
+	var msg string
+	switch {
+	case f.b.kind != 0:
+		msg = fmt.Sprintf("collective mismatch: rank %d called %s as its collective #%d, rank %d called %s as its #%d",
+			f.a.from, f.a.call(), f.a.seq, f.b.from, f.b.call(), f.b.seq)
+	default:
+		msg = fmt.Sprintf("collective mismatch: rank %d saw a difference from its call %s as its collective #%d",
+			f.a.from, f.a.call(), f.a.seq)
+	}
+	if !f.direct {
+		msg += fmt.Sprintf(" (told by rank %d; this rank called %s as its #%d)", f.peer, h.call(), h.seq)
+	}
+	return &hcomm.Error{Op: h.kind.String(), Comm: st.comm.Name(), Rank: me, Peer: f.peer, Code: hcomm.ErrPara, Err: ErrMismatch, Msg: msg}
+}
+
+// allReduceRD issues the recursive-doubling all-reduce: the butterfly with
+// every rank's partial result inline (the data must fit a hello slot).
+func allReduceRD(sc *sched, h header, send, recv device.Ptr, count int64, dt hcomm.DataType, op hcomm.ReduceOp) {
+	h.algo = AlgoRD
+	n := count * int64(dt.Size())
+	sc.butterflyWith(&bfCall{h: h, mode: bfReduce, src: send, n: n, red: reduceArgs{count: count, dt: dt, op: op}, out: recv, outN: n}, nil)
+}
+
+// reduceRD is the recursive-doubling all-reduce of send whose result only
+// root keeps (Reduce).
+func reduceRD(sc *sched, h header, send, recv device.Ptr, count int64, dt hcomm.DataType, op hcomm.ReduceOp, root int) {
+	h.algo = AlgoRD
+	n := count * int64(dt.Size())
+	x := &bfCall{h: h, mode: bfReduce, src: send, n: n, red: reduceArgs{count: count, dt: dt, op: op}}
+	if sc.st.comm.Rank() == root {
+		x.out, x.outN = recv, n
+	}
+	sc.butterflyWith(x, nil)
+}
+
+// reduceScatterRD is the recursive-doubling all-reduce of the whole input
+// (total elements) of which each rank keeps its part, cnt elements at off:
+// log2(n) hand-offs where the ring takes n-1 (small messages).
+func reduceScatterRD(sc *sched, h header, send, recv device.Ptr, total, off, cnt int64, dt hcomm.DataType, op hcomm.ReduceOp) {
+	h.algo = AlgoRD
+	es := int64(dt.Size())
+	sc.butterflyWith(&bfCall{h: h, mode: bfReduce, src: send, n: total * es, red: reduceArgs{count: total, dt: dt, op: op},
+		out: recv, outLo: off * es, outN: cnt * es}, nil)
+}
+
+// allGatherRD is the recursive-doubling all-gather: each hello carries the
+// whole output, with the blocks this rank holds so far in place, and each
+// round copies over the blocks the partner held (the output must fit a
+// hello slot).
+func allGatherRD(sc *sched, h header, send, recv device.Ptr, block int64) {
+	h.algo = AlgoRD
+	n := int64(sc.st.comm.Size()) * block
+	sc.butterflyWith(&bfCall{h: h, mode: bfGather, src: send, n: n, block: block, out: recv, outN: n}, nil)
+}
+
+// broadcastRD is the recursive-doubling broadcast: the root's data rides
+// the butterfly's hellos from the ranks that hold it, log2(n) hand-offs with
+// the handshake included (the data must fit a hello slot).
+func broadcastRD(sc *sched, h header, buf device.Ptr, bytes int64, root int) {
+	h.algo = AlgoRD
+	x := &bfCall{h: h, mode: bfBcast, src: buf, n: bytes, root: root}
+	if sc.st.comm.Rank() != root {
+		x.out, x.outN = buf, bytes
+	}
+	sc.butterflyWith(x, nil)
+}
+
+// schedulePeers returns the peers the schedule of algorithm a for the call
+// h talks to after its handshake, beyond the butterfly's partners (which
+// halving-doubling shares): a binomial tree's parent and children, Bruck's
+// partners at distances 1, 2, 4, …; every peer for the others.
+func (s *sched) schedulePeers(h header, a Algorithm) []int {
+	me, n := s.st.comm.Rank(), s.st.comm.Size()
+	switch a {
+	case AlgoHD, AlgoHier: // hier talks through its levels' communicators
+		return nil
+	case AlgoTree:
+		root := int(h.root) // 0 for the all-reduce, which has none
+		v := mod(me-root, n)
+		var ps []int
+		if v != 0 {
+			ps = append(ps, (treeParent(v)+root)%n)
+		}
+		for _, k := range treeChildren(v, n) {
+			ps = append(ps, (k+root)%n)
+		}
+		return ps
+	case AlgoBruck:
+		var ps []int
+		for d := 1; d < n; d *= 2 {
+			ps = append(ps, mod(me-d, n), mod(me+d, n))
+		}
+		return ps
+	}
+	return s.others()
+}

@@ -1,0 +1,239 @@
+package device_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hcomm-dev/hcomm/device"
+)
+
+// A task run inline is the stream's next task: tasks another goroutine
+// enqueues while it runs wait behind it, an event recorded behind it is not
+// complete before it ends, Query says the stream is busy, and its failure is
+// the stream's, reported once by Synchronize.
+func TestRunInlineKeepsStreamOrder(t *testing.T) {
+	d := open(t, 0)
+	s, err := d.CreateStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Destroy()
+	ev, err := d.CreateEvent()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ev.Destroy()
+
+	var mu sync.Mutex
+	var order []string
+	note := func(x string) {
+		mu.Lock()
+		order = append(order, x)
+		mu.Unlock()
+	}
+	entered, release := make(chan struct{}), make(chan struct{})
+	queued := make(chan error, 1)
+	go func() {
+		<-entered
+		// Enqueued while the inline task runs, from another goroutine.
+		err := s.Launch("queued", func(<-chan struct{}) error { note("queued"); return nil })
+		if err == nil {
+			err = ev.Record(s)
+		}
+		queued <- err
+	}()
+	boom := errors.New("inline task failed")
+	var ran bool
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		ran, err = s.RunInline("inline", func(<-chan struct{}) error {
+			close(entered)
+			<-release
+			note("inline")
+			return boom
+		})
+	}()
+	if err := <-queued; err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(20 * time.Millisecond) // the worker would have started "queued" by now
+	mu.Lock()
+	early := append([]string(nil), order...)
+	mu.Unlock()
+	if len(early) != 0 {
+		t.Fatalf("ran %v while the inline task was still running", early)
+	}
+	wantCode(t, s.Query(), device.ErrStreamNotComplete)
+	wantCode(t, ev.Query(), device.ErrEventNotComplete)
+	close(release)
+	<-done
+	if !ran || !errors.Is(err, boom) {
+		t.Fatalf("RunInline = %v, %v; want true and the task's failure", ran, err)
+	}
+	// The inline task failed: the stream skips the queued one until the
+	// failure is reported, as it would after a queued task's failure.
+	if err := s.SynchronizeWithTimeout(5 * time.Second); !errors.Is(err, boom) {
+		t.Fatalf("Synchronize = %v, want the inline task's failure", err)
+	}
+	mu.Lock()
+	got := append([]string(nil), order...)
+	mu.Unlock()
+	if len(got) != 1 || got[0] != "inline" {
+		t.Fatalf("ran %v, want [inline] (the queued task skipped after the failure)", got)
+	}
+	if err := s.SynchronizeWithTimeout(5 * time.Second); err != nil {
+		t.Fatalf("second Synchronize = %v, want nil (the failure is reported once)", err)
+	}
+
+	// A healthy stream: inline, then queued from another goroutine, in order.
+	order = nil
+	entered, release = make(chan struct{}), make(chan struct{})
+	go func() {
+		<-entered
+		queued <- s.Launch("queued", func(<-chan struct{}) error { note("queued"); return nil })
+	}()
+	go func() {
+		<-entered
+		time.Sleep(10 * time.Millisecond)
+		close(release)
+	}()
+	if ran, err := s.RunInline("inline", func(<-chan struct{}) error {
+		close(entered)
+		<-release
+		note("inline")
+		return nil
+	}); !ran || err != nil {
+		t.Fatalf("RunInline = %v, %v on an idle stream", ran, err)
+	}
+	if err := <-queued; err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SynchronizeWithTimeout(5 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if len(order) != 2 || order[0] != "inline" || order[1] != "queued" {
+		t.Fatalf("ran %v, want [inline queued]", order)
+	}
+}
+
+// RunInline runs nothing on a stream that is busy or holds an unreported
+// failure: the caller enqueues instead, behind what is there.
+func TestRunInlineOnlyWhenIdle(t *testing.T) {
+	d := open(t, 0)
+	s, err := d.CreateStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Destroy()
+	release := make(chan struct{})
+	if err := s.Launch("busy", func(<-chan struct{}) error { <-release; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	called := false
+	if ran, err := s.RunInline("inline", func(<-chan struct{}) error { called = true; return nil }); ran || err != nil || called {
+		t.Fatalf("RunInline on a busy stream = %v, %v (ran fn: %v); want false, nil, not run", ran, err, called)
+	}
+	close(release)
+	if err := s.SynchronizeWithTimeout(5 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Launch("fail", func(<-chan struct{}) error { return errors.New("x") }); err != nil {
+		t.Fatal(err)
+	}
+	for s.Query() != nil {
+		time.Sleep(time.Millisecond)
+	}
+	if ran, _ := s.RunInline("inline", func(<-chan struct{}) error { called = true; return nil }); ran || called {
+		t.Fatal("RunInline ran on a stream with an unreported failure")
+	}
+	if err := s.SynchronizeWithTimeout(5 * time.Second); err == nil {
+		t.Fatal("the failure was lost")
+	}
+	if ran, err := s.RunInline("inline", func(<-chan struct{}) error { called = true; return nil }); !ran || err != nil || !called {
+		t.Fatalf("RunInline on an idle stream = %v, %v (ran fn: %v)", ran, err, called)
+	}
+	if err := s.Query(); err != nil {
+		t.Fatalf("Query after an inline task = %v", err)
+	}
+}
+
+// Abort and the device's Close end an inline task's wait through its stop
+// channel, as they end a queued task's; Destroy waits for the task.
+func TestRunInlineEndedByAbortAndClose(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		end  func(d *device.Device, s *device.Stream)
+	}{
+		{"Abort", func(_ *device.Device, s *device.Stream) { s.Abort() }},
+		{"Close", func(d *device.Device, _ *device.Stream) { d.Close() }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := open(t, 0)
+			s, err := d.CreateStream()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Destroy()
+			entered := make(chan struct{})
+			stopped := errors.New("stopped")
+			res := make(chan error, 1)
+			go func() {
+				_, err := s.RunInline("wait", func(stop <-chan struct{}) error {
+					close(entered)
+					select {
+					case <-stop:
+						return stopped
+					case <-time.After(10 * time.Second):
+						return nil
+					}
+				})
+				res <- err
+			}()
+			<-entered
+			go tc.end(d, s) // Close waits for the task: not from this goroutine
+			select {
+			case err := <-res:
+				if !errors.Is(err, stopped) {
+					t.Fatalf("RunInline = %v, want the task's own failure", err)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatal("the inline task's wait did not end")
+			}
+			if tc.name == "Abort" {
+				// The abort came first: the stream reports it.
+				wantCode(t, s.SynchronizeWithTimeout(5*time.Second), device.ErrStreamAbort)
+			}
+		})
+	}
+}
+
+// Destroy waits for a task running inline, as it waits for a queued one.
+func TestDestroyWaitsForInlineTask(t *testing.T) {
+	d := open(t, 0)
+	s, err := d.CreateStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	entered := make(chan struct{})
+	var finished bool
+	go s.RunInline("slow", func(<-chan struct{}) error {
+		close(entered)
+		time.Sleep(50 * time.Millisecond)
+		finished = true
+		return nil
+	})
+	<-entered
+	if err := s.Destroy(); err != nil {
+		t.Fatal(err)
+	}
+	if !finished {
+		t.Fatal("Destroy returned while an inline task ran")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	wantCode(t, s.Synchronize(ctx), device.ErrInvalidHandle)
+}
