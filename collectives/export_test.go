@@ -7,6 +7,11 @@ import "github.com/hcomm-dev/hcomm/hcomm"
 // no collective runs.
 func SetTestJitter(f func(rank int)) { testJitter = f }
 
+// SetTestIssue sets the hook that runs on the issuing goroutine before each
+// step of every schedule (testIssue); nil removes it. Call it only while no
+// collective runs.
+func SetTestIssue(f func(rank int)) { testIssue = f }
+
 // CollChannels returns how many channels the collectives of c's rank have
 // set up so far (the peers their schedules needed).
 func CollChannels(c *hcomm.Comm) int {

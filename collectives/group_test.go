@@ -265,15 +265,28 @@ func TestGroupStreams(t *testing.T) {
 // receives than the peer sends) fails with ErrMismatch on both ranks, and
 // the failure ends the call's pending work at once: Destroy, without Abort,
 // returns promptly, not after the execution timeout (30 s here).
+//
+// With midIssue, each rank issues its pipe steps only once its hello has
+// found the mismatch (its stream has failed): the hello's task takes the
+// pipe counters back while the call that advanced them is still being
+// issued, the order a loaded machine produces now and then. The counters
+// were once taken back in the middle of that call's own steps, where they
+// went below zero: the sender's wait for the receiver's acknowledgements
+// then looped for ever (a busy loop holding the collectives' lock), or the
+// next send waited for acknowledgements that never come.
 func TestGroupMismatchDestroy(t *testing.T) {
 	for _, tr := range hcommtest.Transports() {
 		if tr.Processes {
 			continue // the ranks' buffers are driven from this process
 		}
-		for _, extraRecv := range []bool{false, true} {
-			t.Run(fmt.Sprintf("%v/extraRecv=%v", tr, extraRecv), func(t *testing.T) {
+		for _, c := range []struct{ extraRecv, midIssue bool }{{false, false}, {true, false}, {false, true}, {true, true}} {
+			extraRecv := c.extraRecv
+			t.Run(fmt.Sprintf("%v/extraRecv=%v/midIssue=%v", tr, extraRecv, c.midIssue), func(t *testing.T) {
 				comms := hcommtest.Options{Config: &hcomm.Config{ExecTimeout: 30 * time.Second}}.New(t, 2, tr)
 				rs := []*groupRank{newGroupRank(t, comms[0], "a", "b"), newGroupRank(t, comms[1], "a", "b")}
+				if c.midIssue {
+					holdAfterHello(t, rs)
+				}
 				errs := make([]error, 2)
 				var wg sync.WaitGroup
 				for r, g := range rs {
@@ -301,6 +314,7 @@ func TestGroupMismatchDestroy(t *testing.T) {
 					}()
 				}
 				wg.Wait()
+				collectives.SetTestIssue(nil)
 				for r, err := range errs {
 					if !errors.Is(err, collectives.ErrMismatch) {
 						t.Errorf("rank %d: %v, want ErrMismatch", r, err)
@@ -351,6 +365,32 @@ func TestGroupMismatchDestroy(t *testing.T) {
 			})
 		}
 	}
+}
+
+// holdAfterHello holds each rank's issuing, from the step after its first
+// (the hello) on, until the rank's stream has failed: the hello's task has
+// found the mismatch and run to its end before the rank issues its pipe
+// steps. For a call whose groups disagree; the hook is removed at the
+// test's end, or by SetTestIssue(nil) once the call is issued.
+func holdAfterHello(t *testing.T, rs []*groupRank) {
+	var mu sync.Mutex
+	steps := make([]int, len(rs))
+	collectives.SetTestIssue(func(rank int) {
+		mu.Lock()
+		steps[rank]++
+		first := steps[rank] == 1
+		mu.Unlock()
+		if first {
+			return
+		}
+		for deadline := time.Now().Add(10 * time.Second); rs[rank].s.PeekError() == nil; time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Errorf("rank %d: its stream has not failed 10 s after its hello was issued", rank)
+				return
+			}
+		}
+	})
+	t.Cleanup(func() { collectives.SetTestIssue(nil) })
 }
 
 // TestSendRecvSideFailureReachesCaller: a receive runs on the side thread; when

@@ -209,8 +209,18 @@ func reduceOrdered(sc *sched, send, recv device.Ptr, count int64, dt hcomm.DataT
 // perturb the timing with it. Set only by tests, while no collective runs.
 var testJitter func(rank int)
 
-// jitter enqueues testJitter, when set.
+// testIssue, when not nil, is run before each step of a schedule (where
+// testJitter is enqueued), on the goroutine that issues the schedule, with
+// its rank: a test holds a rank's issuing there until the stream tasks it
+// already enqueued have run (a hello that found a mismatch). Set only by
+// tests, while no collective runs.
+var testIssue func(rank int)
+
+// jitter runs testIssue and enqueues testJitter, when set.
 func (s *sched) jitter() {
+	if f := testIssue; f != nil && s.ok() {
+		f(s.st.comm.Rank())
+	}
 	if f := testJitter; f != nil && s.ok() {
 		me := s.st.comm.Rank()
 		s.do(s.t.Stream().Launch("test jitter", func(<-chan struct{}) error { f(me); return nil }))

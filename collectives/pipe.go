@@ -1,6 +1,10 @@
 package collectives
 
-import "github.com/hcomm-dev/hcomm/device"
+import (
+	"fmt"
+
+	"github.com/hcomm-dev/hcomm/device"
+)
 
 // Two ways for a piece of data to cross from one rank to another, both built
 // from the data-plane ops only:
@@ -24,10 +28,16 @@ import "github.com/hcomm-dev/hcomm/device"
 // with peer found a mismatch advanced the counters of the pipes with peer by
 // sent and recvd pieces: the call's work is skipped on both ranks, whose
 // counters then disagree by what each issued. The counters are taken back
-// before the next pipe step (settlePipes); since they only add up, it does
-// not matter that calls issued meanwhile counted from the advanced values
-// (their work is skipped too: it follows the failure on the stream, or, on
-// another stream, waits on it through an event).
+// when the next call starts (settlePipes, from lockLocal), never in the
+// middle of a call: the task may run while the call that advanced them is
+// still issuing its pieces, and taken back there the counters would go below
+// what that call has counted so far (sent under acked: the wait for the
+// acknowledgements would find more than two pieces outstanding). Once the
+// call is issued, every piece it counts has been counted, so the counters
+// stay at or above what is taken back. Since they only add up, it does not
+// matter that calls issued meanwhile counted from the advanced values (their
+// work is skipped too: it follows the failure on the stream, or, on another
+// stream, waits on it through an event).
 func (st *state) undoPipes(peer int, sent, recvd uint64) {
 	st.undoMu.Lock()
 	defer st.undoMu.Unlock()
@@ -40,8 +50,9 @@ func (st *state) undoPipes(peer int, sent, recvd uint64) {
 	st.undoing.Store(true)
 }
 
-// settlePipes applies what undoPipes recorded. st.mu is held. The pieces a
-// call sent are all counted as acknowledged by its end (drainPipes), so that
+// settlePipes applies what undoPipes recorded. st.mu is held, and no call
+// is being issued (lockLocal calls it as a call starts). The pieces a call
+// sent are all counted as acknowledged by its end (drainPipes), so that
 // acked goes back by as many as sent.
 func (st *state) settlePipes() {
 	if !st.undoing.Load() {
@@ -62,11 +73,13 @@ func (st *state) settlePipes() {
 func (s *sched) pipeSend(peer int, src device.Ptr, n int64) {
 	s.jitter()
 	st := s.st
-	st.settlePipes()
+	if !s.inStep(peer) {
+		return
+	}
 	i := st.sent[peer]
 	st.sent[peer]++
 	k := i % 2
-	for st.acked[peer]+2 <= i {
+	for i-st.acked[peer] >= 2 { // at most once: inStep
 		// The peer consumed the slot's previous piece.
 		s.wait(peer, nAck+int(st.acked[peer]%2))
 		st.acked[peer]++
@@ -79,7 +92,6 @@ func (s *sched) pipeSend(peer int, src device.Ptr, n int64) {
 func (s *sched) pipeRecv(peer int) (slot device.Ptr, done func()) {
 	s.jitter()
 	st := s.st
-	st.settlePipes()
 	j := st.recvd[peer]
 	st.recvd[peer]++
 	k := j % 2
@@ -99,13 +111,30 @@ func (s *sched) pipeRecv(peer int) (slot device.Ptr, done func()) {
 // when this rank's stream reaches the wait.
 func (s *sched) drainPipes() {
 	st := s.st
-	st.settlePipes()
 	for p := range st.acked {
-		for st.acked[p] < st.sent[p] {
+		if !s.inStep(p) {
+			return
+		}
+		for st.acked[p] != st.sent[p] { // at most twice: inStep
 			s.wait(p, nAck+int(st.acked[p]%2))
 			st.acked[p]++
 		}
 	}
+}
+
+// inStep reports whether the pieces written into peer's inbox whose nAck
+// this rank has not waited for fit in the inbox's two slots, as they always
+// do when the ranks issue the same schedule; otherwise it fails the schedule
+// (the counters are out of step: a bug), so that the waits for the
+// acknowledgements, which count up to sent, are bounded by the two slots.
+func (s *sched) inStep(peer int) bool {
+	st := s.st
+	if d := st.sent[peer] - st.acked[peer]; d > 2 {
+		s.do(fmt.Errorf("collectives: rank %d's pipe to rank %d is out of step: %d pieces written, %d acknowledged, more than the inbox's 2 slots apart",
+			st.comm.Rank(), peer, st.sent[peer], st.acked[peer]))
+		return false
+	}
+	return true
 }
 
 // claimGather returns this rank's next gather slot, once every rank that read

@@ -207,6 +207,9 @@ func lockLocal(c *hcomm.Comm) (*state, error) {
 		st.mu.Unlock()
 		return nil, err
 	}
+	// The pipe counters a mismatched send/receive advanced are taken back
+	// here, between calls (pipe.go, undoPipes).
+	st.settlePipes()
 	return st, nil
 }
 

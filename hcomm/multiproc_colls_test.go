@@ -26,8 +26,16 @@ func collsWork(c *hcomm.Comm) error {
 	algos := func(name string) []collectives.Algorithm {
 		return append([]collectives.Algorithm{collectives.AlgoAuto}, collectives.Algorithms(name)...)
 	}
+	// The inline algorithms carry the data in the hello slots: oneshot a
+	// rank's input, rd at most the whole output (an all-gather's).
 	ok := func(a collectives.Algorithm, bytes int) bool {
-		return a != collectives.AlgoOneShot || int64(bytes) <= collectives.InlineBytes(c)
+		switch a {
+		case collectives.AlgoOneShot:
+			return int64(bytes) <= collectives.InlineBytes(c)
+		case collectives.AlgoRD:
+			return int64(bytes)*int64(n) <= collectives.InlineBytes(c)
+		}
+		return true
 	}
 	for _, count := range []int{7, 300001} {
 		send := make([]int32, count)
