@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -176,9 +177,49 @@ func TestGetCommAsyncError(t *testing.T) {
 
 // TestTimeoutSaysWhereTheRanksAre: rank 2 never calls the collective; the
 // others' waits time out, and their errors say that rank 1 (or 0) waits in
-// the same collective while rank 2 reports no wait.
+// the same collective while rank 2 reports no wait. In process the ranks
+// publish where they wait in the communicator's store; initialised from a
+// root info, in their own bootstrap mailboxes, which the timed-out rank
+// asks one by one.
 func TestTimeoutSaysWhereTheRanksAre(t *testing.T) {
-	comms := initAll(t, 3, &hcomm.Config{ExecTimeout: 2500 * time.Millisecond, BufferSize: 1 << 20})
+	cfg := &hcomm.Config{ExecTimeout: 2500 * time.Millisecond, BufferSize: 1 << 20}
+	t.Run("store", func(t *testing.T) { timeoutSaysWhere(t, initAll(t, 3, cfg)) })
+	t.Run("mailboxes", func(t *testing.T) {
+		c := *cfg
+		c.Transport = hcomm.TransportTCP
+		root, err := hcomm.GetRootInfo(&c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer root.Close()
+		comms := make([]*hcomm.Comm, 3)
+		errs := make([]error, 3)
+		var wg sync.WaitGroup
+		for r := range comms {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				comms[r], errs[r] = hcomm.InitRootInfo(3, root, r, &c)
+			}()
+		}
+		wg.Wait()
+		defer func() {
+			for _, c := range comms {
+				if c != nil {
+					c.Destroy()
+				}
+			}
+		}()
+		for r, err := range errs {
+			if err != nil {
+				t.Fatalf("rank %d: %v", r, err)
+			}
+		}
+		timeoutSaysWhere(t, comms)
+	})
+}
+
+func timeoutSaysWhere(t *testing.T, comms []*hcomm.Comm) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	run(t, comms, func(c *hcomm.Comm) error { return collectives.BarrierContext(ctx, c) }) // channels up: collective #1

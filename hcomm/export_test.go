@@ -22,3 +22,8 @@ func RootServed(c *Comm) int64 { return c.boot.root.Served() }
 // gather (ring.go); call it before any communicator exists, and set it
 // back to nil when done.
 func SetGatherHook(f func(rank, step int)) { gatherHook = f }
+
+// WatchLooks returns how many times c's loss watch has looked at the event
+// counter in rank 0's store (health.go: three messages each, four when an
+// event was skipped).
+func WatchLooks(c *Comm) int64 { return c.health.looks.Load() }

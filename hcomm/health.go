@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hcomm-dev/hcomm/channel"
@@ -35,7 +36,8 @@ import (
 // without rank 0's goodbye (a store that rank 0 closes on purpose says
 // goodbye first); rank 0 stuck, from rank 1, whose mailbox finds it
 // silent and passes the word around the ring (rank 0's store, stuck,
-// cannot publish it). Nobody polls rank 0's store, and neither way
+// cannot publish it). Nobody pings rank 0's store (the loss watch's
+// looks at it grow rare in a quiet job: quietGrace), and neither way
 // depends on HCCL_EXEC_TIMEOUT. (A communicator without mailboxes — a
 // shrunk one — pings its store and asks rank 0's a question once a
 // second instead: watchRoot.)
@@ -104,6 +106,8 @@ type health struct {
 	// waiting for the peer then.
 	lostCtx    context.Context
 	lostCancel context.CancelFunc
+
+	looks atomic.Int64 // the watch's looks at the event counter (nextEvent)
 
 	mu      sync.Mutex
 	lost    *Error         // the first loss; set once
@@ -210,16 +214,30 @@ var errNoEvent = errors.New("hcomm: loss event numbered but never set")
 // numbering its event and setting it must not stop the watch. The watch
 // looks at the counter once per grace, at least a second and at most the
 // liveness timeout: every rank's look is a request to rank 0's store, so
-// the grace grows with the rank count (a 10th of a second per rank).
+// the grace grows with the rank count (a 10th of a second per rank). While
+// no event comes, the looks grow apart (quietGrace).
 func (c *Comm) eventGrace() time.Duration {
 	return min(max(time.Second, time.Duration(c.size)*100*time.Millisecond), c.cfg.livenessTimeout())
 }
 
-// nextEvent waits for loss event i. It waits in slices of eventGrace; after
-// one in which the counter shows later events while event i is still
-// missing, it gives up on i (errNoEvent).
+// quietGrace is how far apart a quiet job's looks at the counter grow, in
+// graces: each empty look doubles the wait for the next, up to this many
+// graces, and an event brings it back to one. A look costs rank 0's store
+// three messages per rank (the wait's cancellation, the look, the next
+// wait), so a quiet job of n ranks costs it 3n per 16 graces instead of 3n
+// per grace; the price is that a loss published behind an event that was
+// numbered and never set (its publisher died between the two) reaches the
+// watch up to 16 graces late — two faults in a row, and each rank sees its
+// own channels' losses at once anyway.
+const quietGrace = 16
+
+// nextEvent waits for loss event i. It waits in slices of grace (doubling
+// while nothing comes, see quietGrace); after one in which the counter
+// shows later events while event i is still missing, it gives up on i
+// (errNoEvent).
 func (c *Comm) nextEvent(ctx context.Context, i int) ([]byte, error) {
-	grace := c.eventGrace()
+	base := c.eventGrace()
+	grace := base
 	for {
 		gctx, gcancel := context.WithTimeout(ctx, grace)
 		b, err := c.boot.store.Get(gctx, eventPfx+strconv.Itoa(i))
@@ -228,6 +246,8 @@ func (c *Comm) nextEvent(ctx context.Context, i int) ([]byte, error) {
 		if !timedOut {
 			return b, err
 		}
+		c.health.looks.Add(1)
+		grace = min(2*grace, quietGrace*base)
 		n, err := c.boot.store.Add(ctx, eventCtr, 0)
 		if err != nil {
 			return nil, err

@@ -140,3 +140,28 @@ func TestSetupFailureNamesTheRank(t *testing.T) {
 		})
 	}
 }
+
+// A quiet job's loss watch looks at rank 0's store less and less often:
+// at 1, 3, 7, … graces (quietGrace), not once a grace — rank 0's store
+// served 3n messages a grace for nothing before.
+func TestLossWatchBacksOff(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits 4.5 s")
+	}
+	t.Parallel()
+	comms, errs := joinInProcess(t, 2, func(int) *Config { return &Config{BufferSize: 64 << 10} })
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d: %v", r, err)
+		}
+	}
+	if g := comms[0].eventGrace(); g != time.Second {
+		t.Fatalf("grace %v at 2 ranks; the test counts in seconds", g)
+	}
+	time.Sleep(4500 * time.Millisecond) // once a grace: 4 looks; backing off: at 1 s and 3 s
+	for _, c := range comms {
+		if k := c.health.looks.Load(); k < 1 || k > 2 {
+			t.Errorf("rank %d: the loss watch looked %d times in 4.5 s; want 1 or 2 (at 1 s, 3 s)", c.rank, k)
+		}
+	}
+}

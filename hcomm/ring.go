@@ -31,7 +31,7 @@ import (
 //     timeout (and publishes it in rank 0's store, as rank 0's store does
 //     for a connection that ends), and watches that connection for the
 //     successor's end; rank 0 stuck, whose store cannot publish, is passed
-//     around the ring instead. Nobody polls rank 0's store.
+//     around the ring instead. Nobody pings rank 0's store.
 
 // mailbox is a rank's own bootstrap store and its connections to the other
 // ranks' mailboxes. Safe for concurrent use.

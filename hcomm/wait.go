@@ -4,12 +4,15 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/hcomm-dev/hcomm/channel"
 	"github.com/hcomm-dev/hcomm/device"
+	"github.com/hcomm-dev/hcomm/internal/bootstrap"
 	"github.com/hcomm-dev/hcomm/notify"
 )
 
@@ -82,15 +85,17 @@ func (c *Comm) awaitNotify(op string, ch *Channel, idx int, n *notify.Notify, ti
 // record in time, but not why: the peer may be stuck in another collective,
 // behind in the same one, or not calling hcomm at all. So a rank whose notify
 // wait has lasted slowWait publishes where it waits — the operation and its
-// sequence number — in the communicator's bootstrap store, and withdraws it
-// when the wait ends well (a failed wait leaves it: that rank stays stuck
-// there, and the sequence number tells a later reader how old it is). A rank whose wait then times out reads every peer's
-// entry and names each peer's position in its error and log:
+// sequence number — in its own bootstrap mailbox (ring.go; in the
+// communicator's store where there are no mailboxes), and withdraws it when
+// the wait ends well (a failed wait leaves it: that rank stays stuck there,
+// and the sequence number tells a later reader how old it is). A rank whose
+// wait then times out reads every peer's entry and names each peer's
+// position in its error and log:
 //
 //	rank 1 waits in AllReduce #7 (ring); rank 2 waits in AllGather #7 (direct);
 //	rank 3 reports no wait (busy outside hcomm, not calling this collective, or lost)
 //
-// Only slow waits touch the store, so the fast path pays nothing.
+// Only slow waits touch a store, so the fast path pays nothing.
 
 func progressKey(rank int) string { return "progress/r" + strconv.Itoa(rank) }
 
@@ -118,38 +123,79 @@ func (c *Comm) waitReporting(n *notify.Notify, timeout time.Duration, stop <-cha
 
 // setProgress publishes (or, for "", withdraws) this rank's position.
 func (c *Comm) setProgress(where string) {
-	if c.boot == nil || c.boot.store == nil {
+	st := c.progressStore(context.Background(), c.rank)
+	if st == nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	if where == "" {
-		c.boot.store.Delete(ctx, progressKey(c.rank))
+		st.Delete(ctx, progressKey(c.rank))
 		return
 	}
-	c.boot.store.Set(ctx, progressKey(c.rank), []byte(where))
+	st.Set(ctx, progressKey(c.rank), []byte(where))
+}
+
+// progressStore is the store that holds rank's position: with mailboxes,
+// that rank's own mailbox (a rank publishes without a network round trip,
+// and a slow wait at 64 ranks costs rank 0's store nothing), else the
+// communicator's store. Nil when there is none or the mailbox cannot be
+// reached within ctx.
+func (c *Comm) progressStore(ctx context.Context, rank int) bootstrap.Store {
+	b := c.boot
+	if b == nil {
+		return nil
+	}
+	if b.mail == nil || b.ns == "" || rank >= len(b.peers) || b.peers[rank].Mailbox == "" {
+		if b.store == nil {
+			return nil
+		}
+		return b.store
+	}
+	if rank == c.rank {
+		return bootstrap.Prefix(b.mail.local(), b.ns)
+	}
+	cli, err := b.mail.dial(ctx, b.peers[rank].Mailbox)
+	if err != nil {
+		return nil
+	}
+	return bootstrap.Prefix(cli, b.ns)
 }
 
 // whereAreThey reads every peer's published position (without waiting: a
 // peer without an entry is not waiting in hcomm, and a wait that timed out
-// returns on time) and describes them.
+// returns on time) and describes them. The peers are asked at once, within
+// one bound shared by all.
 func (c *Comm) whereAreThey() string {
-	if c.boot == nil || c.boot.store == nil || c.size < 2 {
+	if c.boot == nil || c.size < 2 {
 		return ""
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond) // round trips to rank 0's store
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond) // a connection and a round trip per peer's mailbox
 	defer cancel()
-	var parts []string
+	parts := make([]string, c.size)
+	var wg sync.WaitGroup
 	for p := 0; p < c.size; p++ {
 		if p == c.rank {
 			continue
 		}
-		v, ok, err := c.boot.store.TryGet(ctx, progressKey(p))
-		if err != nil || !ok || len(v) == 0 {
-			parts = append(parts, fmt.Sprintf("rank %d reports no wait (busy outside hcomm, not calling this collective, or lost)", p))
-			continue
-		}
-		parts = append(parts, fmt.Sprintf("rank %d waits in %s", p, v))
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var v []byte
+			ok := false
+			if st := c.progressStore(ctx, p); st != nil {
+				var err error
+				v, ok, err = st.TryGet(ctx, progressKey(p))
+				ok = ok && err == nil && len(v) > 0
+			}
+			if !ok {
+				parts[p] = fmt.Sprintf("rank %d reports no wait (busy outside hcomm, not calling this collective, or lost)", p)
+				return
+			}
+			parts[p] = fmt.Sprintf("rank %d waits in %s", p, v)
+		}()
 	}
+	wg.Wait()
+	parts = slices.DeleteFunc(parts, func(s string) bool { return s == "" })
 	return "where the other ranks are: " + strings.Join(parts, "; ")
 }
