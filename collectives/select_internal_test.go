@@ -3,6 +3,7 @@ package collectives
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/hcomm-dev/hcomm/hcomm"
 )
@@ -156,6 +157,26 @@ func TestChooseOrderedOnlyWhenStrict(t *testing.T) {
 		}
 		if a, err := strictAlgo(nil, "x", k, AlgoAuto, "", 8, l); err != nil || a != want {
 			t.Errorf("%v, 8 bytes, strict: %v, %v; want %v", k, a, err, want)
+		}
+	}
+}
+
+// The inline poll is on by default, and off by default when the
+// communicator's processes on the host outnumber its cores (a polling
+// caller takes the core its peer needs); the variable overrides both ways.
+func TestHelloPollDefault(t *testing.T) {
+	for _, c := range []struct {
+		env          string
+		procs, cores int
+		want         time.Duration
+	}{
+		{"", 1, 2, helloPoll}, {"", 2, 2, helloPoll}, {"", 4, 2, -1}, {"", 64, 32, -1},
+		{"off", 1, 2, -1}, {"20us", 4, 2, 20 * time.Microsecond}, {"0", 1, 8, -1},
+	} {
+		t.Setenv("HCOMM_HELLO_POLL", c.env)
+		got, err := envHelloPoll(c.procs, c.cores)
+		if err != nil || got != c.want {
+			t.Errorf("HCOMM_HELLO_POLL=%q, %d processes on %d cores: %v, %v; want %v", c.env, c.procs, c.cores, got, err, c.want)
 		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -249,7 +250,7 @@ func (st *state) init1() {
 	st.strict = c.Config().Deterministic == hcomm.DeterministicStrict
 	st.forced, st.err = envAlgo()
 	if st.err == nil {
-		st.helloPoll, st.err = envHelloPoll() // handshake.go
+		st.helloPoll, st.err = envHelloPoll(c.ProcessesHere(), runtime.NumCPU()) // handshake.go
 	}
 	if st.err == nil {
 		st.costs, st.err = envCostModel()

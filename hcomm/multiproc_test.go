@@ -337,12 +337,22 @@ func TestMultiProcess(t *testing.T) {
 				want = trs[0].Name // hcomm's choice: the fastest between processes
 			}
 			procCfg.Run(t, 3, tr, func(t testing.TB, c *hcomm.Comm) {
+				if got := c.ProcessesHere(); got != 3 {
+					t.Errorf("ProcessesHere = %d for 3 processes on this host", got)
+				}
 				if err := rankWork(c, want, sizes); err != nil {
 					t.Fatal(err)
 				}
 			})
 		})
 	}
+	t.Run("goroutines", func(t *testing.T) {
+		hcommtest.Run(t, 3, hcommtest.Auto, func(t testing.TB, c *hcomm.Comm) {
+			if got := c.ProcessesHere(); got != 1 {
+				t.Errorf("ProcessesHere = %d for 3 ranks in one process", got)
+			}
+		})
+	})
 }
 
 // InitFromEnv under mpirun's and srun's variables (as they set them), the

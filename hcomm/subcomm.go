@@ -177,6 +177,13 @@ func (c *Comm) sub(op string, ranks []int, id string, cfg *Config) (*Comm, error
 	return newCommOn(op, conf, me, len(ranks), c.dev.ID(), c, boot)
 }
 
+// ProcessesHere returns how many processes the communicator's ranks on this
+// rank's host run in (1 for ranks that are goroutines of one process): with
+// more of them than the host has cores, a rank that busy-waits takes a core
+// from a peer it waits for, so the waits that would spin should sleep or
+// yield instead.
+func (c *Comm) ProcessesHere() int { return c.procsHere() }
+
 // HostOf returns a label of the host rank runs on, equal for two ranks
 // exactly when they share a host and can reach each other through shared
 // memory (ranks of one process always do): what a two-level schedule groups
