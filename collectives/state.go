@@ -126,6 +126,7 @@ type state struct {
 	lastStream *device.Stream
 	lastSmall  bool          // the previous collective was one hello (launchHello may wait for it)
 	helloPoll  time.Duration // HCOMM_HELLO_POLL: the inline poll's bound; negative: no inline hello
+	pollSet    bool          // HCOMM_HELLO_POLL is set: callers poll for tcp peers too (overNetwork)
 
 	own      *device.Stream // the stream of the host-slice layer
 	staging  device.Ptr     // the host-slice layer's device copy of the data
@@ -251,6 +252,7 @@ func (st *state) init1() {
 	st.forced, st.err = envAlgo()
 	if st.err == nil {
 		st.helloPoll, st.err = envHelloPoll(c.ProcessesHere(), runtime.NumCPU()) // handshake.go
+		st.pollSet = os.Getenv("HCOMM_HELLO_POLL") != ""
 	}
 	if st.err == nil {
 		st.costs, st.err = envCostModel()
