@@ -68,7 +68,15 @@ func alltoall(c *hcomm.Comm, name string, h header, send device.Ptr, sc_, sd []i
 		}
 	}
 	return issue(c, name, h.kind, s, o, extent(sc_, sd)*es, func(sched *sched, algo Algorithm) error {
-		if algo != AlgoPairwise {
+		switch {
+		case algo == AlgoBruck && h.kind == kAlltoAll:
+			// Equal counts everywhere: the header carries them, and the
+			// handshake (the butterfly above helloFullMax ranks, whose
+			// partners are Bruck's) checks them; no table to every peer.
+			sched.open(h, algo)
+			alltoAllBruck(sched, send, recv, sc_[0]*es)
+			return nil
+		case algo != AlgoPairwise:
 			return collErr(c, name, hcomm.ErrNotSupport, nil, "algorithm %v is not available for %s", algo, name)
 		}
 		h.algo = algo

@@ -23,7 +23,7 @@ const (
 	AlgoTree                      // binomial tree, pipelined in pieces: log2(n) hops (broadcast, reduce; all-reduce as a reduce and a broadcast)
 	AlgoOrdered                   // every rank reduces its piece from all ranks' inputs in rank order: the same bits whatever the transport (HCCL_DETERMINISTIC=strict)
 	AlgoRD                        // recursive doubling: log2(n) exchanges of the whole (small) message, inline with the butterfly handshake
-	AlgoBruck                     // Bruck's all-gather: ⌈log2 n⌉ rounds at distances 1, 2, 4, … through the pipes
+	AlgoBruck                     // Bruck: ⌈log2 n⌉ rounds at distances 1, 2, 4, … through the pipes (all-gather; all-to-all of small blocks)
 )
 
 func (a Algorithm) String() string {
@@ -66,7 +66,7 @@ var algorithms = [kSendRecv + 1][]Algorithm{
 	kReduce:         {AlgoOneShot, AlgoRD, AlgoTree, AlgoRing, AlgoOrdered},
 	kScatter:        {AlgoPairwise},
 	kGather:         {AlgoPairwise},
-	kAlltoAll:       {AlgoPairwise},
+	kAlltoAll:       {AlgoPairwise, AlgoBruck},
 	kAlltoAllV:      {AlgoPairwise},
 	kBarrier:        {AlgoOneShot},
 }
