@@ -73,8 +73,8 @@ func alltoAllBruck(sc *sched, send, recv device.Ptr, block int64) {
 			if i&(h-1) == 0 { // not moved yet: still in send
 				from = send.Add(int64(mod(me+i, n)) * block)
 			}
-			src = appendSpan(src, from, block)
-			dst = appendSpan(dst, at(i), block)
+			src = appendSpan(src, from, block, from != at(i))
+			dst = appendSpan(dst, at(i), block, false)
 		}
 		var total int64 // the round's bytes
 		for _, s := range src {
@@ -96,20 +96,24 @@ func alltoAllBruck(sc *sched, send, recv device.Ptr, block int64) {
 	}
 }
 
-// span is a run of bytes in device memory.
+// span is a run of bytes in device memory, in one of two buffers (send
+// and recv: other is the second).
 type span struct {
-	p device.Ptr
-	n int64
+	p     device.Ptr
+	n     int64
+	other bool
 }
 
-// appendSpan appends n bytes at p to spans, merging them into the last span
-// where they continue it.
-func appendSpan(spans []span, p device.Ptr, n int64) []span {
-	if l := len(spans); l > 0 && spans[l-1].p.Add(spans[l-1].n) == p {
+// appendSpan appends n bytes at p, in buffer other, to spans, merging them
+// into the last span where they continue it in the same buffer (two
+// buffers may lie end to end: a span that ran from one into the other would
+// fail the range checks of the copy or write that takes it).
+func appendSpan(spans []span, p device.Ptr, n int64, other bool) []span {
+	if l := len(spans); l > 0 && spans[l-1].other == other && spans[l-1].p.Add(spans[l-1].n) == p {
 		spans[l-1].n += n
 		return spans
 	}
-	return append(spans, span{p, n})
+	return append(spans, span{p, n, other})
 }
 
 // walkSpans calls fn for each part of spans that bytes [lo, lo+n) of their

@@ -36,6 +36,14 @@ func TestAlltoAllBruck(t *testing.T) {
 			}
 		})
 	}
+	// At the default piece a round's blocks go in one piece, from the send
+	// and recv buffers (which the device may place end to end).
+	restore := collectives.SetPieceOverride(0)
+	defer restore()
+	comms := hcommtest.Options{Config: &hcomm.Config{BufferSize: 16 << 20}}.New(t, 16, hcommtest.Inproc)
+	for _, count := range []int64{4, 64, 1000} {
+		testAlltoAll(t, comms, matrixCase{dt: hcomm.Float32, op: hcomm.Sum, count: count}, collectives.AlgoBruck)
+	}
 }
 
 // TestAlltoAllBruckEnv: HCCL_ALGO=alltoall=level0:NA;level1:bruck puts

@@ -76,6 +76,14 @@ func rdPayload(k kind, bytes int64, n int) int64 {
 	return bytes
 }
 
+// bruckBlocks is how many blocks Bruck's all-to-all among n ranks moves in
+// the round of distance h: the indices in [1, n) with bit h set.
+func bruckBlocks(n, h int) int {
+	// Whole periods of 2h indices hold h each, the partial one what of
+	// it lies past h.
+	return n/(2*h)*h + max(0, n%(2*h)-h)
+}
+
 // costOf returns the modelled time (seconds) of algorithm a for the call.
 func costOf(a Algorithm, sh shape, lc LinkCost) float64 {
 	n, S := sh.n, float64(sh.bytes)
@@ -189,6 +197,30 @@ func costOf(a Algorithm, sh shape, lc LinkCost) float64 {
 			return butterflyCost(n, lc, S, S)
 		case AlgoRing:
 			return hs + (N-1)*(lc.Alpha+2*math.Max(1, math.Ceil(S/N/float64(sh.piece)))*lc.Overhead) + (N-1)/N*S*(lc.Beta+lc.Gamma)
+		}
+	case kAlltoAll, kAlltoAllV:
+		B := S / N // a block: what each peer gets
+		switch a {
+		case AlgoBruck:
+			// ⌈log2 n⌉ rounds, one after the other (a round sends what
+			// the one before received); the round of distance h moves
+			// the blocks whose index has bit h set, about half of them,
+			// packed and unpacked through the scratch slot and the inbox.
+			c := hs
+			for h := 1; h < n; h *= 2 {
+				m := float64(bruckBlocks(n, h)) * B
+				c += lc.Alpha + 2*math.Max(1, math.Ceil(m/float64(sh.piece)))*lc.Overhead + m*(lc.Beta+2*memBeta)
+			}
+			return c
+		case AlgoPairwise:
+			// n-1 rounds, a block to one peer and one from another in
+			// each; above helloFullMax ranks the butterfly opens the call
+			// and a hello with every peer then carries the send counts.
+			c := hs + (N-1)*(lc.Alpha+2*math.Max(1, math.Ceil(B/float64(sh.piece)))*lc.Overhead) + (N-1)*B*(lc.Beta+memBeta)
+			if n > helloFullMax {
+				c += mesh
+			}
+			return c
 		}
 	case kBarrier:
 		return hs

@@ -360,7 +360,8 @@ func solve(a [][]float64, b []float64) ([]float64, bool) {
 func AlgoNames() map[string]collectives.Algorithm {
 	m := map[string]collectives.Algorithm{}
 	for _, a := range []collectives.Algorithm{collectives.AlgoAuto, collectives.AlgoOneShot, collectives.AlgoRing, collectives.AlgoDirect,
-		collectives.AlgoPairwise, collectives.AlgoHD, collectives.AlgoHier, collectives.AlgoTree, collectives.AlgoOrdered} {
+		collectives.AlgoPairwise, collectives.AlgoHD, collectives.AlgoHier, collectives.AlgoTree, collectives.AlgoOrdered,
+		collectives.AlgoRD, collectives.AlgoBruck} {
 		m[a.String()] = a
 	}
 	return m
