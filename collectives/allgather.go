@@ -171,6 +171,9 @@ func allGather(c *hcomm.Comm, name string, h header, send device.Ptr, sendCount 
 			sc.open(h, algo)
 			sc.copy(out(me), send, sendCount*es)
 			allGatherRing(sc, out, counts, es)
+		case AlgoHier:
+			sc.open(h, algo)
+			allGatherHier(sc, s, send, recv, sendCount, dt)
 		case AlgoBruck:
 			sc.open(h, algo)
 			sc.copy(out(me), send, sendCount*es)

@@ -13,7 +13,17 @@ import (
 // Options tune one collective call. The zero value (or nil) lets hcomm choose.
 type Options struct {
 	Algorithm Algorithm
+
+	// level marks a call that is one level of a two-level schedule
+	// (hier.go), on a sub-communicator: its algorithm is its own
+	// selector's, since HCCL_ALGO names the two-level schedule itself
+	// (which, forced on the level too, would call itself for ever).
+	level bool
 }
+
+// levelOptions are the options of the calls a two-level schedule makes on
+// its levels' communicators.
+var levelOptions = &Options{level: true}
 
 // copy returns a copy of o (nil for nil).
 func (o *Options) copy() *Options {
@@ -175,7 +185,7 @@ func issueWindowed(c *hcomm.Comm, name string, k kind, s *device.Stream, o *Opti
 	// A call this rank can tell is wrong fails here, before the channels
 	// are set up: at once, and with the communicator still usable.
 	algo, from := algoOf(o), "Options.Algorithm"
-	if algo == AlgoAuto {
+	if algo == AlgoAuto && (o == nil || !o.level) {
 		algo, from = st.forced[k], "HCCL_ALGO"
 	}
 	if st.strict && reduces(k) {

@@ -53,6 +53,9 @@ func Broadcast(buf device.Ptr, count int64, dt hcomm.DataType, root int, c *hcom
 		case algo == AlgoRing:
 			sc.open(h, algo)
 			broadcastRing(sc, buf, n, root)
+		case algo == AlgoHier:
+			sc.open(h, algo)
+			broadcastHier(sc, s, buf, count, dt, root)
 		default:
 			return collErr(c, name, hcomm.ErrNotSupport, nil, "algorithm %v is not available for broadcast", algo)
 		}

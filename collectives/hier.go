@@ -21,8 +21,37 @@ import (
 // hier is a communicator's two-level structure.
 type hier struct {
 	hosts   int         // number of host groups
-	local   *hcomm.Comm // this rank's group (rank 0 is the leader)
+	groups  [][]int     // the ranks of each host, ascending; hosts in the order of their first rank
+	mine    int         // this rank's host: its index in groups and its rank among the leaders
+	local   *hcomm.Comm // this rank's group (rank 0 is the leader); nil until the first two-level collective
 	leaders *hcomm.Comm // the leaders, one per host; nil on other ranks
+}
+
+// hostGroups returns the ranks of each host of c (by HostOf), ascending,
+// hosts in the order of their first rank, and the index of c's rank's host.
+func hostGroups(c *hcomm.Comm) (groups [][]int, mine int) {
+	index := map[string]int{}
+	for r := 0; r < c.Size(); r++ {
+		h := c.HostOf(r)
+		i, ok := index[h]
+		if !ok {
+			i = len(groups)
+			index[h] = i
+			groups = append(groups, nil)
+		}
+		groups[i] = append(groups[i], r)
+	}
+	return groups, index[c.HostOf(c.Rank())]
+}
+
+// shape returns the communicator's host groups without making the levels'
+// sub-communicators (the selector's view: hierarchy makes them).
+func (st *state) shape() *hier {
+	if st.hier == nil {
+		groups, mine := hostGroups(st.comm)
+		st.hier = &hier{hosts: len(groups), groups: groups, mine: mine}
+	}
+	return st.hier
 }
 
 // Sub-communicator ids of the two levels (unique among the communicator's
@@ -36,26 +65,14 @@ const (
 // sub-communicators at the first call (collective: every rank calls it at the
 // same collective).
 func (st *state) hierarchy() (*hier, error) {
-	if st.hier != nil {
-		return st.hier, nil
+	h := st.shape()
+	if h.local != nil {
+		return h, nil
 	}
 	c := st.comm
-	index := map[string]int{}
-	var groups [][]int
-	for r := 0; r < c.Size(); r++ {
-		h := c.HostOf(r)
-		i, ok := index[h]
-		if !ok {
-			i = len(groups)
-			index[h] = i
-			groups = append(groups, nil)
-		}
-		groups[i] = append(groups[i], r)
-	}
-	mine := index[c.HostOf(c.Rank())]
-	h := &hier{hosts: len(groups)}
-	var err error
-	if h.local, err = c.CreateSubComm(groups[mine], uint64(hierLocalID+mine), nil); err != nil {
+	groups, mine := h.groups, h.mine
+	local, err := c.CreateSubComm(groups[mine], uint64(hierLocalID+mine), nil)
+	if err != nil {
 		return nil, fmt.Errorf("two-level collectives: the group of host %d: %w", mine, err)
 	}
 	if groups[mine][0] == c.Rank() {
@@ -64,11 +81,11 @@ func (st *state) hierarchy() (*hier, error) {
 			leaders[i] = g[0]
 		}
 		if h.leaders, err = c.CreateSubComm(leaders, hierLeadersID, nil); err != nil {
-			h.local.Destroy()
+			local.Destroy()
 			return nil, fmt.Errorf("two-level collectives: the leaders: %w", err)
 		}
 	}
-	st.hier = h
+	h.local = local
 	return h, nil
 }
 
@@ -77,7 +94,9 @@ func (h *hier) close() {
 	if h.leaders != nil {
 		h.leaders.Destroy()
 	}
-	h.local.Destroy()
+	if h.local != nil {
+		h.local.Destroy()
+	}
 }
 
 // multiHost reports whether the communicator spans hosts with several ranks
@@ -108,11 +127,116 @@ func allReduceHier(sc *sched, s *device.Stream, send, recv device.Ptr, count int
 		sc.do(err)
 		return
 	}
-	sc.do(Reduce(send, recv, count, dt, op, 0, h.local, s, nil))
+	sc.do(Reduce(send, recv, count, dt, op, 0, h.local, s, levelOptions))
 	if sc.ok() && h.leaders != nil {
-		sc.do(AllReduce(recv, recv, count, dt, op, h.leaders, s, nil))
+		sc.do(AllReduce(recv, recv, count, dt, op, h.leaders, s, levelOptions))
 	}
 	if sc.ok() {
-		sc.do(Broadcast(recv, count, dt, 0, h.local, s, nil))
+		sc.do(Broadcast(recv, count, dt, 0, h.local, s, levelOptions))
+	}
+}
+
+// allGatherHier issues the two-level all-gather on s of count elements per
+// rank: within each host every rank gathers the host's blocks, each at its
+// place in recv (an AllGatherV over the host's shared memory); the leaders
+// then exchange their hosts' blocks over the network (one all-gather when
+// every host holds the same number of consecutive ranks, as launchers
+// place them; else one AllGatherV per run of consecutive ranks that the
+// most fragmented host has); and each leader broadcasts the whole output
+// to its host. The network carries each block once per leader link rather
+// than once per rank, in log or ring steps among hosts rather than ranks.
+// In place (send is this rank's block of recv) as the flat forms.
+func allGatherHier(sc *sched, s *device.Stream, send, recv device.Ptr, count int64, dt hcomm.DataType) {
+	if !sc.ok() {
+		return
+	}
+	h, err := sc.st.hierarchy()
+	if err != nil {
+		sc.do(err)
+		return
+	}
+	es := int64(dt.Size())
+	g := h.groups[h.mine]
+	counts, displs := make([]int64, len(g)), make([]int64, len(g))
+	for i, r := range g {
+		counts[i], displs[i] = count, int64(r)*count
+	}
+	sc.do(AllGatherV(send, count, recv, counts, displs, dt, h.local, s, levelOptions))
+	if sc.ok() && h.leaders != nil {
+		hostRuns := make([][][2]int, len(h.groups)) // each host's runs of consecutive ranks: first, length
+		most := 0
+		for i, grp := range h.groups {
+			for j, r := range grp {
+				if j > 0 && r == grp[j-1]+1 {
+					hostRuns[i][len(hostRuns[i])-1][1]++
+					continue
+				}
+				hostRuns[i] = append(hostRuns[i], [2]int{r, 1})
+			}
+			most = max(most, len(hostRuns[i]))
+		}
+		if most == 1 && uniformHosts(h.groups) {
+			m := int64(len(g)) * count
+			sc.do(AllGather(recv.Add(int64(g[0])*count*es), recv, m, dt, h.leaders, s, levelOptions))
+		} else {
+			lc, ld := make([]int64, len(h.groups)), make([]int64, len(h.groups))
+			for j := 0; j < most && sc.ok(); j++ {
+				for i, runs := range hostRuns {
+					lc[i], ld[i] = 0, 0
+					if j < len(runs) {
+						lc[i], ld[i] = int64(runs[j][1])*count, int64(runs[j][0])*count
+					}
+				}
+				sc.do(AllGatherV(recv.Add(ld[h.mine]*es), lc[h.mine], recv, lc, ld, dt, h.leaders, s, levelOptions))
+			}
+		}
+	}
+	if sc.ok() {
+		sc.do(Broadcast(recv, int64(sc.st.comm.Size())*count, dt, 0, h.local, s, levelOptions))
+	}
+}
+
+// uniformHosts reports whether host i holds ranks [i·m, (i+1)·m) for one m:
+// the leaders' blocks are then equal and in their order, an all-gather's.
+func uniformHosts(groups [][]int) bool {
+	m := len(groups[0])
+	for i, g := range groups {
+		if len(g) != m || g[0] != i*m || g[m-1] != (i+1)*m-1 {
+			return false
+		}
+	}
+	return true
+}
+
+// broadcastHier issues the two-level broadcast on s: root's data reaches
+// its host's leader (a broadcast within root's host, from root, when root
+// does not lead it), the leaders broadcast it among themselves from root's
+// host, and each leader broadcasts it within its host (root's host last
+// when root leads it, so that the network step goes first).
+func broadcastHier(sc *sched, s *device.Stream, buf device.Ptr, count int64, dt hcomm.DataType, root int) {
+	if !sc.ok() {
+		return
+	}
+	h, err := sc.st.hierarchy()
+	if err != nil {
+		sc.do(err)
+		return
+	}
+	rh, rl := 0, 0 // root's host and its rank there
+	for i, g := range h.groups {
+		for j, r := range g {
+			if r == root {
+				rh, rl = i, j
+			}
+		}
+	}
+	if h.mine == rh && rl != 0 {
+		sc.do(Broadcast(buf, count, dt, rl, h.local, s, levelOptions))
+	}
+	if sc.ok() && h.leaders != nil {
+		sc.do(Broadcast(buf, count, dt, rh, h.leaders, s, levelOptions))
+	}
+	if sc.ok() && (h.mine != rh || rl == 0) {
+		sc.do(Broadcast(buf, count, dt, 0, h.local, s, levelOptions))
 	}
 }

@@ -19,7 +19,7 @@ const (
 	AlgoDirect                    // every rank reads each piece straight from its owner's HCCL buffer: one copy per receiver (mesh)
 	AlgoPairwise                  // n-1 rounds, in round r rank i exchanges with ranks i+r and i-r (all-to-all, scatter, gather)
 	AlgoHD                        // recursive halving-doubling (HCCL's H-D_R), folding rank counts that are not powers of two
-	AlgoHier                      // two levels: reduce within each host, all-reduce among one rank per host, broadcast within each host
+	AlgoHier                      // two levels, shared memory within each host and one rank per host on the network (all-reduce, all-gather, broadcast)
 	AlgoTree                      // binomial tree, pipelined in pieces: log2(n) hops (broadcast, reduce; all-reduce as a reduce and a broadcast)
 	AlgoOrdered                   // every rank reduces its piece from all ranks' inputs in rank order: the same bits whatever the transport (HCCL_DETERMINISTIC=strict)
 	AlgoRD                        // recursive doubling: log2(n) exchanges of the whole (small) message, inline with the butterfly handshake
@@ -58,8 +58,8 @@ func (a Algorithm) String() string {
 // selector considers them.
 var algorithms = [kSendRecv + 1][]Algorithm{
 	kAllReduce:      {AlgoOneShot, AlgoRD, AlgoHD, AlgoTree, AlgoHier, AlgoRing, AlgoOrdered},
-	kBroadcast:      {AlgoOneShot, AlgoRD, AlgoDirect, AlgoTree, AlgoRing},
-	kAllGather:      {AlgoOneShot, AlgoRD, AlgoDirect, AlgoRing, AlgoBruck},
+	kBroadcast:      {AlgoOneShot, AlgoRD, AlgoDirect, AlgoTree, AlgoHier, AlgoRing},
+	kAllGather:      {AlgoOneShot, AlgoRD, AlgoDirect, AlgoHier, AlgoRing, AlgoBruck},
 	kAllGatherV:     {AlgoDirect},
 	kReduceScatter:  {AlgoOneShot, AlgoRD, AlgoRing, AlgoOrdered},
 	kReduceScatterV: {AlgoRing, AlgoOrdered},
