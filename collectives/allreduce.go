@@ -202,6 +202,9 @@ func issueWindowed(c *hcomm.Comm, name string, k kind, s *device.Stream, o *Opti
 	inWin := windowed != nil && windowed(st) // always: the schedule uses what it finds
 	if algo == AlgoAuto {
 		algo = choose(k, n, c.Size(), st.lay, st.costs, st.mapped, st.multiHost, inWin)
+		if st.multiHost && !inWin {
+			algo = chooseLevels(k, n, algo, st.lay, st.costs, st.mapped, st.shape())
+		}
 	}
 	t, err := st.begin(s)
 	if err != nil {

@@ -59,6 +59,13 @@ func TestPredictClosedForms(t *testing.T) {
 		{"AllReduce", AlgoRD, 11, 3*(10e-6+2e-6+S*1e-9+S*0.5e-9) + 2*(10e-6+2e-6+S*1e-9) + S*0.5e-9},
 		{"AllReduce", AlgoOneShot, 4, 10e-6 + 6e-6 + 3*S*1e-9 + 3*S*0.5e-9},
 		{"Barrier", AlgoOneShot, 16, 4 * (10e-6 + 2e-6)},
+		// Bruck's all-to-all: the butterfly, then log2(n) rounds of half
+		// the message, each a hand-off, a piece each way, and the bytes
+		// moved, packed and unpacked.
+		{"AlltoAll", AlgoBruck, 16, 4*(10e-6+2e-6) + 4*(10e-6+2e-6+S/2*(1e-9+2*memBeta))},
+		// Pairwise: n-1 rounds of a block each way, and the counts' hello
+		// to every peer after the butterfly.
+		{"AlltoAll", AlgoPairwise, 16, 4*(10e-6+2e-6) + 15*(10e-6+2e-6) + 15*S/16*(1e-9+memBeta) + 10e-6 + 30e-6},
 	}
 	for _, tc := range cases {
 		got, err := m.Predict(tc.coll, tc.a, tc.n, S, 64<<20, false)
@@ -93,7 +100,10 @@ func TestPredictClosedForms(t *testing.T) {
 // ranks; recursive doubling for small ones among many (log2 n hand-offs
 // where the one-shot's handshake costs 2(n-1) messages per rank);
 // halving-doubling for mid sizes; the ring where bandwidth dominates; the
-// tree for broadcasts between rd's and the ring's sizes. Every choice is the cheapest
+// tree for broadcasts between rd's and the ring's sizes; Bruck for
+// all-to-alls of small blocks (log2 n rounds where pairwise takes n-1, and
+// no hello to every peer), pairwise for large ones (each byte moved once
+// where Bruck moves half of them log2 n times). Every choice is the cheapest
 // schedule the model knows for the call, and a model without latency terms
 // takes the ring.
 func TestChooseByCost(t *testing.T) {
@@ -129,6 +139,11 @@ func TestChooseByCost(t *testing.T) {
 		{kReduce, 1024, 16, AlgoRD},
 		{kReduce, 1024, 1 << 20, AlgoTree},
 		{kBarrier, 4096, 0, AlgoOneShot},
+		{kAlltoAll, 16, 1 << 10, AlgoBruck},
+		{kAlltoAll, 64, 256 << 10, AlgoBruck},
+		{kAlltoAll, 256, 16, AlgoBruck},
+		{kAlltoAll, 16, 64 << 20, AlgoPairwise},
+		{kAlltoAll, 256, 64 << 20, AlgoPairwise},
 	}
 	for _, tc := range cases {
 		l, err := newLayout(tc.n, 400<<20)
@@ -165,5 +180,52 @@ func TestChooseByCost(t *testing.T) {
 	l, _ := newLayout(16, 400<<20)
 	if got := choose(kAllReduce, 16<<20, 16, l, bw, false, false, false); got != AlgoRing {
 		t.Errorf("16 ranks, 16 MiB, no latency: %v, want ring", got)
+	}
+}
+
+// TestChooseLevels: across hosts, the two-level all-gather and broadcast
+// where the model finds them cheaper than the flat choice — above the
+// inline size, among enough hosts and ranks per host — and the flat one
+// below the inline size, on one host, or where the leaders' step is the
+// whole of the work (two ranks per host, large messages: the flat ring's
+// single pass over each link then wins).
+func TestChooseLevels(t *testing.T) {
+	cm := DefaultCostModel()
+	shaped := func(hosts, per int) *hier {
+		h := &hier{hosts: hosts}
+		for i := 0; i < hosts; i++ {
+			var g []int
+			for j := 0; j < per; j++ {
+				g = append(g, i*per+j)
+			}
+			h.groups = append(h.groups, g)
+		}
+		return h
+	}
+	for _, tc := range []struct {
+		k          kind
+		hosts, per int
+		bytes      int64
+		flat, want Algorithm
+	}{
+		{kAllGather, 16, 4, 16, AlgoRD, AlgoRD},
+		{kAllGather, 16, 4, 1 << 20, AlgoBruck, AlgoHier},
+		{kAllGather, 4, 2, 16 << 20, AlgoRing, AlgoRing},
+		{kBroadcast, 16, 4, 1 << 20, AlgoTree, AlgoHier},
+		{kBroadcast, 4, 4, 16 << 20, AlgoRing, AlgoHier},
+		{kBroadcast, 1, 16, 1 << 20, AlgoTree, AlgoTree},
+		{kReduceScatter, 16, 4, 1 << 20, AlgoRing, AlgoRing},
+	} {
+		n := tc.hosts * tc.per
+		l, err := newLayout(n, 16<<20)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if flat := choose(tc.k, tc.bytes, n, l, cm, false, true, false); flat != tc.flat {
+			t.Errorf("%v, %d hosts x %d, %d bytes: flat choice %v, want %v", tc.k, tc.hosts, tc.per, tc.bytes, flat, tc.flat)
+		}
+		if got := chooseLevels(tc.k, tc.bytes, tc.flat, l, cm, false, shaped(tc.hosts, tc.per)); got != tc.want {
+			t.Errorf("%v, %d hosts x %d, %d bytes: %v, want %v", tc.k, tc.hosts, tc.per, tc.bytes, got, tc.want)
+		}
 	}
 }

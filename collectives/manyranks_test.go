@@ -83,7 +83,9 @@ func TestManyRanksMatrix(t *testing.T) {
 								}
 							}
 							testScatterGather(t, comms, m, collectives.AlgoPairwise)
-							testAlltoAll(t, comms, m, collectives.AlgoPairwise)
+							for _, a := range algosOf("AlltoAll") {
+								testAlltoAll(t, comms, m, a)
+							}
 							testVCollectives(t, comms, m)
 						}
 					}

@@ -158,6 +158,51 @@ func choose(k kind, bytes int64, n int, l layout, cm CostModel, mapped, multiHos
 	return best
 }
 
+// chooseLevels returns AlgoHier where the two-level form of collective k
+// (all-gather, broadcast) is modelled to beat flat, the flat selector's
+// choice, among the host groups of h (st.shape), else flat: the flat
+// schedule under the link class of the whole communicator (network: its
+// slowest links set its pace), the two-level one as the sum of its steps,
+// each the choice of its level's selector, within a host under the mapped
+// class and among the leaders under the network's. Above the inline size
+// only (below it the flat one-shot or butterfly is one hand-off per round
+// already). The choice depends only on what every rank knows alike.
+func chooseLevels(k kind, bytes int64, flat Algorithm, l layout, cm CostModel, mapped bool, h *hier) Algorithm {
+	if k != kAllGather && k != kBroadcast || bytes <= l.inline() || h.hosts < 2 {
+		return flat
+	}
+	m := 0
+	for _, g := range h.groups {
+		m = max(m, len(g))
+	}
+	lay0, err0 := newLayout(m, l.bufSize)
+	lay1, err1 := newLayout(h.hosts, l.bufSize)
+	if err0 != nil || err1 != nil {
+		return flat
+	}
+	at := func(k kind, a Algorithm, n int, bytes int64, lay layout, mapped bool) float64 {
+		if a == AlgoAuto {
+			a = choose(k, bytes, n, lay, cm, mapped, false, false)
+		}
+		return costOf(a, shape{k: k, n: n, bytes: bytes, inline: lay.inline(), piece: lay.piece, mapped: mapped}, cm.class(mapped))
+	}
+	var two float64
+	if k == kAllGather {
+		// The host's blocks to each of its ranks (AllGatherV: direct),
+		// the hosts' among the leaders, the whole output to each host.
+		total := bytes * int64(l.n)
+		two = at(kAllGatherV, AlgoDirect, m, bytes, lay0, true) +
+			at(kAllGather, AlgoAuto, h.hosts, int64(m)*bytes, lay1, false) +
+			at(kBroadcast, AlgoAuto, m, total, lay0, true)
+	} else {
+		two = at(kBroadcast, AlgoAuto, h.hosts, bytes, lay1, false) + at(kBroadcast, AlgoAuto, m, bytes, lay0, true)
+	}
+	if two < at(k, flat, l.n, bytes, l, mapped) {
+		return AlgoHier
+	}
+	return flat
+}
+
 // treeMax is the largest message the selector sends down (or up) a tree
 // where a read crosses a network: above it the ring's single pass over each
 // link wins (tuning.go).

@@ -163,8 +163,9 @@ func scaleRank(t *testing.T) {
 }
 
 // scaleWork runs every collective once with hcomm's choice of algorithm,
-// at an odd size, plus an all-reduce of 1 MiB (the pipelined path), each
-// checked element by element.
+// at an odd size, plus an all-reduce of 1 MiB (the pipelined path), and
+// the broadcast, all-gather and all-to-all again on their two-level and
+// Bruck forms, each checked element by element.
 func scaleWork(c *hcomm.Comm) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -202,12 +203,20 @@ func scaleWork(c *hcomm.Comm) error {
 		}
 	}
 	const count = 1031
-	buf := fill(me, count)
-	if err := collectives.BroadcastSlice(ctx, c, buf, n-1, nil); err != nil {
-		return fmt.Errorf("Broadcast: %w", err)
+	// The broadcast and the all-gather with hcomm's choice, then forced
+	// onto their two-level forms (the broadcast's root, the last rank,
+	// leads no host); the all-to-all with its choice and forced onto Bruck.
+	forced := func(a collectives.Algorithm) []*collectives.Options {
+		return []*collectives.Options{{}, {Algorithm: a}}
 	}
-	if err := check("Broadcast", buf, func(i int) int32 { return val(n-1, i) }); err != nil {
-		return err
+	for _, o := range forced(collectives.AlgoHier) {
+		buf := fill(me, count)
+		if err := collectives.BroadcastSlice(ctx, c, buf, n-1, o); err != nil {
+			return fmt.Errorf("Broadcast %v: %w", o.Algorithm, err)
+		}
+		if err := check(fmt.Sprintf("Broadcast %v", o.Algorithm), buf, func(i int) int32 { return val(n-1, i) }); err != nil {
+			return err
+		}
 	}
 	var red []int32
 	if me == 1%n {
@@ -219,12 +228,14 @@ func scaleWork(c *hcomm.Comm) error {
 	if err := check("Reduce", red, sum); err != nil {
 		return err
 	}
-	all := make([]int32, n*count)
-	if err := collectives.AllGatherSlice(ctx, c, fill(me, count), all, nil); err != nil {
-		return fmt.Errorf("AllGather: %w", err)
-	}
-	if err := check("AllGather", all, func(i int) int32 { return val(i/count, i%count) }); err != nil {
-		return err
+	for _, o := range forced(collectives.AlgoHier) {
+		all := make([]int32, n*count)
+		if err := collectives.AllGatherSlice(ctx, c, fill(me, count), all, o); err != nil {
+			return fmt.Errorf("AllGather %v: %w", o.Algorithm, err)
+		}
+		if err := check(fmt.Sprintf("AllGather %v", o.Algorithm), all, func(i int) int32 { return val(i/count, i%count) }); err != nil {
+			return err
+		}
 	}
 	part := make([]int32, count)
 	if err := collectives.ReduceScatterSlice(ctx, c, fill(me, n*count), part, hcomm.Sum, nil); err != nil {
@@ -233,12 +244,14 @@ func scaleWork(c *hcomm.Comm) error {
 	if err := check("ReduceScatter", part, func(i int) int32 { return sum(me*count + i) }); err != nil {
 		return err
 	}
-	out := make([]int32, n*count)
-	if err := collectives.AlltoAllSlice(ctx, c, fill(me, n*count), out, nil); err != nil {
-		return fmt.Errorf("AlltoAll: %w", err)
-	}
-	if err := check("AlltoAll", out, func(i int) int32 { return val(i/count, me*count+i%count) }); err != nil {
-		return err
+	for _, o := range forced(collectives.AlgoBruck) {
+		out := make([]int32, n*count)
+		if err := collectives.AlltoAllSlice(ctx, c, fill(me, n*count), out, o); err != nil {
+			return fmt.Errorf("AlltoAll %v: %w", o.Algorithm, err)
+		}
+		if err := check(fmt.Sprintf("AlltoAll %v", o.Algorithm), out, func(i int) int32 { return val(i/count, me*count+i%count) }); err != nil {
+			return err
+		}
 	}
 	if err := deviceWork(c, val, check); err != nil {
 		return err
