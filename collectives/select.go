@@ -164,11 +164,10 @@ func choose(k kind, bytes int64, n int, l layout, cm CostModel, mapped, multiHos
 // schedule under the link class of the whole communicator (network: its
 // slowest links set its pace), the two-level one as the sum of its steps,
 // each the choice of its level's selector, within a host under the mapped
-// class and among the leaders under the network's. Above the inline size
-// only (below it the flat one-shot or butterfly is one hand-off per round
-// already). The choice depends only on what every rank knows alike.
+// class and among the leaders under the network's. The choice depends only
+// on what every rank knows alike.
 func chooseLevels(k kind, bytes int64, flat Algorithm, l layout, cm CostModel, mapped bool, h *hier) Algorithm {
-	if k != kAllGather && k != kBroadcast || bytes <= l.inline() || h.hosts < 2 {
+	if k != kAllGather && k != kBroadcast || h.hosts < 2 {
 		return flat
 	}
 	m := 0
@@ -186,16 +185,17 @@ func chooseLevels(k kind, bytes int64, flat Algorithm, l layout, cm CostModel, m
 		}
 		return costOf(a, shape{k: k, n: n, bytes: bytes, inline: lay.inline(), piece: lay.piece, mapped: mapped}, cm.class(mapped))
 	}
-	var two float64
+	// The two-level call opens with its own handshake among all the ranks.
+	two := handshake(l.n, cm.class(mapped))
 	if k == kAllGather {
 		// The host's blocks to each of its ranks (AllGatherV: direct),
 		// the hosts' among the leaders, the whole output to each host.
 		total := bytes * int64(l.n)
-		two = at(kAllGatherV, AlgoDirect, m, bytes, lay0, true) +
+		two += at(kAllGatherV, AlgoDirect, m, bytes, lay0, true) +
 			at(kAllGather, AlgoAuto, h.hosts, int64(m)*bytes, lay1, false) +
 			at(kBroadcast, AlgoAuto, m, total, lay0, true)
 	} else {
-		two = at(kBroadcast, AlgoAuto, h.hosts, bytes, lay1, false) + at(kBroadcast, AlgoAuto, m, bytes, lay0, true)
+		two += at(kBroadcast, AlgoAuto, h.hosts, bytes, lay1, false) + at(kBroadcast, AlgoAuto, m, bytes, lay0, true)
 	}
 	if two < at(k, flat, l.n, bytes, l, mapped) {
 		return AlgoHier

@@ -195,7 +195,9 @@ type Cluster struct {
 }
 
 // algoLog keeps the algorithm of the last collective rank 0 issued, from
-// hcomm's TRACE record "collective issued".
+// hcomm's TRACE record "collective issued" — on the simulated communicator,
+// not on the sub-communicators ("parent/id…") a two-level schedule calls
+// its levels' collectives on.
 type algoLog struct {
 	mu   sync.Mutex
 	last string
@@ -210,16 +212,19 @@ func (a *algoLog) Handle(_ context.Context, r slog.Record) error {
 	}
 	var algo string
 	rank := int64(-1)
+	sub := false
 	r.Attrs(func(at slog.Attr) bool {
 		switch at.Key {
 		case "algorithm":
 			algo = at.Value.String()
 		case "rank":
 			rank = at.Value.Int64()
+		case "comm":
+			sub = strings.Contains(at.Value.String(), "/")
 		}
 		return true
 	})
-	if rank != 0 {
+	if rank != 0 || sub {
 		return nil
 	}
 	a.mu.Lock()
