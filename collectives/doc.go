@@ -71,20 +71,32 @@
 //     writes its result into every peer's inbox.
 //   - hd: recursive halving-doubling (HCCL's H-D_R), folding rank counts that
 //     are not powers of two; all-reduce up to a few MiB.
-//   - hier: two levels (HCCL's level0/level1): reduce within each host over
+//   - hier: two levels (HCCL's level0/level1) over the hosts Comm.HostOf
+//     tells apart, each level a collective on a sub-communicator that
+//     picks its own algorithm. All-reduce: reduce within each host over
 //     shared memory, all-reduce among one rank per host over the network,
-//     broadcast within each host; picked when ranks span hosts.
+//     broadcast within each host; picked when ranks span hosts. All-gather:
+//     the host's blocks within it, the hosts' among the leaders, the whole
+//     output within each host. Broadcast: within the root's host, among the
+//     leaders, within every other host. The all-gather and broadcast are
+//     picked across hosts where the cost model finds them cheaper than the
+//     flat choice (mid and large sizes).
 //   - tree: a binomial tree, pipelined in pieces, log2(n) hops (broadcast,
 //     reduce, and all-reduce as a reduce then a broadcast); picked for
 //     small and mid-size messages over a network.
-//   - bruck: Bruck's all-gather, ⌈log2 n⌉ rounds at distances 1, 2, 4, …
-//     through the pipes: all-gathers above the inline size over a network.
+//   - bruck: ⌈log2 n⌉ rounds at distances 1, 2, 4, … through the pipes.
+//     The all-gather: all-gathers above the inline size over a network.
+//     The all-to-all: each round sends the blocks whose index has that
+//     bit set, about half the data, packed in pieces, so log2 n hand-offs
+//     where pairwise takes n-1 — all-to-alls of small blocks among many
+//     ranks.
 //   - direct: every rank reads each piece straight from its owner's HCCL
 //     buffer (broadcast, all-gather); the choice wherever a read is a
 //     memmove (inproc, shm). Over a network the all-gather's owner writes
 //     each piece into every reader's inbox instead (AllGatherV's only
 //     algorithm).
-//   - pairwise: n-1 rounds of exchanges (all-to-all, scatter, gather).
+//   - pairwise: n-1 rounds of exchanges (all-to-all and its V form,
+//     scatter, gather); all-to-alls of large blocks.
 //   - ordered: every rank sends piece p of its input to rank p, which reduces
 //     it from all ranks' pieces in rank order, then the results are gathered
 //     (all-reduce, reduce-scatter, reduce): the algorithm of

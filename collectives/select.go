@@ -90,7 +90,8 @@ func has(k kind, a Algorithm) bool {
 // read is a round trip). First the rules the model does not see:
 //
 //   - ranks that span hosts reduce in two levels (hier) above the inline
-//     size;
+//     size (the two-level all-gather and broadcast are chooseLevels',
+//     which the caller asks after choose);
 //   - where memory is mapped, an all-gather from a window reads in place
 //     (direct);
 //   - up to helloFullMax ranks, what fits a hello slot goes one-shot, and
