@@ -146,6 +146,11 @@ func choose(k kind, bytes int64, n int, l layout, cm CostModel, mapped, multiHos
 			continue
 		case a == AlgoOneShot && n > helloFullMax:
 			continue
+		case a == AlgoBruck && k == kAlltoAll && n <= helloFullMax:
+			// Not measured among the tuning table's rank counts, where
+			// it saves at most a few hand-offs for its extra copies:
+			// pairwise, as before there was a choice.
+			continue
 		}
 		if c := costOf(a, sh, lc); c < bestCost {
 			best, bestCost = a, c
