@@ -168,7 +168,8 @@ func choose(k kind, bytes int64, n int, l layout, cm CostModel, mapped, multiHos
 // (all-gather, broadcast) is modelled to beat flat, the flat selector's
 // choice, among the host groups of h (st.shape), else flat: the flat
 // schedule under the link class of the whole communicator (network: its
-// slowest links set its pace), the two-level one as the sum of its steps,
+// slowest links set its pace) with each host's ranks sharing its link, the
+// two-level one as the sum of its steps,
 // each the choice of its level's selector, within a host under the mapped
 // class and among the leaders under the network's. The choice depends only
 // on what every rank knows alike.
@@ -203,7 +204,15 @@ func chooseLevels(k kind, bytes int64, flat Algorithm, l layout, cm CostModel, m
 	} else {
 		two += at(kBroadcast, AlgoAuto, h.hosts, bytes, lay1, false) + at(kBroadcast, AlgoAuto, m, bytes, lay0, true)
 	}
-	if two < at(k, flat, l.n, bytes, l, mapped) {
+	// The flat schedule: where the ranks of a host talk across hosts at
+	// once (all but the ring, whose only links across hosts are one per
+	// host where the hosts hold consecutive ranks) they share the host's
+	// network link, m to a link.
+	lc := cm.class(mapped)
+	if flat != AlgoRing {
+		lc.Beta *= float64(m)
+	}
+	if two < costOf(flat, shape{k: k, n: l.n, bytes: bytes, inline: l.inline(), piece: l.piece, mapped: mapped}, lc) {
 		return AlgoHier
 	}
 	return flat
