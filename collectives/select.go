@@ -66,7 +66,7 @@ var algorithms = [kSendRecv + 1][]Algorithm{
 	kReduce:         {AlgoOneShot, AlgoRD, AlgoTree, AlgoRing, AlgoOrdered},
 	kScatter:        {AlgoPairwise},
 	kGather:         {AlgoPairwise},
-	kAlltoAll:       {AlgoPairwise, AlgoBruck},
+	kAlltoAll:       {AlgoBruck, AlgoPairwise},
 	kAlltoAllV:      {AlgoPairwise},
 	kBarrier:        {AlgoOneShot},
 }
