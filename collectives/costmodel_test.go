@@ -184,12 +184,13 @@ func TestChooseByCost(t *testing.T) {
 	}
 }
 
-// TestChooseLevels: across hosts, the two-level all-gather and broadcast
-// where the model finds them cheaper than the flat choice — above the
-// inline size, among enough hosts and ranks per host — and the flat one
-// below the inline size, on one host, or where the leaders' step is the
-// whole of the work (two ranks per host, large messages: the flat ring's
-// single pass over each link then wins).
+// TestChooseLevels: across hosts, the two-level all-gather, broadcast and
+// reduce-scatter where the model finds them cheaper than the flat choice —
+// mid sizes, among enough hosts and ranks per host — and the flat one for
+// small calls (the butterfly's log2 n hand-offs), on one host, where the
+// leaders' step is the whole of the work (two ranks per host, large
+// messages: the flat ring's single pass over each link then wins), and
+// for a reduce-scatter larger than the leaders' working space.
 func TestChooseLevels(t *testing.T) {
 	cm := DefaultCostModel()
 	shaped := func(hosts, per int) *hier {
@@ -215,7 +216,8 @@ func TestChooseLevels(t *testing.T) {
 		{kBroadcast, 16, 4, 1 << 20, AlgoTree, AlgoHier},
 		{kBroadcast, 4, 4, 16 << 20, AlgoRing, AlgoHier},
 		{kBroadcast, 1, 16, 1 << 20, AlgoTree, AlgoTree},
-		{kReduceScatter, 16, 4, 1 << 20, AlgoRing, AlgoRing},
+		{kReduceScatter, 16, 4, 1 << 20, AlgoRing, AlgoHier},
+		{kReduceScatter, 4, 4, 64 << 20, AlgoRing, AlgoRing}, // more than the leaders' working space
 	} {
 		n := tc.hosts * tc.per
 		l, err := newLayout(n, 16<<20)

@@ -82,9 +82,12 @@
 //     broadcast within each host; picked when ranks span hosts. All-gather:
 //     the host's blocks within it, the hosts' among the leaders, the whole
 //     output within each host. Broadcast: within the root's host, among the
-//     leaders, within every other host. The all-gather and broadcast are
-//     picked across hosts where the cost model finds them cheaper than the
-//     flat choice (mid and large sizes).
+//     leaders, within every other host. Reduce-scatter: the whole input
+//     reduced to the leader, reduce-scattered among the leaders, scattered
+//     within each host (the flat ring where the leaders' HCCL buffers
+//     cannot hold the host's sum). The all-gather, broadcast and
+//     reduce-scatter are picked across hosts where the cost model finds
+//     them cheaper than the flat choice (mid sizes).
 //   - tree: a binomial tree, pipelined in pieces, log2(n) hops (broadcast,
 //     reduce, and all-reduce as a reduce then a broadcast); picked for
 //     small and mid-size messages over a network.

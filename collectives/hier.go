@@ -240,3 +240,80 @@ func broadcastHier(sc *sched, s *device.Stream, buf device.Ptr, count int64, dt 
 		sc.do(Broadcast(buf, count, dt, 0, h.local, s, levelOptions))
 	}
 }
+
+// hierScratch is the part of this rank's HCCL buffer that a two-level
+// reduce-scatter works in: the inbox, gather and scratch slots, which no
+// peer touches while the call's levels run on their own sub-communicators
+// (every earlier collective drained its pipes and gather slots, and no
+// later one starts on a peer before this rank has answered its handshake,
+// which its stream issues after this call's levels).
+func (st *state) hierScratch() (device.Ptr, int64) {
+	return st.buf.Add(st.lay.inboxOff), st.lay.bufSize - st.lay.inboxOff
+}
+
+// hierRSFits reports whether the two-level reduce-scatter of count
+// elements of es bytes per rank fits the leaders' working space: the whole
+// input summed over the host, then the host's blocks summed over every host.
+func hierRSFits(st *state, count, es int64) bool {
+	_, room := st.hierScratch()
+	m := 0
+	for _, g := range st.shape().groups {
+		m = max(m, len(g))
+	}
+	need := (int64(st.comm.Size()) + int64(m)) * count * es
+	return count <= room/es && need <= room
+}
+
+// reduceScatterHier issues the two-level reduce-scatter on s of count
+// elements per rank: within each host the whole input is reduced to the
+// leader (shared memory), into its HCCL buffer's working space
+// (hierScratch); the leaders reduce-scatter it among themselves over the
+// network, each keeping its host's blocks (one ReduceScatterV per run of
+// consecutive ranks that the most fragmented host has: one where hosts
+// hold consecutive ranks); and each leader scatters its host's blocks to
+// their ranks. The network carries n-1 blocks' worth per leader in as
+// many steps as there are hosts, not ranks. hierRSFits must hold.
+func reduceScatterHier(sc *sched, s *device.Stream, send, recv device.Ptr, count int64, dt hcomm.DataType, op hcomm.ReduceOp) {
+	if !sc.ok() {
+		return
+	}
+	h, err := sc.st.hierarchy()
+	if err != nil {
+		sc.do(err)
+		return
+	}
+	st := sc.st
+	es, n := int64(dt.Size()), int64(st.comm.Size())
+	whole, _ := st.hierScratch()      // the host's sum of the whole input (leaders)
+	mine := whole.Add(n * count * es) // the host's blocks, summed over every host (leaders)
+	sc.do(Reduce(send, whole, n*count, dt, op, 0, h.local, s, levelOptions))
+	if sc.ok() && h.leaders != nil {
+		hostRuns := make([][][2]int, len(h.groups)) // each host's runs of consecutive ranks: first, length
+		most := 0
+		for i, grp := range h.groups {
+			for j, r := range grp {
+				if j > 0 && r == grp[j-1]+1 {
+					hostRuns[i][len(hostRuns[i])-1][1]++
+					continue
+				}
+				hostRuns[i] = append(hostRuns[i], [2]int{r, 1})
+			}
+			most = max(most, len(hostRuns[i]))
+		}
+		lc, ld := make([]int64, len(h.groups)), make([]int64, len(h.groups))
+		var done int64 // elements of this host's blocks reduced so far
+		for j := 0; j < most && sc.ok(); j++ {
+			for i, runs := range hostRuns {
+				lc[i], ld[i] = 0, 0
+				if j < len(runs) {
+					lc[i], ld[i] = int64(runs[j][1])*count, int64(runs[j][0])*count
+				}
+			}
+			sc.do(ReduceScatterV(whole, lc, ld, mine.Add(done*es), lc[h.mine], dt, op, h.leaders, s, levelOptions))
+			done += lc[h.mine]
+		}
+	}
+	if sc.ok() {
+		sc.do(Scatter(mine, recv, count, dt, 0, h.local, s, levelOptions))
+	}
+}

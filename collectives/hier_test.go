@@ -125,3 +125,43 @@ func TestHierEnv(t *testing.T) {
 		t.Errorf("AllGatherV forced onto hier: %v, want an error naming hier", err)
 	}
 }
+
+// TestHierReduceScatter runs the two-level reduce-scatter, forced, against
+// the reference over every host shape of hostShapes, in and out of place,
+// every data type and op at one shape; a call too large for the leaders'
+// working space in the HCCL buffer runs the flat ring and is as correct;
+// and HCCL_ALGO=reducescatter=level1:hier forces it.
+func TestHierReduceScatter(t *testing.T) {
+	defer collectives.SetPieceOverride(1 << 10)()
+	for _, sh := range hostShapes {
+		for _, n := range sh.ranks {
+			if raceEnabled && n > 6 {
+				continue
+			}
+			t.Run(fmt.Sprintf("%s/ranks=%d", sh.name, n), func(t *testing.T) {
+				comms := hostsOver(t, sh.hosts(n), 1<<20)
+				types, ops := []hcomm.DataType{hcomm.Float32}, []hcomm.ReduceOp{hcomm.Sum}
+				if sh.name == "uneven" && n == 5 {
+					types, ops = dtypes(), []hcomm.ReduceOp{hcomm.Sum, hcomm.Prod, hcomm.Max, hcomm.Min}
+				}
+				for _, dt := range types {
+					for _, op := range ops {
+						for _, count := range []int64{0, 1, 7, 700, 40000} { // 40000: more than the working space
+							m := matrixCase{dt: dt, op: op, count: count}
+							testReduceScatter(t, comms, m, collectives.AlgoHier, count%2 == 1)
+						}
+					}
+				}
+			})
+		}
+	}
+	t.Run("env", func(t *testing.T) {
+		t.Setenv("HCCL_ALGO", "reducescatter=level0:NA;level1:hier")
+		comms := hostsOver(t, dealt(6, func(r int) int { return r / 2 }), 1<<20)
+		for _, count := range []int64{5, 3000} {
+			m := matrixCase{dt: hcomm.Float32, op: hcomm.Sum, count: count}
+			testReduceScatter(t, comms, m, collectives.AlgoAuto, false)
+			testVCollectives(t, comms, m)
+		}
+	})
+}

@@ -84,6 +84,16 @@ func reduceScatter(c *hcomm.Comm, name string, h header, send device.Ptr, counts
 				return nil
 			}
 			reduceScatterOrdered(sc, send, counts, displs, recv, dt, op)
+		case AlgoHier:
+			if hierRSFits(sc.st, counts[me], es) {
+				sc.open(h, algo)
+				reduceScatterHier(sc, s, send, recv, counts[me], dt, op)
+				break
+			}
+			// The leaders' working space would not hold the call: the
+			// flat ring (every rank knows the sizes and decides alike).
+			algo = AlgoRing
+			fallthrough
 		case AlgoRing:
 			sc.open(h, algo)
 			if n == 1 {

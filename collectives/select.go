@@ -61,7 +61,7 @@ var algorithms = [kSendRecv + 1][]Algorithm{
 	kBroadcast:      {AlgoOneShot, AlgoRD, AlgoDirect, AlgoTree, AlgoHier, AlgoRing},
 	kAllGather:      {AlgoOneShot, AlgoRD, AlgoDirect, AlgoHier, AlgoRing, AlgoBruck},
 	kAllGatherV:     {AlgoDirect},
-	kReduceScatter:  {AlgoOneShot, AlgoRD, AlgoRing, AlgoOrdered},
+	kReduceScatter:  {AlgoOneShot, AlgoRD, AlgoHier, AlgoRing, AlgoOrdered},
 	kReduceScatterV: {AlgoRing, AlgoOrdered},
 	kReduce:         {AlgoOneShot, AlgoRD, AlgoTree, AlgoRing, AlgoOrdered},
 	kScatter:        {AlgoPairwise},
@@ -165,7 +165,7 @@ func choose(k kind, bytes int64, n int, l layout, cm CostModel, mapped, multiHos
 }
 
 // chooseLevels returns AlgoHier where the two-level form of collective k
-// (all-gather, broadcast) is modelled to beat flat, the flat selector's
+// (all-gather, broadcast, reduce-scatter) is modelled to beat flat, the flat selector's
 // choice, among the host groups of h (st.shape), else flat: the flat
 // schedule under the link class of the whole communicator (network: its
 // slowest links set its pace) with each host's ranks sharing its link, the
@@ -174,12 +174,15 @@ func choose(k kind, bytes int64, n int, l layout, cm CostModel, mapped, multiHos
 // class and among the leaders under the network's. The choice depends only
 // on what every rank knows alike.
 func chooseLevels(k kind, bytes int64, flat Algorithm, l layout, cm CostModel, mapped bool, h *hier) Algorithm {
-	if k != kAllGather && k != kBroadcast || h.hosts < 2 {
+	if k != kAllGather && k != kBroadcast && k != kReduceScatter || h.hosts < 2 {
 		return flat
 	}
 	m := 0
 	for _, g := range h.groups {
 		m = max(m, len(g))
+	}
+	if k == kReduceScatter && (int64(l.n)+int64(m))*(bytes/int64(l.n)) > l.bufSize-l.inboxOff {
+		return flat // the leaders' working space would not hold it (hierRSFits)
 	}
 	lay0, err0 := newLayout(m, l.bufSize)
 	lay1, err1 := newLayout(h.hosts, l.bufSize)
@@ -201,6 +204,12 @@ func chooseLevels(k kind, bytes int64, flat Algorithm, l layout, cm CostModel, m
 		two += at(kAllGatherV, AlgoDirect, m, bytes, lay0, true) +
 			at(kAllGather, AlgoAuto, h.hosts, int64(m)*bytes, lay1, false) +
 			at(kBroadcast, AlgoAuto, m, total, lay0, true)
+	} else if k == kReduceScatter {
+		// The whole input reduced to the leader, reduce-scattered among
+		// the leaders, the host's blocks scattered to its ranks.
+		two += at(kReduce, AlgoAuto, m, bytes, lay0, true) +
+			at(kReduceScatter, AlgoAuto, h.hosts, bytes, lay1, false) +
+			at(kScatter, AlgoPairwise, m, int64(m)*(bytes/int64(l.n)), lay0, true)
 	} else {
 		two += at(kBroadcast, AlgoAuto, h.hosts, bytes, lay1, false) + at(kBroadcast, AlgoAuto, m, bytes, lay0, true)
 	}

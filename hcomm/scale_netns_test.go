@@ -164,8 +164,8 @@ func scaleRank(t *testing.T) {
 
 // scaleWork runs every collective once with hcomm's choice of algorithm,
 // at an odd size, plus an all-reduce of 1 MiB (the pipelined path), and
-// the broadcast, all-gather and all-to-all again on their two-level and
-// Bruck forms, each checked element by element.
+// the broadcast, all-gather, reduce-scatter and all-to-all again on their
+// two-level and Bruck forms, each checked element by element.
 func scaleWork(c *hcomm.Comm) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -203,9 +203,10 @@ func scaleWork(c *hcomm.Comm) error {
 		}
 	}
 	const count = 1031
-	// The broadcast and the all-gather with hcomm's choice, then forced
-	// onto their two-level forms (the broadcast's root, the last rank,
-	// leads no host); the all-to-all with its choice and forced onto Bruck.
+	// The broadcast, the all-gather and the reduce-scatter with hcomm's
+	// choice, then forced onto their two-level forms (the broadcast's
+	// root, the last rank, leads no host); the all-to-all with its choice
+	// and forced onto Bruck.
 	forced := func(a collectives.Algorithm) []*collectives.Options {
 		return []*collectives.Options{{}, {Algorithm: a}}
 	}
@@ -237,12 +238,14 @@ func scaleWork(c *hcomm.Comm) error {
 			return err
 		}
 	}
-	part := make([]int32, count)
-	if err := collectives.ReduceScatterSlice(ctx, c, fill(me, n*count), part, hcomm.Sum, nil); err != nil {
-		return fmt.Errorf("ReduceScatter: %w", err)
-	}
-	if err := check("ReduceScatter", part, func(i int) int32 { return sum(me*count + i) }); err != nil {
-		return err
+	for _, o := range forced(collectives.AlgoHier) {
+		part := make([]int32, count)
+		if err := collectives.ReduceScatterSlice(ctx, c, fill(me, n*count), part, hcomm.Sum, o); err != nil {
+			return fmt.Errorf("ReduceScatter %v: %w", o.Algorithm, err)
+		}
+		if err := check(fmt.Sprintf("ReduceScatter %v", o.Algorithm), part, func(i int) int32 { return sum(me*count + i) }); err != nil {
+			return err
+		}
 	}
 	for _, o := range forced(collectives.AlgoBruck) {
 		out := make([]int32, n*count)
