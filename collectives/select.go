@@ -19,7 +19,7 @@ const (
 	AlgoDirect                    // every rank reads each piece straight from its owner's HCCL buffer: one copy per receiver (mesh)
 	AlgoPairwise                  // n-1 rounds, in round r rank i exchanges with ranks i+r and i-r (all-to-all, scatter, gather)
 	AlgoHD                        // recursive halving-doubling (HCCL's H-D_R), folding rank counts that are not powers of two
-	AlgoHier                      // two levels, shared memory within each host and one rank per host on the network (all-reduce, all-gather, broadcast)
+	AlgoHier                      // two levels, shared memory within each host and one rank per host on the network (all-reduce, all-gather, broadcast, reduce-scatter)
 	AlgoTree                      // binomial tree, pipelined in pieces: log2(n) hops (broadcast, reduce; all-reduce as a reduce and a broadcast)
 	AlgoOrdered                   // every rank reduces its piece from all ranks' inputs in rank order: the same bits whatever the transport (HCCL_DETERMINISTIC=strict)
 	AlgoRD                        // recursive doubling: log2(n) exchanges of the whole (small) message, inline with the butterfly handshake
