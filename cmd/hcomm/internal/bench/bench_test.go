@@ -16,6 +16,7 @@ import (
 	"testing"
 
 	"github.com/hcomm-dev/hcomm/internal/leakcheck"
+	"github.com/hcomm-dev/hcomm/internal/units"
 )
 
 func TestMain(m *testing.M) { leakcheck.Main(m) }
@@ -289,6 +290,12 @@ func TestParseSize(t *testing.T) {
 	for _, in := range []string{"", "K", "-1", "1.5M", "1T", "99999999999G"} {
 		if _, err := ParseSize(in); err == nil {
 			t.Errorf("ParseSize(%q) succeeded", in)
+		}
+	}
+	// ParseSize reads back what the plot's size axis writes (units.Size).
+	for _, n := range []int64{0, 8, 1000, 1536, 4 << 10, 1<<20 + 1<<10, 64 << 20, 2 << 30, 1<<30 + 1} {
+		if got, err := ParseSize(units.Size(n)); err != nil || got != n {
+			t.Errorf("ParseSize(units.Size(%d) = %q) = %d, %v", n, units.Size(n), got, err)
 		}
 	}
 }
