@@ -5,13 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/hcomm-dev/hcomm/collectives"
 	"github.com/hcomm-dev/hcomm/device"
 	"github.com/hcomm-dev/hcomm/hcomm"
+	"github.com/hcomm-dev/hcomm/hcommtest"
 )
 
 // mismatchCall is what one rank of a mismatch test calls, on its stream and
@@ -224,29 +224,7 @@ func TestTimeoutSaysWhereTheRanksAre(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer root.Close()
-		comms := make([]*hcomm.Comm, 3)
-		errs := make([]error, 3)
-		var wg sync.WaitGroup
-		for r := range comms {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				comms[r], errs[r] = hcomm.InitRootInfo(3, root, r, &c)
-			}()
-		}
-		wg.Wait()
-		defer func() {
-			for _, c := range comms {
-				if c != nil {
-					c.Destroy()
-				}
-			}
-		}()
-		for r, err := range errs {
-			if err != nil {
-				t.Fatalf("rank %d: %v", r, err)
-			}
-		}
+		comms := hcommtest.InitRanks(t, 3, func(r int) (*hcomm.Comm, error) { return hcomm.InitRootInfo(3, root, r, &c) })
 		timeoutSaysWhere(t, comms)
 	})
 }
