@@ -54,6 +54,7 @@ func (s *sched) sparse() bool { return s.st.comm.Size() > helloFullMax }
 type bfStep struct {
 	peer       int
 	send, recv bool
+	flag       uint32 // the hello's flag when the pair's hellos are flagged (ll.go), else 0
 	lowerMine  bool   // the reduction puts this rank's partial first
 	final      bool   // the received payload is the result (a folded rank)
 	par        uint64 // the hello parity with peer
@@ -169,6 +170,7 @@ func (s *sched) butterflyWith(x *bfCall, also []int) {
 	for i := range x.steps {
 		p := x.steps[i].peer
 		x.steps[i].par = st.hellos[p] % 2
+		x.steps[i].flag = st.helloFlag(p, st.hellos[p]) // ll.go
 		st.hellos[p]++
 	}
 	if !s.ok() {
@@ -310,14 +312,14 @@ func (x *bfCall) exchange(stop <-chan struct{}) error {
 			if err := st.hello.Flush(own(cur), length); err != nil {
 				return err
 			}
-			if err := hcomm.WriteWithNotifyNbi(stop, st.chans[p], s.peerSlot(p, lay.helloOff(me, stp.par)), s.mySlot(own(cur)), length, nHello+int(stp.par)); err != nil {
+			if err := s.sendHello(stop, p, stp.par, stp.flag, s.mySlot(own(cur)), length-headerSize); err != nil {
 				return err
 			}
 		}
 		if !stp.recv {
 			continue
 		}
-		if err := hcomm.CollectiveNotifyWait(stop, st.chans[p], nHello+int(stp.par), 0, x.h.kind.String(), x.opSeq, x.h.algo.String()); err != nil {
+		if err := s.awaitHello(stop, p, stp.par, stp.flag, opTag{x.h.kind, x.opSeq, x.h.algo}); err != nil {
 			return err
 		}
 		off := lay.helloOff(p, stp.par)

@@ -33,6 +33,10 @@
 // all-reduce costs each rank one task and two allocations (its state is
 // recycled). Set HCOMM_COLL_CHECK=0 to skip the comparison (the exchange
 // stays: it is what makes slot reuse safe); BENCHMARKS.md gives its cost.
+// Between ranks of one host (inproc, shm; up to helloFullMax ranks) the
+// header travels as flagged words instead of a write and a notify (ll.go:
+// WriteFlaggedNbi, polled in place, with a wake word for a receiver that
+// sleeps); HCOMM_LL=0 turns that off.
 //
 // Above helloFullMax (8) ranks a hello to every peer costs each rank 2(n-1)
 // messages per collective; there every collective opens with the butterfly

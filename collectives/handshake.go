@@ -276,8 +276,15 @@ func (s *sched) helloWith(x *helloCall, h header, peers []int, src device.Ptr, n
 	} else {
 		x.par = make([]uint64, sz)
 	}
+	if sz := st.comm.Size(); sz <= len(x.flagBuf) {
+		x.flag = x.flagBuf[:sz]
+	}
 	for _, p := range peers {
 		x.par[p] = st.hellos[p] % 2
+		if f := st.helloFlag(p, st.hellos[p]); f != 0 { // ll.go
+			x.ll |= 1 << p
+			x.flag[p] = f
+		}
 		st.hellos[p]++
 	}
 	if n > st.lay.inline() {
@@ -448,6 +455,13 @@ func (x *helloCall) first(stop <-chan struct{}) error {
 	seen := func() bool {
 		for x.next < len(x.peers) {
 			p := x.peers[x.next]
+			if x.isFlagged(p) {
+				if !st.takeFlagged(p, x.par[p], x.flag[p]) {
+					return false
+				}
+				x.next++
+				continue
+			}
 			ok, err := hcomm.ChannelNotifyTryWait(st.chans[p], nHello+int(x.par[p]))
 			if err != nil {
 				// A broken notify: the queued wait fails at once,
@@ -498,16 +512,14 @@ func (x *helloCall) rest(stop <-chan struct{}) error {
 }
 
 // send writes the header and payload into this rank's slot and from there
-// into every peer's, recording the peer's hello notify.
+// into every peer's (sendHello: as flagged words, or with the peer's hello
+// notify).
 func (x *helloCall) send(stop <-chan struct{}) error {
 	if err := x.prepare(); err != nil {
 		return err
 	}
-	s, st := x.s, x.s.st
-	me := int(x.h.from)
 	for _, p := range x.peers {
-		par := x.par[p]
-		if err := hcomm.WriteWithNotifyNbi(stop, st.chans[p], s.peerSlot(p, st.lay.helloOff(me, par)), x.mine, headerSize+x.n, nHello+int(par)); err != nil {
+		if err := x.s.sendHello(stop, p, x.par[p], x.flagOf(p), x.mine, x.n); err != nil { // ll.go
 			return err
 		}
 	}
@@ -518,7 +530,7 @@ func (x *helloCall) send(stop <-chan struct{}) error {
 func (x *helloCall) finish(stop <-chan struct{}) error {
 	st := x.s.st
 	for _, p := range x.peers[x.next:] {
-		if err := hcomm.CollectiveNotifyWait(stop, st.chans[p], nHello+int(x.par[p]), 0, x.h.kind.String(), x.opSeq, x.h.algo.String()); err != nil {
+		if err := x.s.awaitHello(stop, p, x.par[p], x.flagOf(p), opTag{x.h.kind, x.opSeq, x.h.algo}); err != nil { // ll.go
 			return err
 		}
 		// The peer's hello has landed in device memory: make it visible
@@ -542,6 +554,9 @@ type helloCall struct {
 	s       *sched
 	par     []uint64 // hello parity with each peer (parBuf for up to 8 ranks)
 	parBuf  [8]uint64
+	ll      uint16   // bit p: the hello with peer p travels as flagged words (ll.go)
+	flag    []uint32 // their flags, by peer (flagBuf; up to helloFullMax ranks)
+	flagBuf [helloFullMax]uint32
 	mine    device.Ptr
 	dev     *device.Device
 	check   bool
@@ -563,6 +578,17 @@ type reduceArgs struct {
 	count int64
 	dt    hcomm.DataType
 	op    hcomm.ReduceOp
+}
+
+// isFlagged reports whether the hello with peer p travels as flagged words.
+func (x *helloCall) isFlagged(p int) bool { return x.ll&(1<<p) != 0 }
+
+// flagOf returns the flag of the hello with peer p, 0 when not flagged.
+func (x *helloCall) flagOf(p int) uint32 {
+	if !x.isFlagged(p) {
+		return 0
+	}
+	return x.flag[p]
 }
 
 // slotOff returns the offset of the hello slot that rank's hello arrives in

@@ -29,12 +29,14 @@ const (
 
 // layout is how a rank's HCCL buffer is cut up; every rank computes the same.
 //
-//	[hello slots: n ranks x 2 parities x helloSlot]
+//	[hello slots: n ranks x 2 parities x helloSlot]  a header, then inline payload
+//	[flagged slots: n ranks x 2 parities x llSlot]   the low-latency hello's header words and wake word (ll.go)
 //	[inbox slots: n sources x 2 x piece]  pipes: a peer writes a piece, this rank consumes it
 //	[gather slots: 2 x piece]             this rank publishes a piece, peers read it
 //	[scratch: 1 piece]                    partial results between ring steps
 type layout struct {
 	helloSlot int64 // bytes of one hello slot: a 56-byte header + inline payload
+	llOff     int64 // where the flagged slots start (ll.go)
 	inboxOff  int64
 	gatherOff int64
 	piece     int64 // bytes of one inbox or gather slot: the pipeline's piece
@@ -42,8 +44,8 @@ type layout struct {
 	bufSize   int64
 }
 
-// helloMax bounds a hello slot: payloads up to helloMax-headerSize travel
-// inline with the handshake (the one-shot algorithms).
+// helloMax bounds a hello slot: payloads up to 64 KiB travel inline with
+// the handshake (the one-shot algorithms), after the header.
 const helloMax = 64<<10 + headerSize
 
 // pieceMax is the pipeline's piece: small enough that a block of n pieces
@@ -54,11 +56,12 @@ const pieceMax = 512 << 10
 func newLayout(n int, bufSize int64) (layout, error) {
 	l := layout{n: n, bufSize: bufSize}
 	l.helloSlot = min(helloMax, ((bufSize/4)/int64(2*n))&^63)
-	l.inboxOff = (l.helloSlot*int64(2*n) + 4095) &^ 4095
+	l.llOff = l.helloSlot * int64(2*n)
+	l.inboxOff = (l.llOff + llSlot*int64(2*n) + 4095) &^ 4095
 	l.piece = min(pieceMax, ((bufSize-l.inboxOff)/int64(2*n+3))&^63)
 	l.gatherOff = l.inboxOff + l.piece*int64(2*n)
 	if l.helloSlot < 2*headerSize || l.piece < 64 {
-		return l, fmt.Errorf("HCCL buffer of %d bytes is too small for %d ranks: the collectives need at least %d", bufSize, n, int64(4*2*n*2*headerSize)+int64(2*n+3)*64+4096)
+		return l, fmt.Errorf("HCCL buffer of %d bytes is too small for %d ranks: the collectives need at least %d", bufSize, n, int64(4*2*n*2*headerSize)+int64(2*n*llSlot)+int64(2*n+3)*64+4096)
 	}
 	return l, nil
 }
@@ -70,6 +73,15 @@ func (l layout) helloOff(from int, par uint64) int64 {
 
 // inline is the payload a hello slot carries after its header.
 func (l layout) inline() int64 { return l.helloSlot - headerSize }
+
+// flaggedOff is the flagged slot that rank from writes its flagged hellos'
+// header words into, for parity par (ll.go); its wake word follows them.
+func (l layout) flaggedOff(from int, par uint64) int64 {
+	return l.llOff + (int64(from)*2+int64(par))*llSlot
+}
+
+// helloEnd is where the hello slots and the flagged slots end.
+func (l layout) helloEnd() int64 { return l.llOff + llSlot*int64(2*l.n) }
 
 func (l layout) inboxSlotOff(from int, k uint64) int64 {
 	return l.inboxOff + (int64(from)*2+int64(k))*l.piece
@@ -99,6 +111,7 @@ type state struct {
 	readers   [2][]int           // the ranks that read this rank's gather slot k last
 	others    []int              // every rank but this one (sched.others)
 	noCheck   bool               // skip the handshake's check (HCOMM_COLL_CHECK=0), for measuring its cost
+	ll        bool               // hellos between ranks of one host may travel as flagged words (ll.go; HCOMM_LL)
 	strict    bool               // HCCL_DETERMINISTIC=strict: reductions in rank order (ordered.go)
 	multiHost bool               // ranks span hosts, some with several ranks: the two-level schedule pays
 	mapped    bool               // every peer's memory is mapped (inproc, shm): a read is a memmove
@@ -261,7 +274,10 @@ func (st *state) init1() {
 		// The buffer stays allocated until the communicator is destroyed,
 		// after its streams' work: the handshake's tasks read and write
 		// its hello slots through this view, without a lookup each.
-		st.hello, st.err = c.Device().Map(buf, st.lay.helloSlot*int64(2*c.Size()))
+		st.hello, st.err = c.Device().Map(buf, st.lay.helloEnd())
+		// Flagged words are polled in place: only where the view is the
+		// memory itself (not HCOMM_DEVICE_VIEW=copy, not an accelerator's).
+		st.ll = st.err == nil && st.hello.Mapped() && envLL()
 	}
 }
 
