@@ -2,6 +2,7 @@ package collectives
 
 import (
 	"math/bits"
+	"slices"
 
 	"github.com/hcomm-dev/hcomm/device"
 	"github.com/hcomm-dev/hcomm/hcomm"
@@ -21,14 +22,18 @@ func treeParent(v int) int {
 	return v &^ (1 << (bits.Len(uint(v)) - 1))
 }
 
-// treeChildren lists v's children, largest subtree first.
+// treeChildren lists v's children, largest subtree first: v + 2^j's
+// subtree holds the ranks v + 2^j + (multiples of 2^(j+1)) below n, so the
+// nearest child heads the largest. Sending to it first is what keeps a
+// broadcast at ⌈log2 n⌉ hops: the deepest rank, n−1, is reached through
+// first sends only. (The farthest child first — the order of the loop
+// below — makes its k-th ancestor's send to it the k-th of that
+// ancestor's: ⌈log2 n⌉(⌈log2 n⌉+1)/2 sends' time; internal/sim's
+// TestTreeBroadcastHops.)
 func treeChildren(v, n int) []int {
 	var out []int
 	for m := 1 << bits.Len(uint(v)); v+m < n; m <<= 1 {
 		out = append(out, v+m)
-	}
-	for i, j := 0, len(out)-1; i < j; i, j = i+1, j-1 {
-		out[i], out[j] = out[j], out[i]
 	}
 	return out
 }
@@ -67,7 +72,10 @@ func reduceTree(sc *sched, send, recv device.Ptr, count int64, dt hcomm.DataType
 	me, n := st.comm.Rank(), st.comm.Size()
 	v := mod(me-root, n)
 	real := func(u int) int { return (u + root) % n }
+	// Smallest subtree first: its partial result is ready first, so the
+	// rank combines it while the larger ones are still on their way.
 	kids := treeChildren(v, n)
+	slices.Reverse(kids)
 	es := int64(dt.Size())
 	per := sc.piece() / es
 	scratch := sc.mySlot(st.lay.scratchOff())

@@ -159,3 +159,63 @@ func TestBootSubCommMailboxes(t *testing.T) {
 		t.Logf("the split and the sub-communicators' first all-reduce: %d messages at rank 0's store (%d looks of the loss watches)", got, watch)
 	}
 }
+
+// A rank's bootstrap mailbox connections do not grow with the peers it set
+// channels up with: a setup dials the lower rank's mailbox and hangs up
+// when it is over, and the tree gather's connection to the parent closes
+// when the init returns. After every rank has set up a channel to every
+// other (a full mesh, as a direct all-to-all would), each holds one
+// connection it dialled (to its ring successor) and one it accepted (from
+// its ring predecessor) — where it held one to every lower rank, and every
+// higher one held one to it.
+func TestBootMailboxConnsBounded(t *testing.T) {
+	const n = 12
+	cfg := &hcomm.Config{Name: "bootconns", Transport: hcomm.TransportTCP, BufferSize: 64 << 10,
+		ConnectTimeout: 60 * time.Second, ExecTimeout: 60 * time.Second, LivenessTimeout: time.Minute}
+	root, err := hcomm.GetRootInfo(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer root.Close()
+	comms := initRanks(t, n, func(r int) (*hcomm.Comm, error) { return hcomm.InitRootInfo(n, root, r, cfg) })
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	for r, c := range comms {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var descs []hcomm.ChannelDesc
+			for p := 0; p < n; p++ {
+				if p != r {
+					d := hcomm.ChannelDescInit(1)
+					d[0].RemoteRank = p
+					descs = append(descs, d[0])
+				}
+			}
+			_, errs[r] = c.ChannelAcquire(hcomm.EngineCPUTS, descs)
+		}()
+	}
+	wg.Wait()
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d: %v", r, err)
+		}
+	}
+	// The mailboxes' ends of the closed connections go when their goodbyes
+	// are read: give them a moment.
+	deadline := time.Now().Add(10 * time.Second)
+	for r, c := range comms {
+		for {
+			dialled, accepted := hcomm.MailboxConns(c)
+			if dialled == 1 && accepted == 1 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Errorf("rank %d of %d, a channel to every other rank: its mailbox holds %d connections it dialled and %d it accepted; want 1 and 1 (its ring successor's, its ring predecessor's)",
+					r, n, dialled, accepted)
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+}

@@ -261,10 +261,11 @@ func (c *Comm) setupRetrying(ctx context.Context, k chanKey, d ChannelDesc) (*Ch
 func (c *Comm) setupWatched(ctx context.Context, k chanKey, attempt int, d ChannelDesc) (*Channel, error) {
 	base := c.setupBase(k, attempt)
 	me, them := strconv.Itoa(c.rank), strconv.Itoa(d.RemoteRank)
-	ps, err := c.pairStore(ctx, d.RemoteRank)
+	ps, release, err := c.pairStore(ctx, d.RemoteRank)
 	if err != nil {
 		return nil, c.errorf("ChannelAcquire", d.RemoteRank, ErrTCPConnect, err, "")
 	}
+	defer release() // after the exchanges (each holds a use of its own) and the abandonment's word
 	actx, cancel := context.WithCancelCause(ctx)
 	watched := make(chan struct{})
 	go func() {

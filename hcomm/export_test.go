@@ -27,3 +27,36 @@ func SetGatherHook(f func(rank, step int)) { gatherHook = f }
 // counter in rank 0's store (health.go: three messages each, four when an
 // event was skipped).
 func WatchLooks(c *Comm) int64 { return c.health.looks.Load() }
+
+// BootAddrs returns every rank's bootstrap mailbox and standby store
+// addresses, by rank ("" where a rank has none).
+func BootAddrs(c *Comm) (mailboxes, standbys []string) {
+	for _, p := range c.boot.peers {
+		mailboxes = append(mailboxes, p.Mailbox)
+		standbys = append(standbys, p.Standby)
+	}
+	return mailboxes, standbys
+}
+
+// MailboxConns returns how many connections c's bootstrap mailbox holds:
+// those this rank dialled to other ranks' mailboxes, and those other ranks
+// dialled to it (0, 0 without a mailbox).
+func MailboxConns(c *Comm) (dialled, accepted int) {
+	m := c.boot.mail
+	if m == nil {
+		return 0, 0
+	}
+	m.mu.Lock()
+	for _, mc := range m.conns {
+		select {
+		case <-mc.ready:
+			if mc.cli != nil {
+				dialled++
+			}
+		default:
+			dialled++ // in flight
+		}
+	}
+	m.mu.Unlock()
+	return dialled, m.srv.Conns()
+}

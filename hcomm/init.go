@@ -451,20 +451,24 @@ func rendezvous(ctx context.Context, cli *bootstrap.Client, js joinSpec, ifc boo
 	// way up). Everything else comes down the tree.
 	// The two at once: each waits for its rank to join.
 	succ, parent := (js.rank+1)%js.nRanks, treeParent(js.rank)
+	// The ring's connection stays for the communicator's life; the
+	// parent's closes when the gather is over (unless it is the ring's too).
 	var (
-		pc    *bootstrap.Client
-		pcode Result
-		perr  error
-		pdone = make(chan struct{})
+		pc      *bootstrap.Client
+		pcode   Result
+		perr    error
+		release = func() {}
+		pdone   = make(chan struct{})
 	)
 	go func() {
 		defer close(pdone)
 		if js.rank != 0 {
-			pc, pcode, perr = dialPeer(ctx, cli, mb, js, parent)
+			pc, release, pcode, perr = dialPeer(ctx, cli, mb, js, parent, false)
 		}
 	}()
-	nc, code, err := dialPeer(ctx, cli, mb, js, succ)
+	nc, _, code, err := dialPeer(ctx, cli, mb, js, succ, true)
 	<-pdone
+	defer release()
 	if err != nil {
 		return nil, code, err
 	}
@@ -494,46 +498,56 @@ func rendezvous(ctx context.Context, cli *bootstrap.Client, js joinSpec, ifc boo
 }
 
 // dialPeer reads rank r's description from rank 0's store (cli), waiting
-// for it to join, and connects to its mailbox.
-func dialPeer(ctx context.Context, cli *bootstrap.Client, mb *mailbox, js joinSpec, r int) (*bootstrap.Client, Result, error) {
+// for it to join, and connects to its mailbox: for the mailbox's life when
+// keep is set (mailbox.dial), else until the caller calls release
+// (mailbox.use). release is never nil: a no-op when keep is set or the
+// call fails.
+func dialPeer(ctx context.Context, cli *bootstrap.Client, mb *mailbox, js joinSpec, r int, keep bool) (_ *bootstrap.Client, release func(), _ Result, _ error) {
+	none := func() {}
 	b, err := cli.Get(ctx, "info/"+strconv.Itoa(r))
 	if cause := context.Cause(ctx); err != nil && cause != nil && !errors.Is(cause, context.Canceled) && !errors.Is(cause, context.DeadlineExceeded) {
 		err = cause // the watch's verdict: a rank lost, the job failed
 	}
 	if err != nil {
 		if errors.Is(err, ErrRankLost) {
-			return nil, ErrRemote, err
+			return nil, none, ErrRemote, err
 		}
 		if errors.Is(err, bootstrap.ErrJobFailed) {
-			return nil, ErrPara, err
+			return nil, none, ErrPara, err
 		}
-		return nil, ErrTimeout, fmt.Errorf("rank %d waiting for rank %d to join: %w", js.rank, r, err)
+		return nil, none, ErrTimeout, fmt.Errorf("rank %d waiting for rank %d to join: %w", js.rank, r, err)
 	}
 	p, err := checkInfo(b, r, js.nRanks)
 	if err != nil {
-		return nil, ErrPara, err
+		return nil, none, ErrPara, err
 	}
 	if p.Mailbox == "" {
-		return nil, ErrPara, fmt.Errorf("rank %d (on %s) has no bootstrap mailbox: is it an older hcomm?", r, p.where())
+		return nil, none, ErrPara, fmt.Errorf("rank %d (on %s) has no bootstrap mailbox: is it an older hcomm?", r, p.where())
 	}
-	nc, err := mb.dial(ctx, p.Mailbox)
-	if cause := context.Cause(ctx); err != nil && cause != nil && !errors.Is(cause, context.Canceled) && !errors.Is(cause, context.DeadlineExceeded) {
-		return nil, ErrRemote, cause // the watch's verdict: a rank lost, the job failed
+	var nc *bootstrap.Client
+	release = none
+	if keep {
+		nc, err = mb.dial(ctx, p.Mailbox)
+	} else {
+		nc, release, err = mb.use(ctx, p.Mailbox)
 	}
-	if err != nil && ctx.Err() == nil {
+	if err == nil {
+		return nc, release, Success, nil
+	}
+	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) && !errors.Is(cause, context.DeadlineExceeded) {
+		return nil, none, ErrRemote, cause // the watch's verdict: a rank lost, the job failed
+	}
+	if ctx.Err() == nil {
 		// Its process died — or it failed its init and closed: then the
 		// watch says why in a moment (the job failed, its own loss).
 		if v := awaitVerdict(ctx, verdictWait); v != nil {
-			return nil, ErrRemote, v
+			return nil, none, ErrRemote, v
 		}
 	}
 	if errors.Is(err, bootstrap.ErrGone) {
-		return nil, ErrRemote, fmt.Errorf("rank %d connecting to rank %d's bootstrap mailbox: rank %d is lost: it is gone (nothing listens at %s): %w", js.rank, r, r, p.Mailbox, ErrRankLost)
+		return nil, none, ErrRemote, fmt.Errorf("rank %d connecting to rank %d's bootstrap mailbox: rank %d is lost: it is gone (nothing listens at %s): %w", js.rank, r, r, p.Mailbox, ErrRankLost)
 	}
-	if err != nil {
-		return nil, ErrTCPConnect, fmt.Errorf("rank %d connecting to rank %d's bootstrap mailbox: %w", js.rank, r, err)
-	}
-	return nc, Success, nil
+	return nil, none, ErrTCPConnect, fmt.Errorf("rank %d connecting to rank %d's bootstrap mailbox: %w", js.rank, r, err)
 }
 
 // checkInfo parses rank r's description and checks that it fits a

@@ -128,6 +128,14 @@ func TestMetricsAfterAllReduce(t *testing.T) {
 	if min := float64(3 * 2 * n * 4 / 3); moved < min || moved > 100*n*4 {
 		t.Errorf("%g bytes moved, want between %g and %d", moved, min, 100*n*4)
 	}
+	// That all-reduce's handshake between goroutines is flagged words, no
+	// notify (collectives/ll.go); a ring's pipes wait on notifies.
+	hcommtest.Each(t, comms, func(t testing.TB, c *hcomm.Comm) {
+		in := make([]float32, n)
+		if err := collectives.AllReduceSlice(context.Background(), c, in, in, hcomm.Sum, &collectives.Options{Algorithm: collectives.AlgoRing}); err != nil {
+			t.Fatal(err)
+		}
+	})
 	if w := family(t, reg, "hcomm_notify_wait_seconds").GetMetric(); len(w) == 0 || w[0].GetHistogram().GetSampleCount() == 0 {
 		t.Error("no notify wait observed")
 	}

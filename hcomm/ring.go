@@ -25,7 +25,9 @@ import (
 //     (treeGather: log_k n hops each way), so every rank learns all n
 //     without rank 0 sending the list to each;
 //   - the messages that set up a channel between ranks a < b are traded in
-//     rank a's mailbox, not rank 0's store (pairStore);
+//     rank a's mailbox, not rank 0's store (pairStore); rank b connects
+//     for the setup and hangs up after it, so that a rank holds O(1)
+//     mailbox connections whatever the peers it has channels to;
 //   - liveness rides a ring: each rank pings its successor's mailbox,
 //     which reports the rank lost when it falls silent for the liveness
 //     timeout (and publishes it in rank 0's store, as rank 0's store does
@@ -52,11 +54,19 @@ type mailbox struct {
 	lostW  string
 }
 
-// mailConn is one connection to another rank's mailbox, dialled once.
+// mailConn is one connection to another rank's mailbox. It lives while
+// someone uses it: the ring's connection to the successor for the
+// mailbox's life (dial), the others — to the tree parent during the
+// gather, to a lower rank during a channel setup with it — while leased
+// (use). So a rank holds O(1) mailbox connections between setups, not one
+// to every lower rank it ever set a channel up with (as NCCL's bootstrap
+// keeps only its ring: a setup dials, trades, hangs up).
 type mailConn struct {
 	ready chan struct{} // closed once cli or err is set
 	cli   *bootstrap.Client
 	err   error
+	uses  int  // leases not yet released; guarded by mailbox.mu
+	kept  bool // dialled by dial: open until the mailbox closes; guarded by mailbox.mu
 }
 
 // startMailbox starts rank's mailbox on ifc: it admits connections that
@@ -68,6 +78,7 @@ func startMailbox(c Config, ifc bootstrap.Iface, secret bootstrap.Secret, rank, 
 	srv, err := bootstrap.Listen(net.JoinHostPort(ifc.IP.String(), "0"), secret, bootstrap.ServerOptions{
 		Logger: c.bootLogger(), OnLost: m.lostHook, IdleTimeout: c.livenessTimeout(),
 		Watched: func(cl bootstrap.Claim) bool { return cl.Rank == prev },
+		Open:    true, // a rank dials it anew for each channel setup with this one
 	})
 	if err != nil {
 		return nil, err
@@ -105,22 +116,46 @@ func (m *mailbox) setOnLost(f func(rank int, reason string)) {
 func (m *mailbox) local() bootstrap.Store { return m.srv.Local() }
 
 // dial returns the connection to the mailbox at addr, connecting on first
-// use (bounded by ctx; a mailbox that refuses is gone: no retry). Callers
-// share the connection; a failed dial is forgotten, so the next call tries
-// again.
+// use (bounded by ctx; a mailbox that refuses is gone: no retry), and
+// keeps it open until the mailbox closes: the ring's. Callers share the
+// connection; a failed dial is forgotten, so the next call tries again.
 func (m *mailbox) dial(ctx context.Context, addr string) (*bootstrap.Client, error) {
+	cli, release, err := m.use(ctx, addr)
+	if err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	if mc := m.conns[addr]; mc != nil && mc.cli == cli {
+		mc.kept = true
+	}
+	m.mu.Unlock()
+	release()
+	return cli, nil
+}
+
+// use returns the connection to the mailbox at addr, connecting on first
+// use as dial does, and a release function that the caller calls once it
+// is done with it (exactly once; the connection must not be used after):
+// the last release of a connection that dial did not keep says goodbye to
+// that mailbox and hangs up. Safe for concurrent use; callers share the
+// connection while any holds it.
+func (m *mailbox) use(ctx context.Context, addr string) (*bootstrap.Client, func(), error) {
 	m.mu.Lock()
 	if m.closed {
 		m.mu.Unlock()
-		return nil, fmt.Errorf("bootstrap mailbox of rank %d: %w", m.rank, bootstrap.ErrClosed)
+		return nil, nil, fmt.Errorf("bootstrap mailbox of rank %d: %w", m.rank, bootstrap.ErrClosed)
 	}
 	mc, ok := m.conns[addr]
 	if !ok {
 		mc = &mailConn{ready: make(chan struct{})}
 		m.conns[addr] = mc
-		m.mu.Unlock()
-		mc.cli, mc.err = bootstrap.DialUp(ctx, addr, m.secret, bootstrap.Claim{Rank: m.rank, NRanks: m.size})
+	}
+	mc.uses++
+	m.mu.Unlock()
+	if !ok {
+		cli, err := bootstrap.DialUp(ctx, addr, m.secret, bootstrap.Claim{Rank: m.rank, NRanks: m.size})
 		m.mu.Lock()
+		mc.cli, mc.err = cli, err
 		if mc.err != nil {
 			delete(m.conns, addr)
 		} else if m.closed { // close ran meanwhile and missed this one
@@ -129,14 +164,36 @@ func (m *mailbox) dial(ctx context.Context, addr string) (*bootstrap.Client, err
 		}
 		close(mc.ready)
 		m.mu.Unlock()
-		return mc.cli, mc.err
+	} else {
+		select {
+		case <-mc.ready:
+		case <-ctx.Done():
+			m.mu.Lock()
+			mc.uses-- // the dialling caller holds a use of its own: it releases
+			m.mu.Unlock()
+			return nil, nil, ctx.Err()
+		}
+	}
+	if mc.err != nil {
+		return nil, nil, mc.err
+	}
+	var once sync.Once
+	return mc.cli, func() { once.Do(func() { m.release(addr, mc) }) }, nil
+}
+
+// release ends a use of mc, the connection to addr: the last use of a
+// connection that is not kept hangs up (with a goodbye: the mailbox
+// reports no loss).
+func (m *mailbox) release(addr string, mc *mailConn) {
+	m.mu.Lock()
+	mc.uses--
+	last := mc.uses == 0 && !mc.kept && m.conns[addr] == mc
+	if last {
+		delete(m.conns, addr)
 	}
 	m.mu.Unlock()
-	select {
-	case <-mc.ready:
-		return mc.cli, mc.err
-	case <-ctx.Done():
-		return nil, ctx.Err()
+	if last {
+		mc.cli.Close()
 	}
 }
 
@@ -492,24 +549,26 @@ func (b *bootState) mailLost(rank int, reason string) {
 
 // pairStore is the store in which this rank and peer trade the messages of
 // a channel setup: with a ring, the mailbox of the lower rank of the two
-// (connecting to it on first use, bounded by ctx); otherwise the
-// communicator's store.
-func (c *Comm) pairStore(ctx context.Context, peer int) (bootstrap.Store, error) {
+// (connecting to it, bounded by ctx); otherwise the communicator's store.
+// The caller calls release once the setup is over, whichever way it
+// ended: the connection to the peer's mailbox closes when no setup with
+// that peer uses it (mailbox.use).
+func (c *Comm) pairStore(ctx context.Context, peer int) (st bootstrap.Store, release func(), err error) {
 	m := c.boot.mail
 	if m == nil || c.boot.ns == "" {
-		return c.boot.store, nil
+		return c.boot.store, func() {}, nil
 	}
 	host := min(c.rank, peer)
 	if host == c.rank {
-		return bootstrap.Prefix(m.local(), c.boot.ns), nil
+		return bootstrap.Prefix(m.local(), c.boot.ns), func() {}, nil
 	}
 	addr := c.boot.peers[host].Mailbox
 	if addr == "" {
-		return c.boot.store, nil
+		return c.boot.store, func() {}, nil
 	}
-	cli, err := m.dial(ctx, addr)
+	cli, release, err := m.use(ctx, addr)
 	if err != nil {
-		return nil, fmt.Errorf("connecting to rank %d's bootstrap mailbox %s: %w", host, addr, err)
+		return nil, nil, fmt.Errorf("connecting to rank %d's bootstrap mailbox %s: %w", host, addr, err)
 	}
-	return bootstrap.Prefix(cli, c.boot.ns), nil
+	return bootstrap.Prefix(cli, c.boot.ns), release, nil
 }

@@ -50,24 +50,163 @@ func scaleShape(t *testing.T) (hosts, procs int) {
 	return hosts, procs
 }
 
-// scaleStats is what one rank reports (its SCALE line).
+// scaleStats is what one rank reports (its SCALE line): what it holds at
+// the end, and its sockets by kind after its first all-reduce (16 B) and
+// after an all-reduce of 1 MiB, both at hcomm's choice of algorithm.
 type scaleStats struct {
 	rank                      int
 	initMs, workMs            int64
+	startUs, firstUs          int64 // wall clock (µs since the epoch): the process's start, its first collective done
 	sockets, channels         int
 	rssKB, shmKB, committedKB int64
+	small, large              socketKinds // after the 16 B and the 1 MiB all-reduce
+}
+
+// socketKinds counts a process's sockets by what they are for.
+type socketKinds struct {
+	total    int
+	data     int // tcp channels' streams (tcp sockets that are none of the below)
+	mailbox  int // connections to or from a rank's bootstrap mailbox
+	store    int // connections to or from rank 0's store
+	standby  int // connections to or from a rank's standby store
+	listen   int // listeners: the store, mailbox, standby, tcp transport
+	other    int // unix-domain and the rest
+	channels int // the collectives' channels
+}
+
+func (k socketKinds) fields(p string) string {
+	return fmt.Sprintf("%s_sockets=%d %s_data=%d %s_mailbox=%d %s_store=%d %s_standby=%d %s_listen=%d %s_other=%d %s_channels=%d",
+		p, k.total, p, k.data, p, k.mailbox, p, k.store, p, k.standby, p, k.listen, p, k.other, p, k.channels)
 }
 
 func (s scaleStats) line() string {
-	return fmt.Sprintf("SCALE rank=%d init_ms=%d work_ms=%d sockets=%d channels=%d rss_kb=%d shm_kb=%d hccl_committed_kb=%d",
-		s.rank, s.initMs, s.workMs, s.sockets, s.channels, s.rssKB, s.shmKB, s.committedKB)
+	return fmt.Sprintf("SCALE rank=%d init_ms=%d work_ms=%d start_us=%d first_us=%d sockets=%d channels=%d rss_kb=%d shm_kb=%d hccl_committed_kb=%d %s %s",
+		s.rank, s.initMs, s.workMs, s.startUs, s.firstUs, s.sockets, s.channels, s.rssKB, s.shmKB, s.committedKB, s.small.fields("s16"), s.large.fields("s1m"))
 }
 
 func parseScale(line string) (scaleStats, error) {
 	var s scaleStats
-	_, err := fmt.Sscanf(line, "SCALE rank=%d init_ms=%d work_ms=%d sockets=%d channels=%d rss_kb=%d shm_kb=%d hccl_committed_kb=%d",
-		&s.rank, &s.initMs, &s.workMs, &s.sockets, &s.channels, &s.rssKB, &s.shmKB, &s.committedKB)
-	return s, err
+	want := map[string]*int64{}
+	ints := map[string]*int{"rank": &s.rank, "sockets": &s.sockets, "channels": &s.channels}
+	for _, x := range []struct {
+		p string
+		k *socketKinds
+	}{{"s16", &s.small}, {"s1m", &s.large}} {
+		for n, f := range map[string]*int{"sockets": &x.k.total, "data": &x.k.data, "mailbox": &x.k.mailbox, "store": &x.k.store,
+			"standby": &x.k.standby, "listen": &x.k.listen, "other": &x.k.other, "channels": &x.k.channels} {
+			ints[x.p+"_"+n] = f
+		}
+	}
+	for n, f := range map[string]*int64{"init_ms": &s.initMs, "work_ms": &s.workMs, "start_us": &s.startUs, "first_us": &s.firstUs,
+		"rss_kb": &s.rssKB, "shm_kb": &s.shmKB, "hccl_committed_kb": &s.committedKB} {
+		want[n] = f
+	}
+	rest, ok := strings.CutPrefix(line, "SCALE ")
+	if !ok {
+		return s, fmt.Errorf("not a SCALE line")
+	}
+	seen := 0
+	for _, kv := range strings.Fields(rest) {
+		k, v, _ := strings.Cut(kv, "=")
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			return s, fmt.Errorf("%s: %v", kv, err)
+		}
+		switch {
+		case want[k] != nil:
+			*want[k] = n
+		case ints[k] != nil:
+			*ints[k] = int(n)
+		default:
+			return s, fmt.Errorf("unknown field %q", k)
+		}
+		seen++
+	}
+	if seen != len(want)+len(ints) {
+		return s, fmt.Errorf("%d fields, want %d", seen, len(want)+len(ints))
+	}
+	return s, nil
+}
+
+// procSocketKinds sorts this process's sockets by what they are for: its
+// tcp sockets by their addresses (from /proc/self/net/tcp{,6}, this network
+// namespace's table) against rank 0's store (storePort, on either end)
+// and the ranks' mailboxes and standby stores (BootAddrs).
+func procSocketKinds(c *hcomm.Comm, storePort int) socketKinds {
+	type ent struct {
+		local, remote string
+		listen        bool
+	}
+	tcp := map[string]ent{} // by inode
+	for _, f := range []string{"/proc/self/net/tcp", "/proc/self/net/tcp6"} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		for _, l := range strings.Split(string(b), "\n")[1:] {
+			fs := strings.Fields(l)
+			if len(fs) < 10 {
+				continue
+			}
+			tcp[fs[9]] = ent{local: procNetAddr(fs[1]), remote: procNetAddr(fs[2]), listen: fs[3] == "0A"}
+		}
+	}
+	mailboxes, standbys := hcomm.BootAddrs(c)
+	in := func(a string, set []string) bool { return a != "" && slices.Contains(set, a) }
+	var k socketKinds
+	ents, _ := os.ReadDir("/proc/self/fd")
+	for _, e := range ents {
+		l, err := os.Readlink("/proc/self/fd/" + e.Name())
+		ino, ok := strings.CutPrefix(l, "socket:[")
+		if err != nil || !ok {
+			continue
+		}
+		k.total++
+		t, ok := tcp[strings.TrimSuffix(ino, "]")]
+		port := func(a string) int {
+			_, p, _ := strings.Cut(a, ":")
+			n, _ := strconv.Atoi(p)
+			return n
+		}
+		switch {
+		case !ok:
+			k.other++
+		case t.listen:
+			k.listen++
+		case port(t.local) == storePort || port(t.remote) == storePort:
+			k.store++
+		case in(t.local, mailboxes) || in(t.remote, mailboxes):
+			k.mailbox++
+		case in(t.local, standbys) || in(t.remote, standbys):
+			k.standby++
+		default:
+			k.data++
+		}
+	}
+	k.channels = collChannels(c)
+	return k
+}
+
+// procNetAddr turns an address of /proc/net/tcp ("0100007F:1F90", the
+// IPv4 address in host byte order) into "127.0.0.1:8080"; IPv6 addresses
+// that map an IPv4 one likewise, others as they are.
+func procNetAddr(s string) string {
+	h, p, ok := strings.Cut(s, ":")
+	port, err := strconv.ParseUint(p, 16, 16)
+	if !ok || err != nil {
+		return s
+	}
+	if len(h) == 32 && strings.HasPrefix(h, "0000000000000000FFFF0000") {
+		h = h[24:]
+	}
+	if len(h) != 8 {
+		return s
+	}
+	v, err := strconv.ParseUint(h, 16, 32)
+	if err != nil {
+		return s
+	}
+	return fmt.Sprintf("%d.%d.%d.%d:%d", byte(v), byte(v>>8), byte(v>>16), byte(v>>24), port)
 }
 
 // procSockets counts this process's open sockets.
@@ -144,12 +283,22 @@ func scaleRank(t *testing.T) {
 	}
 	defer c.Destroy()
 	initDur := time.Since(start)
-	start = time.Now()
-	if err := scaleWork(c); err != nil {
+	st := scaleStats{rank: c.Rank(), initMs: initDur.Milliseconds(), startUs: procStart().UnixMicro()}
+	storePort, _ := strconv.Atoi(os.Getenv("MASTER_PORT"))
+	wstart := time.Now()
+	if err := scaleWork(c, func(step int) {
+		switch step {
+		case 0:
+			st.firstUs = time.Now().UnixMicro()
+			st.small = procSocketKinds(c, storePort)
+		case 1:
+			st.large = procSocketKinds(c, storePort)
+		}
+	}); err != nil {
 		t.Fatalf("rank %d: %v", c.Rank(), err)
 	}
-	st := scaleStats{rank: c.Rank(), initMs: initDur.Milliseconds(), workMs: time.Since(start).Milliseconds(),
-		sockets: procSockets(), channels: collChannels(c)}
+	st.workMs = time.Since(wstart).Milliseconds()
+	st.sockets, st.channels = procSockets(), collChannels(c)
 	st.rssKB, st.shmKB = procMemory()
 	buf, _, _ := c.GetHcclBuffer()
 	st.committedKB = committedBytes(c.Device(), buf) >> 10
@@ -162,10 +311,36 @@ func scaleRank(t *testing.T) {
 	}
 }
 
+// procStart returns when this process started (/proc/self/stat's start
+// time, in clock ticks since boot, against /proc/uptime); the time of the
+// call where that cannot be read.
+func procStart() time.Time {
+	now := time.Now()
+	b, err1 := os.ReadFile("/proc/self/stat")
+	u, err2 := os.ReadFile("/proc/uptime")
+	if err1 != nil || err2 != nil {
+		return now
+	}
+	_, after, _ := strings.Cut(string(b), ") ") // the command may hold spaces
+	fs := strings.Fields(after)
+	up, _, _ := strings.Cut(string(u), " ")
+	upS, err1 := strconv.ParseFloat(up, 64)
+	if len(fs) < 20 || err1 != nil {
+		return now
+	}
+	ticks, err := strconv.ParseInt(fs[19], 10, 64) // field 22, starttime; fs[0] is field 3
+	if err != nil {
+		return now
+	}
+	const hz = 100 // USER_HZ on Linux
+	return now.Add(-time.Duration(upS*float64(time.Second)) + time.Duration(ticks)*time.Second/hz)
+}
+
 // scaleWork runs every collective once with hcomm's choice of algorithm,
-// at an odd size, plus an all-reduce of 1 MiB (the pipelined path), each
-// checked element by element.
-func scaleWork(c *hcomm.Comm) error {
+// at an odd size, plus all-reduces of 16 B and 1 MiB, each checked element
+// by element; after the 16 B all-reduce (the first collective) it calls
+// at(0), after the 1 MiB one at(1).
+func scaleWork(c *hcomm.Comm, at func(step int)) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	me, n := c.Rank(), c.Size()
@@ -192,13 +367,16 @@ func scaleWork(c *hcomm.Comm) error {
 		}
 		return s
 	}
-	for _, count := range []int{31, 1<<18 + 3} {
+	for i, count := range []int{4, 1 << 18, 31, 1<<18 + 3} {
 		recv := make([]int32, count)
 		if err := collectives.AllReduceSlice(ctx, c, fill(me, count), recv, hcomm.Sum, nil); err != nil {
 			return fmt.Errorf("AllReduce of %d: %w", count, err)
 		}
 		if err := check(fmt.Sprintf("AllReduce of %d", count), recv, sum); err != nil {
 			return err
+		}
+		if i < 2 {
+			at(i)
 		}
 	}
 	const count = 1031
@@ -445,6 +623,16 @@ func TestScaleNetns(t *testing.T) {
 		t.Logf("%4d  %7d  %7d  %7d  %8d  %7.1f  %7.1f  %18.1f", s.rank, s.initMs, s.workMs, s.sockets, s.channels,
 			float64(s.rssKB)/1024, float64(s.shmKB)/1024, float64(s.committedKB)/1024)
 	}
+	for _, x := range []struct {
+		what string
+		k    func(scaleStats) socketKinds
+	}{{"16 B", func(s scaleStats) socketKinds { return s.small }}, {"1 MiB", func(s scaleStats) socketKinds { return s.large }}} {
+		t.Logf("sockets after the all-reduce of %s, by rank: total = data + mailbox + store + standby + listen + other (channels)", x.what)
+		for _, s := range stats {
+			k := x.k(s)
+			t.Logf("%4d  %3d = %3d + %3d + %3d + %3d + %3d + %3d (%d)", s.rank, k.total, k.data, k.mailbox, k.store, k.standby, k.listen, k.other, k.channels)
+		}
+	}
 	col := func(f func(scaleStats) int64) string {
 		v := make([]int64, len(stats))
 		for i, s := range stats {
@@ -454,8 +642,25 @@ func TestScaleNetns(t *testing.T) {
 		return fmt.Sprintf("min %d median %d max %d", v[0], v[len(v)/2], v[len(v)-1])
 	}
 	t.Logf("init_ms: %s", col(func(s scaleStats) int64 { return s.initMs }))
+	t.Logf("start to first collective done, ms: %s", col(func(s scaleStats) int64 { return (s.firstUs - s.startUs) / 1000 }))
+	var lastStart, lastFirst int64
+	for _, s := range stats {
+		lastStart, lastFirst = max(lastStart, s.startUs), max(lastFirst, s.firstUs)
+	}
+	t.Logf("init: last process start to every rank's first collective done: %d ms", (lastFirst-lastStart)/1000)
 	t.Logf("sockets: %s", col(func(s scaleStats) int64 { return int64(s.sockets) }))
 	t.Logf("channels: %s", col(func(s scaleStats) int64 { return int64(s.channels) }))
+	for _, x := range []struct {
+		what string
+		k    func(scaleStats) socketKinds
+	}{{"16 B", func(s scaleStats) socketKinds { return s.small }}, {"1 MiB", func(s scaleStats) socketKinds { return s.large }}} {
+		k := func(f func(socketKinds) int) string { return col(func(s scaleStats) int64 { return int64(f(x.k(s))) }) }
+		t.Logf("after the %s all-reduce: sockets %s; data %s; mailbox %s; store %s; standby %s; listen %s; other %s; channels %s", x.what,
+			k(func(k socketKinds) int { return k.total }), k(func(k socketKinds) int { return k.data }),
+			k(func(k socketKinds) int { return k.mailbox }), k(func(k socketKinds) int { return k.store }),
+			k(func(k socketKinds) int { return k.standby }), k(func(k socketKinds) int { return k.listen }),
+			k(func(k socketKinds) int { return k.other }), k(func(k socketKinds) int { return k.channels }))
+	}
 	t.Logf("rss_kb: %s", col(func(s scaleStats) int64 { return s.rssKB }))
 	t.Logf("shm_kb: %s", col(func(s scaleStats) int64 { return s.shmKB }))
 	t.Logf("hccl_committed_kb: %s", col(func(s scaleStats) int64 { return s.committedKB }))

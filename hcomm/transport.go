@@ -324,10 +324,11 @@ func (c *Comm) exchanger(base string, peer int) channel.Exchange {
 		i := n
 		n++
 		mu.Unlock()
-		s, err := c.pairStore(ctx, peer)
+		s, release, err := c.pairStore(ctx, peer)
 		if err != nil {
 			return nil, err
 		}
+		defer release()
 		return bootstrap.Exchange(ctx, s, base+"/"+strconv.Itoa(i), me, them, mine)
 	}
 }

@@ -123,7 +123,8 @@ func (c *Comm) waitReporting(n *notify.Notify, timeout time.Duration, stop <-cha
 
 // setProgress publishes (or, for "", withdraws) this rank's position.
 func (c *Comm) setProgress(where string) {
-	st := c.progressStore(context.Background(), c.rank)
+	st, release := c.progressStore(context.Background(), c.rank)
+	defer release()
 	if st == nil {
 		return
 	}
@@ -140,26 +141,28 @@ func (c *Comm) setProgress(where string) {
 // that rank's own mailbox (a rank publishes without a network round trip,
 // and a slow wait at 64 ranks costs rank 0's store nothing), else the
 // communicator's store. Nil when there is none or the mailbox cannot be
-// reached within ctx.
-func (c *Comm) progressStore(ctx context.Context, rank int) bootstrap.Store {
+// reached within ctx. The caller calls release when done with it (a
+// connection to another rank's mailbox then closes).
+func (c *Comm) progressStore(ctx context.Context, rank int) (_ bootstrap.Store, release func()) {
+	none := func() {}
 	b := c.boot
 	if b == nil {
-		return nil
+		return nil, none
 	}
 	if b.mail == nil || b.ns == "" || rank >= len(b.peers) || b.peers[rank].Mailbox == "" {
 		if b.store == nil {
-			return nil
+			return nil, none
 		}
-		return b.store
+		return b.store, none
 	}
 	if rank == c.rank {
-		return bootstrap.Prefix(b.mail.local(), b.ns)
+		return bootstrap.Prefix(b.mail.local(), b.ns), none
 	}
-	cli, err := b.mail.dial(ctx, b.peers[rank].Mailbox)
+	cli, release, err := b.mail.use(ctx, b.peers[rank].Mailbox)
 	if err != nil {
-		return nil
+		return nil, none
 	}
-	return bootstrap.Prefix(cli, b.ns)
+	return bootstrap.Prefix(cli, b.ns), release
 }
 
 // whereAreThey reads every peer's published position (without waiting: a
@@ -183,10 +186,11 @@ func (c *Comm) whereAreThey() string {
 			defer wg.Done()
 			var v []byte
 			ok := false
-			if st := c.progressStore(ctx, p); st != nil {
+			if st, release := c.progressStore(ctx, p); st != nil {
 				var err error
 				v, ok, err = st.TryGet(ctx, progressKey(p))
 				ok = ok && err == nil && len(v) > 0
+				release()
 			}
 			if !ok {
 				parts[p] = fmt.Sprintf("rank %d reports no wait (busy outside hcomm, not calling this collective, or lost)", p)

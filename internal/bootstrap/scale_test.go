@@ -130,3 +130,38 @@ func TestServedCounts(t *testing.T) {
 		}
 	}
 }
+
+// An Open server (a rank's mailbox) admits several live connections of one
+// rank — a rank dials it for each channel setup and hangs up after, and its
+// next dial may come before the server has read the last goodbye — where a
+// job's store takes the second for another process claiming the rank.
+func TestOpenAdmitsRankTwice(t *testing.T) {
+	sec, _ := NewSecret()
+	srv, err := Listen("127.0.0.1:0", sec, ServerOptions{Logger: slog.New(slog.DiscardHandler), Open: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var clis []*Client
+	for i := range 3 {
+		c, err := DialUp(ctx, srv.Addr().String(), sec, Claim{Rank: 1, NRanks: 4, PID: 7, Host: "h"})
+		if err != nil {
+			t.Fatalf("connection %d of rank 1: %v", i, err)
+		}
+		defer c.Close()
+		clis = append(clis, c)
+	}
+	for i, c := range clis {
+		if err := c.Set(ctx, "k", []byte{byte(i)}); err != nil {
+			t.Fatalf("connection %d of rank 1: %v", i, err)
+		}
+	}
+	if n := srv.Conns(); n != 3 {
+		t.Errorf("the server holds %d connections, want 3", n)
+	}
+	if f := srv.Failed(); f != "" {
+		t.Errorf("the server failed its job: %s", f)
+	}
+}
