@@ -169,7 +169,16 @@ func (n *Notify) awaitShared(s *device.Stream, timeout time.Duration, stop <-cha
 			}
 			continue
 		}
+		if afterLook != nil {
+			afterLook()
+		}
 		if b := n.Broken(); b != nil {
+			// A record made before the break (a peer that recorded and
+			// then closed its end) is still this wait's: the look above
+			// may have come just before it.
+			if tryResetWord(w) {
+				return nil
+			}
 			return n.failErr(s, b)
 		}
 		select {
@@ -203,6 +212,10 @@ func (n *Notify) awaitShared(s *device.Stream, timeout time.Duration, stop <-cha
 		futexWait(w, v, left)
 	}
 }
+
+// afterLook, when set (by a test), runs in awaitShared between its look at
+// the word and its look at the broken state.
+var afterLook func()
 
 // spinShared polls the word for spin.Default before the wait sleeps
 // (spin.UntilYield): first a few hundred times in a row, then yielding
