@@ -11,6 +11,7 @@ import (
 	"github.com/hcomm-dev/hcomm/hcomm"
 	"github.com/hcomm-dev/hcomm/hcommtest"
 	"github.com/hcomm-dev/hcomm/internal/memcopy"
+	"github.com/hcomm-dev/hcomm/internal/units"
 )
 
 // benchColl measures one collective with nccl-tests' conventions: every rank
@@ -70,20 +71,10 @@ func benchCollOn(b *testing.B, n int, tr hcommtest.Transport, size int64, factor
 
 var benchSizes = []int64{8, 4 << 10, 1 << 20, 64 << 20}
 
-func sizeName(n int64) string {
-	switch {
-	case n >= 1<<20:
-		return fmt.Sprintf("%dMiB", n>>20)
-	case n >= 1<<10:
-		return fmt.Sprintf("%dKiB", n>>10)
-	}
-	return fmt.Sprintf("%dB", n)
-}
-
 func BenchmarkAllReduce(b *testing.B) {
 	for _, n := range []int{2, 4} {
 		for _, size := range benchSizes {
-			b.Run(fmt.Sprintf("ranks=%d/%s", n, sizeName(size)), func(b *testing.B) {
+			b.Run(fmt.Sprintf("ranks=%d/%s", n, units.SizeIEC(size)), func(b *testing.B) {
 				benchColl(b, n, size, 2*float64(n-1)/float64(n), func(c *hcomm.Comm, s *device.Stream, send, recv device.Ptr, count int64) error {
 					return collectives.AllReduce(send, recv, count, hcomm.Float32, hcomm.Sum, c, s, nil)
 				})
@@ -95,7 +86,7 @@ func BenchmarkAllReduce(b *testing.B) {
 func BenchmarkBroadcast(b *testing.B) {
 	for _, n := range []int{2, 4} {
 		for _, size := range benchSizes {
-			b.Run(fmt.Sprintf("ranks=%d/%s", n, sizeName(size)), func(b *testing.B) {
+			b.Run(fmt.Sprintf("ranks=%d/%s", n, units.SizeIEC(size)), func(b *testing.B) {
 				benchColl(b, n, size, 1, func(c *hcomm.Comm, s *device.Stream, send, recv device.Ptr, count int64) error {
 					return collectives.Broadcast(send, count, hcomm.Float32, 0, c, s, nil)
 				})
@@ -156,7 +147,7 @@ func BenchmarkCollectives(b *testing.B) {
 		for _, n := range []int{2, 4} {
 			for _, size := range benchCollSizes {
 				for _, a := range algos {
-					b.Run(fmt.Sprintf("%s/ranks=%d/%s/%v", op.name, n, sizeName(size), a), func(b *testing.B) {
+					b.Run(fmt.Sprintf("%s/ranks=%d/%s/%v", op.name, n, units.SizeIEC(size), a), func(b *testing.B) {
 						if a == collectives.AlgoOneShot && size/int64(n) > 64<<10 {
 							b.Skip("larger than the one-shot slots")
 						}

@@ -2,14 +2,12 @@ package collectives_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/hcomm-dev/hcomm/collectives"
-	"github.com/hcomm-dev/hcomm/device"
 	"github.com/hcomm-dev/hcomm/hcomm"
 )
 
@@ -24,33 +22,8 @@ import (
 // that rank's call fails with ErrMismatch rather than wait for setups that
 // its peers never join), data type, reduce op and root.
 func TestButterflyMismatch(t *testing.T) {
-	type call func(c *hcomm.Comm, s *device.Stream, buf device.Ptr) error
-	allreduce := func(count int64, dt hcomm.DataType, op hcomm.ReduceOp) call {
-		return func(c *hcomm.Comm, s *device.Stream, buf device.Ptr) error {
-			return collectives.AllReduce(buf, buf, count, dt, op, c, s, nil)
-		}
-	}
-	bcast := func(root int) call {
-		return func(c *hcomm.Comm, s *device.Stream, buf device.Ptr) error {
-			return collectives.Broadcast(buf, 64, hcomm.Float32, root, c, s, nil)
-		}
-	}
-	cases := []struct {
-		name       string
-		odd, usual call
-		want       string // in the error of every rank
-	}{
-		{"collective", func(c *hcomm.Comm, s *device.Stream, buf device.Ptr) error {
-			return collectives.AllGather(buf, buf.Add(1<<20), 64, hcomm.Float32, c, s, nil)
-		}, allreduce(64, hcomm.Float32, hcomm.Sum), "AllGather"},
-		{"count", allreduce(65, hcomm.Float32, hcomm.Sum), allreduce(64, hcomm.Float32, hcomm.Sum), "count 65"},
-		{"count-across-algorithms", allreduce(100000, hcomm.Float32, hcomm.Sum), allreduce(64, hcomm.Float32, hcomm.Sum), "count 100000"},
-		{"dtype", allreduce(64, hcomm.Int32, hcomm.Sum), allreduce(64, hcomm.Float32, hcomm.Sum), "int32"},
-		{"op", allreduce(64, hcomm.Float32, hcomm.Max), allreduce(64, hcomm.Float32, hcomm.Sum), "max"},
-		{"root", bcast(2), bcast(0), "root 2"},
-	}
 	for _, n := range []int{16, 11} {
-		for i, tc := range cases {
+		for i, tc := range mismatchCases() {
 			// Ranks 1 (folded at 11 ranks), 2 (folding) and n-1 (in the
 			// exchange) take turns at being the odd one.
 			odd := []int{1, 2, n - 1}[i%3]
@@ -59,50 +32,10 @@ func TestButterflyMismatch(t *testing.T) {
 				// than the rest fails the call itself, leaving its
 				// communicator out of step.
 				comms := initAll(t, n, &hcomm.Config{ExecTimeout: 20 * time.Second, ConnectTimeout: 20 * time.Second, BufferSize: 1 << 20})
-				start := time.Now()
-				errs := make([]error, n)
-				run(t, comms, func(c *hcomm.Comm) error {
-					s, err := c.Device().CreateStream()
-					if err != nil {
-						return err
-					}
-					defer s.Destroy()
-					buf, err := c.Device().Malloc(4 << 20)
-					if err != nil {
-						return err
-					}
-					defer c.Device().Free(buf)
-					f := tc.usual
-					if c.Rank() == odd {
-						f = tc.odd
-					}
-					if err := f(c, s, buf); err != nil {
-						// The odd rank's schedule may need channels the
-						// others do not set up: its call fails with the
-						// butterfly's mismatch, not the setup's timeout.
-						if !errors.Is(err, collectives.ErrMismatch) {
-							return err
-						}
-						errs[c.Rank()] = err
-						return nil
-					}
-					errs[c.Rank()] = s.SynchronizeWithTimeout(time.Minute)
-					return nil
-				})
-				if d := time.Since(start); d > 10*time.Second {
-					t.Errorf("the mismatch took %v to surface; the timeout was 20s and detection must not wait for it", d)
-				}
-				t.Logf("rank 0: %v", errs[0])
-				for r, err := range errs {
-					if !errors.Is(err, collectives.ErrMismatch) {
-						t.Errorf("rank %d: %v; want an error matching ErrMismatch", r, err)
-						continue
-					}
-					msg := err.Error()
-					if !strings.Contains(msg, tc.want) || !strings.Contains(msg, fmt.Sprintf("rank %d", odd)) {
-						t.Errorf("rank %d: %q does not name rank %d and %q", r, msg, odd, tc.want)
-					}
-				}
+				// The odd rank's schedule may need channels the others do
+				// not set up: its call fails with the butterfly's mismatch,
+				// not the setup's timeout.
+				runMismatch(t, comms, odd, tc, true)
 			})
 		}
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/hcomm-dev/hcomm/device"
 	"github.com/hcomm-dev/hcomm/hcomm"
 	"github.com/hcomm-dev/hcomm/hcommtest"
+	"github.com/hcomm-dev/hcomm/internal/units"
 )
 
 // The determinism tests run 4 ranks with a small HCCL buffer (64 KiB: pieces
@@ -439,7 +440,7 @@ func BenchmarkAllReduceDeterministic(b *testing.B) {
 	const n = 4
 	for _, size := range []int64{1 << 20, 64 << 20} {
 		for _, level := range []string{"false", "true", "strict"} {
-			b.Run(fmt.Sprintf("%s/%s", sizeName(size), level), func(b *testing.B) {
+			b.Run(fmt.Sprintf("%s/%s", units.SizeIEC(size), level), func(b *testing.B) {
 				b.Setenv("HCCL_DETERMINISTIC", level)
 				benchColl(b, n, size, 2*float64(n-1)/n, func(c *hcomm.Comm, s *device.Stream, send, recv device.Ptr, count int64) error {
 					return collectives.AllReduce(send, recv, count, hcomm.Float32, hcomm.Sum, c, s, nil)

@@ -1,6 +1,7 @@
 package collectives
 
 import (
+	"errors"
 	"os"
 
 	"github.com/hcomm-dev/hcomm/channel"
@@ -90,8 +91,15 @@ func (s *sched) sendHello(stop <-chan struct{}, p int, par uint64, flag uint32, 
 	}
 	var w [4]byte
 	off := st.lay.flaggedOff(p, par) + llWake
-	if channel.TakeFlagged(w[:], st.hello.Bytes()[off:off+8], flag) {
-		return hcomm.ChannelNotifyRecord(stop, st.chans[p], nHello+int(par))
+	if !channel.TakeFlagged(w[:], st.hello.Bytes()[off:off+8], flag) {
+		return nil
+	}
+	// The peer stored its wake word and then, looking again, may have
+	// found the hello, finished and closed its end: a wake that finds the
+	// peer gone is not needed (a peer lost while it sleeps fails its own
+	// wait, and this rank learns of the loss from its own).
+	if err := hcomm.ChannelNotifyRecord(stop, st.chans[p], nHello+int(par)); err != nil && !errors.Is(err, channel.ErrPeerClosed) && !errors.Is(err, channel.ErrPeerLost) {
+		return err
 	}
 	return nil
 }
@@ -126,25 +134,35 @@ func (s *sched) awaitHello(stop <-chan struct{}, p int, par uint64, flag uint32,
 	}
 	me := st.comm.Rank()
 	wake := s.peerSlot(p, st.lay.flaggedOff(me, par)+llWake)
+	// A peer may send its hello and close its end of the channel before
+	// this rank looks (it destroyed its communicator once its stream was
+	// done): a failure on the channel is the wait's only when the hello
+	// is not there either.
+	failed := func(err error) error {
+		if take() {
+			return nil
+		}
+		return err
+	}
 	for {
+		if take() {
+			return nil
+		}
 		// A record left by a wake this rank did not need; an error is the
-		// peer's loss (a broken notify), named.
+		// peer's loss or end (a broken notify), named.
 		if _, err := hcomm.ChannelNotifyTryWait(st.chans[p], idx); err != nil {
-			return err
+			return failed(err)
 		}
 		// The wake word's data is immaterial (this rank's first hello
 		// slot); its flag says which hello this rank sleeps for.
 		if err := hcomm.WriteFlaggedNbi(stop, st.chans[p], wake, s.mySlot(st.lay.helloOff(me, 0)), 4, flag); err != nil {
-			return err
+			return failed(err)
 		}
 		if take() {
 			return nil
 		}
 		if err := hcomm.CollectiveNotifyWait(stop, st.chans[p], idx, 0, op.kind.String(), op.seq, op.algo.String()); err != nil {
-			return err
-		}
-		if take() {
-			return nil
+			return failed(err)
 		}
 	}
 }

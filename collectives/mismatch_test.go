@@ -5,36 +5,43 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/hcomm-dev/hcomm/collectives"
 	"github.com/hcomm-dev/hcomm/device"
 	"github.com/hcomm-dev/hcomm/hcomm"
+	"github.com/hcomm-dev/hcomm/hcommtest"
 )
 
-// TestMismatchIsAnErrorOnEveryRank: one rank makes a different call from the
-// others — another collective, count, data type, reduce op or root — and
-// every rank's stream fails with ErrMismatch naming both calls, well within
-// the execution timeout (no rank waits for data that will not come).
-func TestMismatchIsAnErrorOnEveryRank(t *testing.T) {
-	type call func(c *hcomm.Comm, s *device.Stream, buf device.Ptr) error
-	allreduce := func(count int64, dt hcomm.DataType, op hcomm.ReduceOp) call {
+// mismatchCall is what one rank of a mismatch test calls, on its stream and
+// a buffer of 4 MiB.
+type mismatchCall func(c *hcomm.Comm, s *device.Stream, buf device.Ptr) error
+
+// mismatchCase is one way for a rank to call differently from the others:
+// the odd rank calls odd, the others usual, and every rank's error names
+// want.
+type mismatchCase struct {
+	name       string
+	odd, usual mismatchCall
+	want       string // in the error of every rank
+}
+
+// mismatchCases differ in the collective, the count (within the same
+// algorithm, and one that makes the selector pick another), the data type,
+// the reduce op and the root.
+func mismatchCases() []mismatchCase {
+	allreduce := func(count int64, dt hcomm.DataType, op hcomm.ReduceOp) mismatchCall {
 		return func(c *hcomm.Comm, s *device.Stream, buf device.Ptr) error {
 			return collectives.AllReduce(buf, buf, count, dt, op, c, s, nil)
 		}
 	}
-	bcast := func(root int) call {
+	bcast := func(root int) mismatchCall {
 		return func(c *hcomm.Comm, s *device.Stream, buf device.Ptr) error {
 			return collectives.Broadcast(buf, 64, hcomm.Float32, root, c, s, nil)
 		}
 	}
-	cases := []struct {
-		name       string
-		odd, usual call
-		want       string // in the error of every rank
-	}{
+	return []mismatchCase{
 		{"collective", func(c *hcomm.Comm, s *device.Stream, buf device.Ptr) error {
 			return collectives.AllGather(buf, buf.Add(1<<20), 64, hcomm.Float32, c, s, nil)
 		}, allreduce(64, hcomm.Float32, hcomm.Sum), "AllGather"},
@@ -44,47 +51,72 @@ func TestMismatchIsAnErrorOnEveryRank(t *testing.T) {
 		{"op", allreduce(64, hcomm.Float32, hcomm.Max), allreduce(64, hcomm.Float32, hcomm.Sum), "max"},
 		{"root", bcast(2), bcast(0), "root 2"},
 	}
-	for _, tc := range cases {
+}
+
+// runMismatch runs tc on comms, rank odd making the odd call, and returns
+// every rank's error: how its stream's synchronize ended or, with
+// callMayFail, the ErrMismatch its call itself returned. It fails the test
+// unless every rank's error matches ErrMismatch and names rank odd and
+// tc.want, within 10 s (the communicators' execution timeout must be 20 s:
+// the detection must not wait for it). Without callMayFail, a call that
+// fails fails the test.
+func runMismatch(t *testing.T, comms []*hcomm.Comm, odd int, tc mismatchCase, callMayFail bool) []error {
+	t.Helper()
+	start := time.Now()
+	errs := make([]error, len(comms))
+	run(t, comms, func(c *hcomm.Comm) error {
+		s, err := c.Device().CreateStream()
+		if err != nil {
+			return err
+		}
+		defer s.Destroy()
+		buf, err := c.Device().Malloc(4 << 20)
+		if err != nil {
+			return err
+		}
+		defer c.Device().Free(buf)
+		f := tc.usual
+		if c.Rank() == odd {
+			f = tc.odd
+		}
+		if err := f(c, s, buf); err != nil {
+			if !callMayFail || !errors.Is(err, collectives.ErrMismatch) {
+				return err
+			}
+			errs[c.Rank()] = err
+			return nil
+		}
+		errs[c.Rank()] = s.SynchronizeWithTimeout(time.Minute)
+		return nil
+	})
+	if d := time.Since(start); d > 10*time.Second {
+		t.Errorf("the mismatch took %v to surface; the timeout was 20s and detection must not wait for it", d)
+	}
+	t.Logf("rank 0: %v", errs[0])
+	for r, err := range errs {
+		if !errors.Is(err, collectives.ErrMismatch) {
+			t.Errorf("rank %d: %v; want an error matching ErrMismatch", r, err)
+			continue
+		}
+		msg := err.Error()
+		if !strings.Contains(msg, tc.want) || !strings.Contains(msg, fmt.Sprintf("rank %d", odd)) {
+			t.Errorf("rank %d: %q does not name rank %d and %q", r, msg, odd, tc.want)
+		}
+	}
+	return errs
+}
+
+// TestMismatchIsAnErrorOnEveryRank: one rank makes a different call from the
+// others — another collective, count, data type, reduce op or root — and
+// every rank's stream fails with ErrMismatch naming both calls, well within
+// the execution timeout (no rank waits for data that will not come).
+func TestMismatchIsAnErrorOnEveryRank(t *testing.T) {
+	for _, tc := range mismatchCases() {
 		t.Run(tc.name, func(t *testing.T) {
 			comms := initAll(t, 3, &hcomm.Config{ExecTimeout: 20 * time.Second})
-			start := time.Now()
-			errs := make([]error, len(comms))
-			run(t, comms, func(c *hcomm.Comm) error {
-				s, err := c.Device().CreateStream()
-				if err != nil {
-					return err
-				}
-				defer s.Destroy()
-				buf, err := c.Device().Malloc(4 << 20)
-				if err != nil {
-					return err
-				}
-				defer c.Device().Free(buf)
-				f := tc.usual
-				if c.Rank() == 1 {
-					f = tc.odd
-				}
-				if err := f(c, s, buf); err != nil {
-					return err
-				}
-				errs[c.Rank()] = s.SynchronizeWithTimeout(time.Minute)
-				return nil
-			})
-			if d := time.Since(start); d > 10*time.Second {
-				t.Errorf("the mismatch took %v to surface; the timeout was 20s and detection must not wait for it", d)
-			}
-			t.Logf("rank 0: %v", errs[0])
-			for r, err := range errs {
-				if !errors.Is(err, collectives.ErrMismatch) {
-					t.Errorf("rank %d: %v; want an error matching ErrMismatch", r, err)
-					continue
-				}
-				msg := err.Error()
-				if !strings.Contains(msg, tc.want) || !strings.Contains(msg, "rank 1") {
-					t.Errorf("rank %d: %q does not name rank 1 and %q", r, msg, tc.want)
-				}
+			for r, err := range runMismatch(t, comms, 1, tc, false) {
 				var he *hcomm.Error
-				if !errors.As(err, &he) || he.Rank != r {
+				if errors.Is(err, collectives.ErrMismatch) && (!errors.As(err, &he) || he.Rank != r) {
 					t.Errorf("rank %d: error %v is not an *hcomm.Error of rank %d", r, err, r)
 				}
 			}
@@ -192,29 +224,7 @@ func TestTimeoutSaysWhereTheRanksAre(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer root.Close()
-		comms := make([]*hcomm.Comm, 3)
-		errs := make([]error, 3)
-		var wg sync.WaitGroup
-		for r := range comms {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				comms[r], errs[r] = hcomm.InitRootInfo(3, root, r, &c)
-			}()
-		}
-		wg.Wait()
-		defer func() {
-			for _, c := range comms {
-				if c != nil {
-					c.Destroy()
-				}
-			}
-		}()
-		for r, err := range errs {
-			if err != nil {
-				t.Fatalf("rank %d: %v", r, err)
-			}
-		}
+		comms := hcommtest.InitRanks(t, 3, func(r int) (*hcomm.Comm, error) { return hcomm.InitRootInfo(3, root, r, &c) })
 		timeoutSaysWhere(t, comms)
 	})
 }

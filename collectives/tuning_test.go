@@ -8,6 +8,7 @@ import (
 	"github.com/hcomm-dev/hcomm/device"
 	"github.com/hcomm-dev/hcomm/hcomm"
 	"github.com/hcomm-dev/hcomm/hcommtest"
+	"github.com/hcomm-dev/hcomm/internal/units"
 )
 
 // BenchmarkTuning measures what the tuning table (collectives/tuning.go)
@@ -31,9 +32,9 @@ func BenchmarkTuning(b *testing.B) {
 						for _, piece := range []int64{0, 64 << 10, 128 << 10, 256 << 10, 512 << 10} {
 							name := "table"
 							if piece > 0 {
-								name = sizeName(piece)
+								name = units.SizeIEC(piece)
 							}
-							b.Run(fmt.Sprintf("%s/%v/ranks=%d/%s/%v/piece=%s", op.name, tr, n, sizeName(size), a, name), func(b *testing.B) {
+							b.Run(fmt.Sprintf("%s/%v/ranks=%d/%s/%v/piece=%s", op.name, tr, n, units.SizeIEC(size), a, name), func(b *testing.B) {
 								if a == collectives.AlgoOneShot && size > 64<<10 {
 									b.Skip("larger than the one-shot slots")
 								}

@@ -15,11 +15,7 @@ import (
 // the failure once, after which new events complete cleanly.
 func TestEventSynchronizeReportsFailedCapture(t *testing.T) {
 	d := open(t, 0)
-	s, err := d.CreateStream()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Destroy()
+	s := stream(t, d)
 	before, _ := d.CreateEvent()
 	after, _ := d.CreateEvent()
 	defer before.Destroy()
@@ -42,7 +38,7 @@ func TestEventSynchronizeReportsFailedCapture(t *testing.T) {
 	if err := before.Synchronize(ctx); err != nil {
 		t.Fatalf("event recorded before the failure: %v", err)
 	}
-	err = after.Synchronize(ctx)
+	err := after.Synchronize(ctx)
 	if !errors.Is(err, boom) {
 		t.Fatalf("event recorded after a failed task: %v, want the failure", err)
 	}

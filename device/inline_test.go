@@ -16,11 +16,7 @@ import (
 // the stream's, reported once by Synchronize.
 func TestRunInlineKeepsStreamOrder(t *testing.T) {
 	d := open(t, 0)
-	s, err := d.CreateStream()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Destroy()
+	s := stream(t, d)
 	ev, err := d.CreateEvent()
 	if err != nil {
 		t.Fatal(err)
@@ -124,11 +120,7 @@ func TestRunInlineKeepsStreamOrder(t *testing.T) {
 // failure: the caller enqueues instead, behind what is there.
 func TestRunInlineOnlyWhenIdle(t *testing.T) {
 	d := open(t, 0)
-	s, err := d.CreateStream()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Destroy()
+	s := stream(t, d)
 	release := make(chan struct{})
 	if err := s.Launch("busy", func(<-chan struct{}) error { <-release; return nil }); err != nil {
 		t.Fatal(err)
@@ -173,11 +165,7 @@ func TestRunInlineEndedByAbortAndClose(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d := open(t, 0)
-			s, err := d.CreateStream()
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer s.Destroy()
+			s := stream(t, d)
 			entered := make(chan struct{})
 			stopped := errors.New("stopped")
 			res := make(chan error, 1)

@@ -190,6 +190,40 @@ func committed(t *testing.T, d *device.Device, p device.Ptr) int64 {
 	return st.Blocks * 512
 }
 
+// mallocLazy allocates size bytes of d with MallocLazy and returns them with
+// their bytes; they are freed when the test ends.
+func mallocLazy(t *testing.T, d *device.Device, size int64) (device.Ptr, []byte) {
+	t.Helper()
+	p, err := d.MallocLazy(size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Free(p) })
+	b, err := d.Bytes(p, size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p, b
+}
+
+// peerMapping maps the size bytes of d at p a second time, as a peer process
+// does (Share, then mmap of the file at its offset); the mapping and the
+// descriptor go when the test ends.
+func peerMapping(t *testing.T, d *device.Device, p device.Ptr, size int64) []byte {
+	t.Helper()
+	fd, off, err := d.Share(p, size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(fd) })
+	m, err := unix.Mmap(fd, off, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Munmap(m) })
+	return m
+}
+
 // TestMallocLazyCommitsOnTouch: MallocLazy memory holds no page until one
 // is touched, then that page only, while Malloc's is all reserved at the
 // call; either shared with a peer sees the same bytes.
@@ -197,15 +231,7 @@ func TestMallocLazyCommitsOnTouch(t *testing.T) {
 	d := open(t, 0)
 	const size = 64 << 20
 	page := int64(os.Getpagesize())
-	lazy, err := d.MallocLazy(size)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Free(lazy)
-	b, err := d.Bytes(lazy, size)
-	if err != nil {
-		t.Fatal(err)
-	}
+	lazy, b := mallocLazy(t, d, size)
 	if n := committed(t, d, lazy); n != 0 {
 		t.Fatalf("MallocLazy: %d bytes committed before any touch, want 0", n)
 	}
@@ -217,16 +243,7 @@ func TestMallocLazyCommitsOnTouch(t *testing.T) {
 		t.Fatal("MallocLazy memory does not read as zeros")
 	}
 	// A peer's mapping (Share) sees the touched byte, and its write lands.
-	fd, off, err := d.Share(lazy, size)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Close(fd)
-	m, err := unix.Mmap(fd, off, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Munmap(m)
+	m := peerMapping(t, d, lazy, size)
 	if m[3*page+5] != 7 {
 		t.Fatal("the shared mapping does not see the touched byte")
 	}
@@ -257,31 +274,14 @@ func TestMemsetZeroGivesLazyPagesBack(t *testing.T) {
 	d := open(t, 0)
 	const size = 16 << 20
 	page := int64(os.Getpagesize())
-	lazy, err := d.MallocLazy(size)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Free(lazy)
-	b, err := d.Bytes(lazy, size)
-	if err != nil {
-		t.Fatal(err)
-	}
+	lazy, b := mallocLazy(t, d, size)
 	for i := range b {
 		b[i] = 0xa5
 	}
 	if n := committed(t, d, lazy); n != size {
 		t.Fatalf("%d bytes committed after writing all %d", n, size)
 	}
-	fd, off, err := d.Share(lazy, size)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Close(fd)
-	peer, err := unix.Mmap(fd, off, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Munmap(peer)
+	peer := peerMapping(t, d, lazy, size)
 	const from, n = 100, size - 300
 	if err := d.Memset(lazy.Add(from), n, 0); err != nil {
 		t.Fatal(err)

@@ -262,14 +262,8 @@ func runFaultTrial(t *testing.T, n int, tr, coll string, count, victim int, sig 
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
-	master := masterEnv(t, "127.0.0.1")
-	procs := launchRanks(t, ctx, n, "fault", nil, func(int) []string {
-		return append([]string{"HCOMM_TRANSPORT=" + tr, "HCCL_EXEC_TIMEOUT=600", "HCOMM_LIVENESS_TIMEOUT=3",
-			"HCOMM_TEST_COLL=" + coll, "HCOMM_TEST_COUNT=" + strconv.Itoa(count)}, master...)
-	})
-	for _, p := range procs {
-		waitLine(t, p, "READY", 60*time.Second)
-	}
+	procs := launchReady(t, ctx, n, "fault", tr, "HCCL_EXEC_TIMEOUT=600", "HCOMM_LIVENESS_TIMEOUT=3",
+		"HCOMM_TEST_COLL="+coll, "HCOMM_TEST_COUNT="+strconv.Itoa(count))
 	time.Sleep(time.Duration(rand.IntN(50)) * time.Millisecond) // a random point of the loop
 	sent := time.Now()
 	procs[victim].cmd.Process.Signal(sig)
@@ -433,14 +427,8 @@ func TestFaultDuringShrink(t *testing.T) {
 			t.Run(tr+"/"+faultSignals[sig], func(t *testing.T) {
 				ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 				defer cancel()
-				master := masterEnv(t, "127.0.0.1")
-				procs := launchRanks(t, ctx, 4, "fault", nil, func(int) []string {
-					return append([]string{"HCOMM_TRANSPORT=" + tr, "HCCL_EXEC_TIMEOUT=600", "HCOMM_LIVENESS_TIMEOUT=3",
-						"HCOMM_TEST_COLL=allreduce", "HCOMM_TEST_COUNT=256", "HCOMM_TEST_PAUSE_RANK=1"}, master...)
-				})
-				for _, p := range procs {
-					waitLine(t, p, "READY", 60*time.Second)
-				}
+				procs := launchReady(t, ctx, 4, "fault", tr, "HCCL_EXEC_TIMEOUT=600", "HCOMM_LIVENESS_TIMEOUT=3",
+					"HCOMM_TEST_COLL=allreduce", "HCOMM_TEST_COUNT=256", "HCOMM_TEST_PAUSE_RANK=1")
 				procs[0].cmd.Process.Signal(syscall.SIGKILL)
 				waitLine(t, procs[1], "DECIDING", 30*time.Second)
 				sent := time.Now()
@@ -484,15 +472,9 @@ func TestFaultAfterDecision(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 			defer cancel()
 			gate := filepath.Join(t.TempDir(), "gate")
-			master := masterEnv(t, "127.0.0.1")
-			procs := launchRanks(t, ctx, 4, "fault", nil, func(int) []string {
-				return append([]string{"HCOMM_TRANSPORT=" + tr, "HCCL_EXEC_TIMEOUT=600", "HCOMM_LIVENESS_TIMEOUT=3", "HCCL_CONNECT_TIMEOUT=20",
-					"HCOMM_TEST_COLL=allreduce", "HCOMM_TEST_COUNT=256", "HCOMM_TEST_RESHRINK=1",
-					"HCOMM_TEST_KILL_AFTER_DECISION=1", "HCOMM_TEST_LATE_RANK=" + strconv.Itoa(late), "HCOMM_TEST_GATE=" + gate}, master...)
-			})
-			for _, p := range procs {
-				waitLine(t, p, "READY", 60*time.Second)
-			}
+			procs := launchReady(t, ctx, 4, "fault", tr, "HCCL_EXEC_TIMEOUT=600", "HCOMM_LIVENESS_TIMEOUT=3", "HCCL_CONNECT_TIMEOUT=20",
+				"HCOMM_TEST_COLL=allreduce", "HCOMM_TEST_COUNT=256", "HCOMM_TEST_RESHRINK=1",
+				"HCOMM_TEST_KILL_AFTER_DECISION=1", "HCOMM_TEST_LATE_RANK="+strconv.Itoa(late), "HCOMM_TEST_GATE="+gate)
 			procs[0].cmd.Process.Signal(syscall.SIGKILL)
 			waitLine(t, procs[1], "DECIDING published", 30*time.Second)
 			waitLine(t, procs[late], "DECIDING awaiting", 30*time.Second)

@@ -39,37 +39,11 @@ func (s *syncBuf) String() string {
 	return s.b.String()
 }
 
-// initRanks runs init(rank) for every rank concurrently and returns the
-// communicators, destroyed at the end of the test.
+// initRanks is hcommtest.InitRanks: init(rank) for every rank concurrently,
+// the communicators destroyed at the end of the test.
 func initRanks(t *testing.T, n int, init func(rank int) (*hcomm.Comm, error)) []*hcomm.Comm {
 	t.Helper()
-	comms := make([]*hcomm.Comm, n)
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for r := 0; r < n; r++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			comms[r], errs[r] = init(r)
-		}()
-	}
-	wg.Wait()
-	t.Cleanup(func() {
-		for _, c := range comms {
-			if c != nil {
-				c.Destroy()
-			}
-		}
-	})
-	for r, err := range errs {
-		if err != nil {
-			t.Fatalf("rank %d: %v", r, err)
-		}
-		if comms[r].Rank() != r || comms[r].Size() != n {
-			t.Fatalf("rank %d: comm says rank %d of %d", r, comms[r].Rank(), comms[r].Size())
-		}
-	}
-	return comms
+	return hcommtest.InitRanks(t, n, init)
 }
 
 // work runs rankWork on every rank concurrently (hcommtest.Each).

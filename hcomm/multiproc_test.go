@@ -290,6 +290,21 @@ func masterEnv(t *testing.T, host string) []string {
 	return []string{"MASTER_ADDR=" + host, "MASTER_PORT=" + strconv.Itoa(freePort(t))}
 }
 
+// launchReady starts n ranks of role as processes over the transport tr
+// (launchRanks), each with the variables env and rank 0's store on a free
+// port of this host, and waits until every rank says READY.
+func launchReady(t *testing.T, ctx context.Context, n int, role, tr string, env ...string) []*rankProc {
+	t.Helper()
+	master := masterEnv(t, "127.0.0.1")
+	procs := launchRanks(t, ctx, n, role, nil, func(int) []string {
+		return append(append([]string{"HCOMM_TRANSPORT=" + tr}, env...), master...)
+	})
+	for _, p := range procs {
+		waitLine(t, p, "READY", 60*time.Second)
+	}
+	return procs
+}
+
 // crossProcessTransports are the transports that connect processes in this build.
 func crossProcessTransports(t *testing.T) []string {
 	var out []string
@@ -550,14 +565,8 @@ func peerDeath(t *testing.T, tr string, count, victim int) {
 			const n, execTimeout = 3, 4 * time.Second
 			ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 			defer cancel()
-			master := masterEnv(t, "127.0.0.1")
-			procs := launchRanks(t, ctx, n, "loop", nil, func(int) []string {
-				return append([]string{"HCOMM_TRANSPORT=" + tr, "HCCL_EXEC_TIMEOUT=" + strconv.Itoa(int(execTimeout/time.Second)),
-					"HCOMM_TEST_COUNT=" + strconv.Itoa(count)}, master...)
-			})
-			for _, p := range procs {
-				waitLine(t, p, "READY", 60*time.Second)
-			}
+			procs := launchReady(t, ctx, n, "loop", tr, "HCCL_EXEC_TIMEOUT="+strconv.Itoa(int(execTimeout/time.Second)),
+				"HCOMM_TEST_COUNT="+strconv.Itoa(count))
 			time.Sleep(100 * time.Millisecond) // well inside the loop
 			killed := time.Now()
 			procs[victim].cmd.Process.Signal(syscall.SIGKILL)

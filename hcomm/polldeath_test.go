@@ -71,13 +71,7 @@ func TestPeerDiesMidCollective(t *testing.T) {
 		t.Run(tr, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 			defer cancel()
-			master := masterEnv(t, "127.0.0.1")
-			procs := launchRanks(t, ctx, 2, "polldeath", nil, func(int) []string {
-				return append([]string{"HCOMM_TRANSPORT=" + tr, "HCCL_EXEC_TIMEOUT=600"}, master...)
-			})
-			for _, p := range procs {
-				waitLine(t, p, "READY", 60*time.Second)
-			}
+			procs := launchReady(t, ctx, 2, "polldeath", tr, "HCCL_EXEC_TIMEOUT=600")
 			// Rank 1 never calls the all-reduce: rank 0's hello waits
 			// for it, first in its poll, then on its stream, when
 			// rank 1 is killed.

@@ -72,13 +72,7 @@ func TestCommStatusRankLost(t *testing.T) {
 			t.Run(fmt.Sprintf("%s/rank%d", tr, victim), func(t *testing.T) {
 				ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 				defer cancel()
-				master := masterEnv(t, "127.0.0.1")
-				procs := launchRanks(t, ctx, n, "stateloss", nil, func(int) []string {
-					return append([]string{"HCOMM_TRANSPORT=" + tr, "HCCL_EXEC_TIMEOUT=600"}, master...)
-				})
-				for _, p := range procs {
-					waitLine(t, p, "READY", 60*time.Second)
-				}
+				procs := launchReady(t, ctx, n, "stateloss", tr, "HCCL_EXEC_TIMEOUT=600")
 				sent := time.Now()
 				procs[victim].cmd.Process.Signal(syscall.SIGKILL)
 				for _, p := range procs {

@@ -48,6 +48,9 @@
 // (destroyed and checked when the test ends) and call Each per case; Each
 // also runs the ranks of sub-communicators. Go is Each for code without a
 // testing.TB (examples, tools): it returns the failures as an error.
+// Tests of an init itself (hcomm.InitRootInfo, InitClusterInfo, Grow) make
+// their ranks with InitRanks, which calls the test's init on every rank at
+// once.
 //
 // Ranks as processes: the child process runs the test from its start up to
 // Run, so the code before Run must take the same path in every process (no

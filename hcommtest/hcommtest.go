@@ -175,6 +175,49 @@ func (o Options) New(t testing.TB, n int, tr Transport) []*hcomm.Comm {
 	return g.comms
 }
 
+// InitRanks calls init for every rank of n concurrently, one goroutine
+// each — as ranks that join each other must, through hcomm.InitRootInfo,
+// InitClusterInfo or Grow — and returns the communicators, rank i at index
+// i, destroyed when the test ends (after the cleanups registered later).
+// It fails the test (FailNow) naming the first rank whose init failed or
+// whose communicator is not rank i of n; the communicators that were made
+// are destroyed all the same. Unlike New it leaves the configuration,
+// GOMAXPROCS and the leak checks to the caller: each init is the caller's.
+// Run the ranks with Each.
+func InitRanks(t testing.TB, n int, init func(rank int) (*hcomm.Comm, error)) []*hcomm.Comm {
+	t.Helper()
+	if n < 1 {
+		t.Fatalf("hcommtest.InitRanks: %d ranks; want at least 1", n)
+	}
+	comms := make([]*hcomm.Comm, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for r := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			comms[r], errs[r] = init(r)
+		}()
+	}
+	wg.Wait()
+	t.Cleanup(func() {
+		for _, c := range comms {
+			if c != nil {
+				c.Destroy()
+			}
+		}
+	})
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d: %v", r, err)
+		}
+		if comms[r].Rank() != r || comms[r].Size() != n {
+			t.Fatalf("rank %d: comm says rank %d of %d", r, comms[r].Rank(), comms[r].Size())
+		}
+	}
+	return comms
+}
+
 // Each calls fn on every communicator of comms concurrently, one goroutine
 // per rank, and returns when all have returned or at the timeout, as Run
 // does; a failing rank aborts every communicator of comms. Each fails the

@@ -278,6 +278,67 @@ func TestGoReturnsErrors(t *testing.T) {
 	}
 }
 
+// InitRanks joins ranks that must init at once (here from one root info)
+// and hands them back in rank order, destroyed when the test ends; an init
+// that fails, or a communicator of another rank, is named by its rank, and
+// the communicators that were made are destroyed all the same.
+func TestInitRanks(t *testing.T) {
+	var comms []*hcomm.Comm
+	t.Run("rootinfo", func(t *testing.T) {
+		root, err := hcomm.GetRootInfo(small)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer root.Close()
+		comms = InitRanks(t, 3, func(r int) (*hcomm.Comm, error) { return hcomm.InitRootInfo(3, root, r, small) })
+		Each(t, comms, allReduce)
+	})
+	for r, c := range comms {
+		if st := c.GetStatus(); st != hcomm.StatusDestroyed {
+			t.Errorf("rank %d after its test: %v, want destroyed", r, st)
+		}
+	}
+
+	var made []*hcomm.Comm
+	for _, tc := range []struct {
+		name string
+		init func(r int) (*hcomm.Comm, error)
+		want string
+	}{
+		{"failing", func(r int) (*hcomm.Comm, error) {
+			if r == 0 {
+				return nil, errors.New("boom")
+			}
+			cs, err := hcomm.InitAll(1, small)
+			if err != nil {
+				return nil, err
+			}
+			made = append(made, cs...)
+			return cs[0], nil
+		}, "rank 0: boom"},
+		{"another rank", func() func(r int) (*hcomm.Comm, error) {
+			cs, err := hcomm.InitAll(2, small)
+			if err != nil {
+				t.Fatal(err)
+			}
+			made = append(made, cs...)
+			return func(r int) (*hcomm.Comm, error) { return cs[1-r], nil }
+		}(), "rank 0: comm says rank 1 of 2"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := capture(t, func(tb testing.TB) { InitRanks(tb, 2, tc.init) })
+			if !f.failed || !strings.Contains(f.text(), tc.want) {
+				t.Errorf("failed %v; output:\n%s\nwant %q", f.failed, f.text(), tc.want)
+			}
+		})
+	}
+	for _, c := range made {
+		if st := c.GetStatus(); st != hcomm.StatusDestroyed {
+			t.Errorf("a communicator InitRanks had after its test: %v, want destroyed", st)
+		}
+	}
+}
+
 // New's ranks run many cases with Each; a skip on every rank skips; a skip
 // on some ranks only is an error.
 func TestEachAndSkips(t *testing.T) {

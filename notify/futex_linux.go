@@ -34,8 +34,3 @@ func futexWait(w *uint32, v uint32, d time.Duration) {
 func futexWake(w *uint32) {
 	unix.Syscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(w)), futexWakeOp, uintptr(1<<31-1), 0, 0, 0)
 }
-
-// osYield gives the processor to another runnable thread of any process. A
-// raw system call: sched_yield never blocks, so the Go scheduler need not
-// hand this thread's P to another while it runs.
-func osYield() { unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0) }

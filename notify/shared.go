@@ -1,7 +1,6 @@
 package notify
 
 import (
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -170,7 +169,16 @@ func (n *Notify) awaitShared(s *device.Stream, timeout time.Duration, stop <-cha
 			}
 			continue
 		}
+		if afterLook != nil {
+			afterLook()
+		}
 		if b := n.Broken(); b != nil {
+			// A record made before the break (a peer that recorded and
+			// then closed its end) is still this wait's: the look above
+			// may have come just before it.
+			if tryResetWord(w) {
+				return nil
+			}
 			return n.failErr(s, b)
 		}
 		select {
@@ -205,49 +213,28 @@ func (n *Notify) awaitShared(s *device.Stream, timeout time.Duration, stop <-cha
 	}
 }
 
-// pollsFirst is how many times a shared wait polls before its first
-// sched_yield: a recorder running on another core records within a fraction
-// of a microsecond, and a yield costs a system call (0.3 µs here) even when
-// nothing else wants the core. The 8-byte all-reduce of 2 processes on 2
-// cores: 0.85 → 0.6 µs.
-const pollsFirst = 256
+// afterLook, when set (by a test), runs in awaitShared between its look at
+// the word and its look at the broken state.
+var afterLook func()
 
-// spinShared polls the word for spin.Default before the wait sleeps: first
-// pollsFirst times in a row, then yielding between polls. The recorder is
-// another process, which may be waiting for this core when
-// ranks outnumber cores (four processes on two cores): so every poll yields
-// the core to other processes (sched_yield), and only every 64th to this
-// process's goroutines (runtime.Gosched). Yielding to the goroutines on
-// every poll, as a wait for an in-process notify does, measured slower
-// (the 8-byte all-reduce of four processes on two cores: 7–9 µs against
-// 5–6), because the goroutine that then runs is the caller issuing work
-// far ahead, not the peer this wait needs; the occasional Gosched keeps a
-// recorder in this process (a shared notify between ranks in one process,
-// as tests use) from waiting for the sleep; a notify whose recorder is known
-// to be in this process (SetLocal) polls as a New notify's wait does.
+// spinShared polls the word for spin.Default before the wait sleeps
+// (spin.UntilYield): first a few hundred times in a row, then yielding
+// between polls. The recorder is another process, which may be waiting for
+// this core when ranks outnumber cores (four processes on two cores): so
+// every poll yields the core to other processes (sched_yield), and only
+// every 64th to this process's goroutines (runtime.Gosched). Yielding to the
+// goroutines on every poll, as a wait for an in-process notify does,
+// measured slower (the 8-byte all-reduce of four processes on two cores:
+// 7–9 µs against 5–6), because the goroutine that then runs is the caller
+// issuing work far ahead, not the peer this wait needs; the occasional
+// Gosched keeps a recorder in this process (a shared notify between ranks in
+// one process, as tests use) from waiting for the sleep; a notify whose
+// recorder is known to be in this process (SetLocal) polls as a New
+// notify's wait does (spin.Until).
 func spinShared(w *uint32, local bool) bool {
-	if tryResetWord(w) {
-		return true
-	}
+	reset := func() bool { return tryResetWord(w) }
 	if local {
-		return spin.Until(spin.Default, func() bool { return tryResetWord(w) })
+		return spin.Until(spin.Default, reset)
 	}
-	for i := 0; i < pollsFirst; i++ {
-		if atomic.LoadUint32(w)&bitSet != 0 && tryResetWord(w) {
-			return true
-		}
-	}
-	start := time.Now()
-	for i := 1; ; i++ {
-		if i&63 == 0 {
-			runtime.Gosched()
-		}
-		osYield()
-		if tryResetWord(w) {
-			return true
-		}
-		if i&7 == 0 && time.Since(start) >= spin.Default {
-			return false
-		}
-	}
+	return spin.UntilYield(spin.Default, reset)
 }

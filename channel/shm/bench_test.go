@@ -3,9 +3,10 @@
 package shm_test
 
 import (
-	"fmt"
 	"strings"
 	"testing"
+
+	"github.com/hcomm-dev/hcomm/internal/units"
 )
 
 // BenchmarkWrite: one-sided writes into the peer process's HCCL buffer
@@ -13,7 +14,7 @@ import (
 func BenchmarkWrite(b *testing.B) {
 	p := startPeer(b, 64<<20)
 	for _, size := range []int64{4 << 10, 1 << 20, 64 << 20} {
-		b.Run(sizeName(size), func(b *testing.B) {
+		b.Run(units.SizeIEC(size), func(b *testing.B) {
 			src := p.e.bytes(p.e.buf, size)
 			dst := p.remote(0).Addr
 			b.SetBytes(size)
@@ -33,7 +34,7 @@ func BenchmarkWrite(b *testing.B) {
 func BenchmarkWriteHandshake(b *testing.B) {
 	p := startPeer(b, 64<<20)
 	for _, size := range []int64{4 << 10, 1 << 20, 64 << 20} {
-		b.Run(sizeName(size), func(b *testing.B) {
+		b.Run(units.SizeIEC(size), func(b *testing.B) {
 			src := p.e.bytes(p.e.buf, size)
 			dst := p.remote(0).Addr
 			p.send("pingpong %d", b.N)
@@ -62,7 +63,7 @@ func BenchmarkWriteHandshake(b *testing.B) {
 func BenchmarkRead(b *testing.B) {
 	p := startPeer(b, 64<<20)
 	for _, size := range []int64{4 << 10, 1 << 20, 64 << 20} {
-		b.Run(sizeName(size), func(b *testing.B) {
+		b.Run(units.SizeIEC(size), func(b *testing.B) {
 			dst := p.e.bytes(p.e.buf, size)
 			src := p.remote(0).Addr
 			b.SetBytes(size)
@@ -101,14 +102,4 @@ func BenchmarkPingPong(b *testing.B) {
 		b.Fatalf("peer: %s", r)
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/2/1000, "µs/one-way")
-}
-
-func sizeName(n int64) string {
-	switch {
-	case n >= 1<<20:
-		return fmt.Sprintf("%dMiB", n>>20)
-	case n >= 1<<10:
-		return fmt.Sprintf("%dKiB", n>>10)
-	}
-	return fmt.Sprintf("%dB", n)
 }

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/hcomm-dev/hcomm/internal/units"
 )
 
 // BenchmarkWrite measures one channel's write bandwidth from rank 0 to rank 1
@@ -13,7 +15,7 @@ import (
 func BenchmarkWrite(b *testing.B) {
 	for _, size := range []int{4 << 10, 1 << 20, 64 << 20} {
 		for _, streams := range []int{1, 2, 4} {
-			b.Run(fmt.Sprintf("size=%s/streams=%d", sizeName(size), streams), func(b *testing.B) {
+			b.Run(fmt.Sprintf("size=%s/streams=%d", units.SizeIEC(int64(size)), streams), func(b *testing.B) {
 				o := Options{Streams: streams}
 				p := connectPair(b, o, o, int64(size), 1)
 				src := p.r0.bytes(b)
@@ -40,7 +42,7 @@ func BenchmarkWrite(b *testing.B) {
 func BenchmarkWriteBothWays(b *testing.B) {
 	for _, size := range []int{1 << 20, 16 << 20} {
 		for _, streams := range []int{1, 2, 4} {
-			b.Run(fmt.Sprintf("size=%s/streams=%d", sizeName(size), streams), func(b *testing.B) {
+			b.Run(fmt.Sprintf("size=%s/streams=%d", units.SizeIEC(int64(size)), streams), func(b *testing.B) {
 				o := Options{Streams: streams}
 				p := connectPair(b, o, o, int64(size), 1)
 				src1 := p.r1.bytes(b)
@@ -119,14 +121,4 @@ func BenchmarkWriteNotifyRoundTrip(b *testing.B) {
 			<-echo
 		})
 	}
-}
-
-func sizeName(n int) string {
-	switch {
-	case n >= 1<<20:
-		return fmt.Sprintf("%dMiB", n>>20)
-	case n >= 1<<10:
-		return fmt.Sprintf("%dKiB", n>>10)
-	}
-	return fmt.Sprintf("%dB", n)
 }

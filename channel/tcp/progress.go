@@ -5,6 +5,8 @@ import (
 	"io"
 	"runtime"
 	"time"
+
+	"github.com/hcomm-dev/hcomm/internal/spin"
 )
 
 // This file holds who drives the receive engine (rx.go): the background
@@ -118,11 +120,11 @@ func (c *conn) Poll(stop <-chan struct{}, limit time.Duration, done func() bool)
 	if done() {
 		return true
 	}
-	spin := c.spin
-	if limit > 0 && limit < spin {
-		spin = limit
+	d := c.spin
+	if limit > 0 && limit < d {
+		d = limit
 	}
-	if spin <= 0 {
+	if d <= 0 {
 		return false
 	}
 	start := time.Now()
@@ -140,13 +142,13 @@ func (c *conn) Poll(stop <-chan struct{}, limit time.Duration, done func() bool)
 		default:
 		}
 		now := time.Now()
-		if now.Sub(start) >= spin || c.lostGap > 0 && now.Sub(last) >= c.lostGap {
+		if now.Sub(start) >= d || c.lostGap > 0 && now.Sub(last) >= c.lostGap {
 			return false
 		}
 		last = now
 		runtime.Gosched()
 		if c.yield {
-			osYield()
+			spin.Yield()
 		}
 	}
 }

@@ -48,6 +48,18 @@ func newServer(t *testing.T, secret Secret) (*Server, *logBuf) {
 	return s, lb
 }
 
+// closedAddr returns a local TCP address that nothing listens on: a port
+// just given back (a later listener may take it, rarely).
+func closedAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
 // stores runs f over a MemStore and over TCP clients of one server.
 func stores(t *testing.T, f func(t *testing.T, get func(rank int) Store)) {
 	t.Run("mem", func(t *testing.T) {
@@ -248,12 +260,7 @@ func TestWrongSecretRefused(t *testing.T) {
 
 // Ranks may start before rank 0's store: Dial retries until it is up.
 func TestDialRetriesUntilServerUp(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
+	addr := closedAddr(t)
 	sec, _ := NewSecret()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"io"
 	"log/slog"
-	"net"
 	"testing"
 	"time"
 )
@@ -94,17 +93,12 @@ func TestIdleWatchedAndGoodbye(t *testing.T) {
 
 // DialUp does not retry: a store that is not listening is gone at once.
 func TestDialUpGone(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
+	addr := closedAddr(t)
 	sec, _ := NewSecret()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	start := time.Now()
-	_, err = DialUp(ctx, addr, sec, Claim{Rank: 1, NRanks: 2})
+	_, err := DialUp(ctx, addr, sec, Claim{Rank: 1, NRanks: 2})
 	if !errors.Is(err, ErrGone) {
 		t.Fatalf("DialUp to nothing: %v, want ErrGone", err)
 	}

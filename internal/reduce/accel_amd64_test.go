@@ -5,6 +5,8 @@ package reduce
 import (
 	"math/rand/v2"
 	"testing"
+
+	"github.com/hcomm-dev/hcomm/internal/units"
 )
 
 // TestKernelsPresent fails if an AVX2 machine silently runs without the
@@ -64,9 +66,9 @@ func TestNonTemporalPath(t *testing.T) {
 func BenchmarkNonTemporal(b *testing.B) {
 	for _, size := range []int{1 << 20, 4 << 20, 8 << 20, 16 << 20, 64 << 20} {
 		for _, nt := range []bool{false, true} {
-			name := sizeName(size) + "/plain"
+			name := units.SizeIEC(int64(size)) + "/plain"
 			if nt {
-				name = sizeName(size) + "/nt"
+				name = units.SizeIEC(int64(size)) + "/nt"
 			}
 			b.Run(name, func(b *testing.B) {
 				defer func(v int) { ntThreshold = v }(ntThreshold)

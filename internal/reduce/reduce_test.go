@@ -6,6 +6,8 @@ import (
 	"math/rand/v2"
 	"strings"
 	"testing"
+
+	"github.com/hcomm-dev/hcomm/internal/units"
 )
 
 // ---- independent references ----
@@ -724,7 +726,7 @@ func BenchmarkReduce(b *testing.B) {
 		{Int32, Sum, 64 << 20, ""}, {Float64, Sum, 64 << 20, ""},
 		{Float16, Sum, 64 << 20, "generic"}, {BFloat16, Sum, 64 << 20, "generic"},
 	} {
-		name := c.dt.String() + "/" + c.op.String() + "/" + sizeName(c.size)
+		name := c.dt.String() + "/" + c.op.String() + "/" + units.SizeIEC(int64(c.size))
 		if c.kind != "" {
 			name += "-" + c.kind
 		}
@@ -776,16 +778,6 @@ func benchFill(dt DataType, buf []byte, rng *rand.Rand) {
 	for off := n * dt.Size(); off < len(buf); off += n * dt.Size() {
 		copy(buf[off:], buf[:n*dt.Size()])
 	}
-}
-
-func sizeName(n int) string {
-	switch {
-	case n >= 1<<20:
-		return itoa(n>>20) + "MiB"
-	case n >= 1<<10:
-		return itoa(n>>10) + "KiB"
-	}
-	return itoa(n) + "B"
 }
 
 // A small reduction allocates nothing, whatever the type and op: the

@@ -5,6 +5,8 @@ import (
 	"html"
 	"math"
 	"strings"
+
+	"github.com/hcomm-dev/hcomm/internal/units"
 )
 
 // PlotSVG draws predicted busbw against size (log scale), one line per rank
@@ -71,7 +73,7 @@ func PlotSVG(title string, rs []Result, measured []Measured) string {
 		fmt.Fprintf(&b, `<text x="%d" y="%.1f" text-anchor="end">%.3g</text>`+"\n", left-6, py(y)+4, y)
 	}
 	for x := math.Ceil(minX); x <= maxX; x += math.Max(1, math.Ceil((maxX-minX)/12)) {
-		fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="middle">%s</text>`+"\n", px(x), top+ph+16, sizeName(int64(math.Exp2(x))))
+		fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="middle">%s</text>`+"\n", px(x), top+ph+16, units.Size(int64(math.Exp2(x))))
 	}
 	fmt.Fprintf(&b, `<rect x="%d" y="%d" width="%.1f" height="%.1f" fill="none" stroke="black"/>`+"\n", left, top, pw, ph)
 	fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle">size (bytes, log scale)</text>`+"\n", left+pw/2, H-18)
@@ -106,16 +108,3 @@ func PlotSVG(title string, rs []Result, measured []Measured) string {
 }
 
 var palette = []string{"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"}
-
-// sizeName writes n as hcomm bench does: 4K, 1M, 2G, or plain bytes.
-func sizeName(n int64) string {
-	switch {
-	case n >= 1<<30 && n%(1<<30) == 0:
-		return fmt.Sprintf("%dG", n>>30)
-	case n >= 1<<20 && n%(1<<20) == 0:
-		return fmt.Sprintf("%dM", n>>20)
-	case n >= 1<<10 && n%(1<<10) == 0:
-		return fmt.Sprintf("%dK", n>>10)
-	}
-	return fmt.Sprint(n)
-}

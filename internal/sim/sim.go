@@ -350,35 +350,19 @@ func (cl *Cluster) Run(cs Case) (Result, error) {
 	// Inputs, and outputs filled with 0 (no input is 0).
 	cl.runs++
 	in := input(cl.runs)
-	var wg sync.WaitGroup
-	errs := make([]error, n)
-	for r := range cl.comms {
-		wg.Add(1)
-		go func(r int) {
-			defer wg.Done()
-			errs[r] = cl.fill(co, in, r, sc, rc)
-		}(r)
-	}
-	wg.Wait()
-	if err := firstErr(errs); err != nil {
+	if err := eachRank(n, func(r int) error { return cl.fill(co, in, r, sc, rc) }); err != nil {
 		return Result{}, err
 	}
 	cl.w.Reset()
 	o := &collectives.Options{Algorithm: cs.Algorithm}
-	for r, c := range cl.comms {
-		wg.Add(1)
-		go func(r int, c *hcomm.Comm) {
-			defer wg.Done()
-			s := cl.streams[r]
-			if err := co.run(c, s, cl.bufs[r][0], cl.bufs[r][1], sc, rc, o); err != nil {
-				errs[r] = err
-				return
-			}
-			errs[r] = s.SynchronizeWithTimeout(cl.o.Timeout)
-		}(r, c)
-	}
-	wg.Wait()
-	if err := firstErr(errs); err != nil {
+	err := eachRank(n, func(r int) error {
+		s := cl.streams[r]
+		if err := co.run(cl.comms[r], s, cl.bufs[r][0], cl.bufs[r][1], sc, rc, o); err != nil {
+			return err
+		}
+		return s.SynchronizeWithTimeout(cl.o.Timeout)
+	})
+	if err != nil {
 		return Result{}, fmt.Errorf("sim: %s %s of %d bytes over %d ranks: %w", cs.Collective, cs.Algorithm, cs.Bytes, n, err)
 	}
 	t := 0.0
@@ -388,15 +372,7 @@ func (cl *Cluster) Run(cs Case) (Result, error) {
 	cl.algos.mu.Lock()
 	algo := cl.algos.last
 	cl.algos.mu.Unlock()
-	for r := range cl.comms {
-		wg.Add(1)
-		go func(r int) {
-			defer wg.Done()
-			errs[r] = cl.check(co, in, r, sc, rc)
-		}(r)
-	}
-	wg.Wait()
-	if err := firstErr(errs); err != nil {
+	if err := eachRank(n, func(r int) error { return cl.check(co, in, r, sc, rc) }); err != nil {
 		return Result{}, fmt.Errorf("sim: %s %s (%s) of %d bytes over %d ranks: %w", cs.Collective, cs.Algorithm, algo, cs.Bytes, n, err)
 	}
 	res := Result{Case: cs, Ranks: n, Algo: algo, Time: t}
@@ -405,6 +381,22 @@ func (cl *Cluster) Run(cs Case) (Result, error) {
 		res.BusBW = res.AlgBW * co.factor(n)
 	}
 	return res, nil
+}
+
+// eachRank calls fn for every rank of n at once, one goroutine each, and
+// returns firstErr of what they returned once all have.
+func eachRank(n int, fn func(r int) error) error {
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for r := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[r] = fn(r)
+		}()
+	}
+	wg.Wait()
+	return firstErr(errs)
 }
 
 // firstErr returns the first rank's error, saying how many other ranks

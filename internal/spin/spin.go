@@ -40,8 +40,10 @@ func Until(d time.Duration, cond func() bool) bool {
 
 // tightPolls is how many times UntilYield polls before its first yield: a
 // peer on another core answers within a fraction of a microsecond, and a
-// yield costs a system call even when nothing else wants the core (the
-// shared notify's wait polls the same way).
+// yield costs a system call (0.3 µs on the machines hcomm is measured on)
+// even when nothing else wants the core. The shared notify's wait polls this
+// way: the 8-byte all-reduce of 2 processes on 2 cores went from 0.85 to
+// 0.6 µs when it stopped yielding on the first polls.
 const tightPolls = 256
 
 // UntilYield is Until for a condition another process makes true (a peer
@@ -67,7 +69,7 @@ func UntilYield(d time.Duration, cond func() bool) bool {
 		if i&63 == 0 {
 			runtime.Gosched()
 		}
-		osYield()
+		Yield()
 		if cond() {
 			return true
 		}

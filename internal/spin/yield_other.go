@@ -4,6 +4,7 @@ package spin
 
 import "runtime"
 
-// osYield gives the processor to another goroutine: without sched_yield,
-// the best this platform's Go offers.
-func osYield() { runtime.Gosched() }
+// Yield gives the processor to another goroutine: without sched_yield, the
+// best this platform's Go offers (the linux Yield gives it to any thread of
+// the host). Safe for concurrent use.
+func Yield() { runtime.Gosched() }

@@ -16,6 +16,7 @@ import (
 	"testing"
 
 	"github.com/hcomm-dev/hcomm/internal/leakcheck"
+	"github.com/hcomm-dev/hcomm/internal/units"
 )
 
 func TestMain(m *testing.M) { leakcheck.Main(m) }
@@ -240,6 +241,22 @@ func TestP2P(t *testing.T) {
 			}
 		}
 	}
+	// Around the flagged words' bounds (4096 bytes, multiples of 4: 4094
+	// and 4098 go as write + notify), one way and both, and with -ll 0:
+	// every byte checked.
+	for _, extra := range [][]string{nil, {"--bidir"}, {"-ll", "0"}} {
+		args := append([]string{"p2p", "-g", "2", "-b", "4092", "-e", "4100", "-i", "2", "-n", "50", "-w", "5"}, extra...)
+		code, out, errs := bench(t, Hooks{}, args...)
+		if code != 0 || !strings.Contains(out, "# Out of bounds values : 0 OK") {
+			t.Fatalf("%v: exit %d\n%s%s", extra, code, out, errs)
+		}
+		if ll := strings.Contains(out, "travel as flagged words"); ll != (len(extra) != 2) {
+			t.Errorf("%v: the report says flagged words: %v", extra, ll)
+		}
+	}
+	if code, _, errs := bench(t, Hooks{}, "p2p", "-ll", "2"); code != 2 || !strings.Contains(errs, "-ll 2: want 0 or 1") {
+		t.Errorf("-ll 2: exit %d, %s", code, errs)
+	}
 	h := Hooks{Corrupt: func(rank int, _ bool, out []byte) {
 		if rank == 2 && len(out) > 100 {
 			out[100]++
@@ -289,6 +306,12 @@ func TestParseSize(t *testing.T) {
 	for _, in := range []string{"", "K", "-1", "1.5M", "1T", "99999999999G"} {
 		if _, err := ParseSize(in); err == nil {
 			t.Errorf("ParseSize(%q) succeeded", in)
+		}
+	}
+	// ParseSize reads back what the plot's size axis writes (units.Size).
+	for _, n := range []int64{0, 8, 1000, 1536, 4 << 10, 1<<20 + 1<<10, 64 << 20, 2 << 30, 1<<30 + 1} {
+		if got, err := ParseSize(units.Size(n)); err != nil || got != n {
+			t.Errorf("ParseSize(units.Size(%d) = %q) = %d, %v", n, units.Size(n), got, err)
 		}
 	}
 }

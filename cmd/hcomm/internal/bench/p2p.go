@@ -6,8 +6,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/hcomm-dev/hcomm/channel"
 	"github.com/hcomm-dev/hcomm/device"
 	"github.com/hcomm-dev/hcomm/hcomm"
+	"github.com/hcomm-dev/hcomm/internal/spin"
 )
 
 // p2p notify indices on the benchmark's channels (with --bidir, 0 and 1 both
@@ -72,7 +74,34 @@ type p2pRun struct {
 	src     device.Ptr // the bytes this rank writes
 	chans   []*hcomm.Channel
 	dsts    []device.Ptr // the peer's benchmark buffer, by rank
+	// The flagged area after the benchmark buffer (p2pLLArea bytes at
+	// llOff): two parities of words, then the answer word. ll is this
+	// rank's view of it; nil when small sizes go as write + notify.
+	llOff    int64
+	ll       []byte
+	recvData []byte // the pair's size of the benchmark buffer, host view: where flagged words are taken to
 }
+
+// The LL protocol of the small sizes. Over a channel that stores into the
+// peer's memory itself (channel.FlagWriter: inproc, shm), a size of at most
+// p2pLLMax bytes (a multiple of 4) travels as flagged words
+// (hcomm.WriteFlaggedNbi): data and the signal that it landed in one store
+// per 4 bytes, polled by the receiver in its own memory, and the answer is
+// one flagged word — no notify, as NCCL's LL carries small messages. The
+// words alternate between two parities, since with --bidir a side may write
+// its next message before the peer has taken the last; the flag is the
+// iteration's number, and the area is cleared after every pair so that a
+// word from another pair never passes for this one's.
+const (
+	p2pLLMax  = 4 << 10
+	p2pLLArea = 2*2*p2pLLMax + 8
+)
+
+// llWords returns the offset in the flagged area of parity par's words.
+func llWords(par int) int64 { return int64(par) * 2 * p2pLLMax }
+
+// llAnswer is the offset in the flagged area of the answer word.
+const llAnswer = 2 * 2 * p2pLLMax
 
 // setupP2P registers this rank's benchmark buffer, acquires a channel to
 // every other rank, and fills the source buffer. release frees
@@ -94,12 +123,13 @@ func setupP2P(c *hcomm.Comm, o Options) (s *p2pRun, release func(), err error) {
 	// in the HCCL buffer, which the collectives (the barriers between pairs)
 	// use at the same time.
 	dev := c.Device()
-	recvBuf, err := dev.Malloc(max(o.MaxBytes, 64))
+	dataLen := (max(o.MaxBytes, 64) + 7) &^ 7
+	recvBuf, err := dev.Malloc(dataLen + p2pLLArea)
 	if err != nil {
 		return nil, nil, err
 	}
 	undo = append(undo, func() { dev.Free(recvBuf) })
-	mh, err := c.CommMemReg(p2pTag, recvBuf, max(o.MaxBytes, 64))
+	mh, err := c.CommMemReg(p2pTag, recvBuf, dataLen+p2pLLArea)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -117,7 +147,10 @@ func setupP2P(c *hcomm.Comm, o Options) (s *p2pRun, release func(), err error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	s = &p2pRun{c: c, dev: dev, n: n, me: me, recvBuf: recvBuf, chans: make([]*hcomm.Channel, n), dsts: make([]device.Ptr, n)}
+	s = &p2pRun{c: c, dev: dev, n: n, me: me, recvBuf: recvBuf, llOff: dataLen, chans: make([]*hcomm.Channel, n), dsts: make([]device.Ptr, n)}
+	if v, err := dev.Map(recvBuf.Add(dataLen), p2pLLArea); err == nil && v.Mapped() && !o.NoLL {
+		s.ll = v.Bytes() // polled in place: only where the view is the memory itself
+	}
 	for _, ch := range chs {
 		p := ch.RemoteRank()
 		s.chans[p] = ch
@@ -192,7 +225,11 @@ func (s *p2pRun) describe(ctx context.Context, o Options, rep *report) error {
 			list = append(list, name)
 		}
 	}
-	rep.printf("# p2p channels: protocol %v, transport %s\n#\n", o.Protocol, strings.Join(list, ", "))
+	rep.printf("# p2p channels: protocol %v, transport %s\n", o.Protocol, strings.Join(list, ", "))
+	if s.ll != nil && (used["inproc"] || used["shm"]) {
+		rep.printf("# sizes up to %d bytes (multiples of 4) over inproc and shm travel as flagged words (LL; -ll 0: write + notify)\n", p2pLLMax)
+	}
+	rep.printf("#\n")
 	return nil
 }
 
@@ -250,9 +287,10 @@ func (s *p2pRun) measure(ctx context.Context, o Options, pairs []p2pPair, size i
 // with -c 1 on a receiving rank, the bytes that arrived wrong.
 //
 // The transfers are the data plane's immediate calls (WriteWithNotifyNbi,
-// ChannelNotifyWait), made by this goroutine: a round trip costs what the
-// link and the transport cost, and no hand-off to a stream's goroutine (a
-// queued write, record and wait each travel through the thread's stream).
+// ChannelNotifyWait; for small sizes over inproc and shm WriteFlaggedNbi,
+// polled in place: llIter), made by this goroutine: a round trip costs what
+// the link and the transport cost, and no hand-off to a stream's goroutine
+// (a queued write, record and wait each travel through the thread's stream).
 func (s *p2pRun) measurePair(ctx context.Context, o Options, p p2pPair, size int64) (float64, int64, error) {
 	me := s.me
 	peer := p.b
@@ -262,31 +300,22 @@ func (s *p2pRun) measurePair(ctx context.Context, o Options, p p2pPair, size int
 	ch, dst := s.chans[peer], s.dsts[peer]
 	stop := ctx.Done()
 	sender := me == p.a || o.Bidir
-	k := 0
-	iter := func() error {
-		// Both ways at once, each side's next record may come
-		// before the peer consumed the last one: alternate two
-		// notifies (a notify is a flag, not a counter).
-		data := p2pData
-		if o.Bidir {
-			data = k % 2
+	var iter func() error
+	if s.flagged(ch, size) {
+		recvData, err := s.dev.Bytes(s.recvBuf, size)
+		if err != nil {
+			return 0, 0, err
 		}
-		k++
-		if sender {
-			if err := hcomm.WriteWithNotifyNbi(stop, ch, dst, s.src, size, data); err != nil {
-				return err
-			}
-		}
-		if o.Bidir {
-			return hcomm.ChannelNotifyWait(stop, ch, data, 0)
-		}
-		if sender {
-			return hcomm.ChannelNotifyWait(stop, ch, p2pAck, 0)
-		}
-		if err := hcomm.ChannelNotifyWait(stop, ch, p2pData, 0); err != nil {
+		s.recvData = recvData
+		defer clear(s.ll) // every word of this pair taken: see p2pLLArea
+		k := 0
+		iter = func() error {
+			err := s.llIter(stop, ch, dst, size, k, sender, me == p.b || o.Bidir, o.Bidir)
+			k++
 			return err
 		}
-		return hcomm.ChannelNotifyRecord(stop, ch, p2pAck)
+	} else {
+		iter = s.notifyIter(stop, ch, dst, size, sender, o.Bidir)
 	}
 	for i := 0; i < o.Warmup; i++ {
 		if err := iter(); err != nil {
@@ -309,6 +338,87 @@ func (s *p2pRun) measurePair(ctx context.Context, o Options, p p2pPair, size int
 		wrong = checkP2P(s.dev, s.recvBuf, size, from, me, o)
 	}
 	return us, wrong, nil
+}
+
+// notifyIter returns one iteration of a pair as a write with a notify and,
+// one way, the peer's answering record.
+func (s *p2pRun) notifyIter(stop <-chan struct{}, ch *hcomm.Channel, dst device.Ptr, size int64, sender, bidir bool) func() error {
+	k := 0
+	return func() error {
+		// Both ways at once, each side's next record may come
+		// before the peer consumed the last one: alternate two
+		// notifies (a notify is a flag, not a counter).
+		data := p2pData
+		if bidir {
+			data = k % 2
+		}
+		k++
+		if sender {
+			if err := hcomm.WriteWithNotifyNbi(stop, ch, dst, s.src, size, data); err != nil {
+				return err
+			}
+		}
+		if bidir {
+			return hcomm.ChannelNotifyWait(stop, ch, data, 0)
+		}
+		if sender {
+			return hcomm.ChannelNotifyWait(stop, ch, p2pAck, 0)
+		}
+		if err := hcomm.ChannelNotifyWait(stop, ch, p2pData, 0); err != nil {
+			return err
+		}
+		return hcomm.ChannelNotifyRecord(stop, ch, p2pAck)
+	}
+}
+
+// flagged reports whether size travels as flagged words on ch (p2pLLArea).
+func (s *p2pRun) flagged(ch *hcomm.Channel, size int64) bool {
+	return s.ll != nil && size > 0 && size <= p2pLLMax && size%4 == 0 && ch.Flagged()
+}
+
+// llIter is iteration k of a pair in flagged words: the sender's words into
+// the peer's area (parity k%2), the receiver's wait for them, and, one way,
+// its answering word.
+func (s *p2pRun) llIter(stop <-chan struct{}, ch *hcomm.Channel, dst device.Ptr, size int64, k int, sender, receiver, bidir bool) error {
+	flag, par := uint32(k+1), k%2
+	if sender {
+		if err := hcomm.WriteFlaggedNbi(stop, ch, dst.Add(s.llOff+llWords(par)), s.src, size, flag); err != nil {
+			return err
+		}
+	}
+	if receiver {
+		w := s.ll[llWords(par) : llWords(par)+2*size]
+		if err := llWait(stop, ch, func() bool { return channel.TakeFlagged(s.recvData, w, flag) }); err != nil {
+			return err
+		}
+		if bidir {
+			return nil
+		}
+		return hcomm.WriteFlaggedNbi(stop, ch, dst.Add(s.llOff+llAnswer), s.src, 4, flag)
+	}
+	var got [4]byte
+	w := s.ll[llAnswer : llAnswer+8]
+	return llWait(stop, ch, func() bool { return channel.TakeFlagged(got[:], w, flag) })
+}
+
+// llWait polls take until it reports true: tightly, then yielding the
+// processor between looks, and now and then looking whether stop has
+// closed (the run's context: -T, an error elsewhere) or the channel's peer
+// is gone (its notifies broken), either of which ends the wait.
+func llWait(stop <-chan struct{}, ch *hcomm.Channel, take func() bool) error {
+	for {
+		if spin.UntilYield(time.Millisecond, take) {
+			return nil
+		}
+		select {
+		case <-stop:
+			return fmt.Errorf("p2p: waiting for rank %d's flagged words: stopped", ch.RemoteRank())
+		default:
+		}
+		if _, err := hcomm.ChannelNotifyTryWait(ch, p2pAck); err != nil {
+			return err
+		}
+	}
 }
 
 // p2pRow reports one size: the pairs' mean time and its bandwidth, and the
@@ -365,7 +475,7 @@ func (r *report) p2pMatrices(n int, small int64, first []float64, big int64, las
 	if bidir {
 		dir = "bidirectional (both ways at once, bytes of both directions counted)"
 	}
-	r.printf("#\n# p2p %s: round trip of a %d-byte write and its notify (us), src rank by row, dst by column\n", dir, small)
+	r.printf("#\n# p2p %s: round trip of a %d-byte write and its answer (us), src rank by row, dst by column\n", dir, small)
 	r.matrix(n, first, func(v float64) string { return fmt.Sprintf("%9.2f", v) })
 	r.printf("#\n# p2p %s: bandwidth of %d-byte writes (GB/s), src rank by row, dst by column\n", dir, big)
 	r.matrix(n, bw(last, big, bidir), func(v float64) string { return fmt.Sprintf("%9.2f", v) })

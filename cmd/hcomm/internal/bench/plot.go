@@ -6,6 +6,8 @@ import (
 	"math"
 	"os"
 	"strings"
+
+	"github.com/hcomm-dev/hcomm/internal/units"
 )
 
 // writePlot draws busbw against size (log scale) as SVG: one colour per
@@ -16,18 +18,6 @@ func writePlot(path string, r *report) error {
 		return fmt.Errorf("--plot: %w", err)
 	}
 	return nil
-}
-
-func humanSize(n int64) string {
-	switch {
-	case n >= 1<<30 && n%(1<<30) == 0:
-		return fmt.Sprintf("%dG", n>>30)
-	case n >= 1<<20 && n%(1<<20) == 0:
-		return fmt.Sprintf("%dM", n>>20)
-	case n >= 1<<10 && n%(1<<10) == 0:
-		return fmt.Sprintf("%dK", n>>10)
-	}
-	return fmt.Sprintf("%d", n)
 }
 
 var palette = []string{"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"}
@@ -90,7 +80,7 @@ func plotSVG(rows []Row, nranks int) string {
 	stepX := math.Max(1, math.Ceil((maxX-minX)/12))
 	for x := math.Ceil(minX); x <= maxX; x += stepX {
 		fmt.Fprintf(&b, `<line x1="%.1f" x2="%.1f" y1="%d" y2="%.1f" stroke="#eee"/>`+"\n", px(x), px(x), top, top+ph)
-		fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="middle">%s</text>`+"\n", px(x), top+ph+16, humanSize(int64(math.Exp2(x))))
+		fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="middle">%s</text>`+"\n", px(x), top+ph+16, units.Size(int64(math.Exp2(x))))
 	}
 	fmt.Fprintf(&b, `<rect x="%d" y="%d" width="%.1f" height="%.1f" fill="none" stroke="black"/>`+"\n", left, top, pw, ph)
 	fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle">size (bytes, log scale)</text>`+"\n", left+pw/2, H-18)
