@@ -42,7 +42,12 @@ import (
 // Whether a pair uses it depends only on the pair (the transport between
 // them, the rank count, the memory being mapped), never on the call, so the
 // two sides always agree and the handshake's mismatch check is unchanged.
-// HCOMM_LL=0 turns it off (every hello a write with a notify, as before).
+// It is off unless HCOMM_LL=1: measured here (BENCHMARKS.md, stop 13) it
+// gains nothing at 2 ranks and loses a quarter with 4 processes on 2 cores
+// against the write and the notify, whose record and wait are already one
+// cache line each on these transports; it stays for the machines and the
+// rank counts where a notify costs more, and to measure one against the
+// other.
 
 // llSlot is the bytes of a flagged slot: the header's flagged words (112),
 // the wake word (8), rounded to two cache lines.
@@ -51,10 +56,10 @@ const llSlot = 128
 // llWake is where in a flagged slot the wake word lies.
 const llWake = 2 * headerSize
 
-// envLL reads HCOMM_LL: on unless "0" or "off".
+// envLL reads HCOMM_LL: on for "1" or "on", else off.
 func envLL() bool {
 	v := os.Getenv("HCOMM_LL")
-	return v != "0" && v != "off"
+	return v == "1" || v == "on"
 }
 
 // flagged reports whether the hellos with peer travel as flagged words.

@@ -11,8 +11,9 @@ import (
 // Which pairs' hellos travel as flagged words: inproc and shm channels in
 // communicators of up to helloFullMax ranks whose hello slots are mapped in
 // place; not tcp, not above helloFullMax ranks (the butterfly's hellos),
-// not with copied device views, not with HCOMM_LL=0.
+// not with copied device views, not without HCOMM_LL=1 (the default).
 func TestFlaggedPairs(t *testing.T) {
+	on := map[string]string{"HCOMM_LL": "1"}
 	for _, c := range []struct {
 		name string
 		tr   hcommtest.Transport
@@ -20,12 +21,13 @@ func TestFlaggedPairs(t *testing.T) {
 		env  map[string]string
 		want bool
 	}{
-		{"inproc", hcommtest.Inproc, 2, nil, true},
-		{"shm", hcommtest.Shm, 3, nil, true},
-		{"tcp", hcommtest.TCP, 2, nil, false},
-		{"ranks=9", hcommtest.Inproc, 9, nil, false},
+		{"inproc", hcommtest.Inproc, 2, on, true},
+		{"shm", hcommtest.Shm, 3, on, true},
+		{"tcp", hcommtest.TCP, 2, on, false},
+		{"ranks=9", hcommtest.Inproc, 9, on, false},
+		{"default", hcommtest.Inproc, 2, nil, false},
 		{"HCOMM_LL=0", hcommtest.Inproc, 2, map[string]string{"HCOMM_LL": "0"}, false},
-		{"copied views", hcommtest.Inproc, 2, map[string]string{"HCOMM_DEVICE_VIEW": "copy"}, false},
+		{"copied views", hcommtest.Inproc, 2, map[string]string{"HCOMM_LL": "1", "HCOMM_DEVICE_VIEW": "copy"}, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			for k, v := range c.env {

@@ -20,6 +20,7 @@ var llTransports = []hcommtest.Transport{hcommtest.Inproc, hcommtest.Shm}
 // soon as the sender arrives, not at the execution timeout (without the
 // sender's look at the wake word the sleeping rank would wait it out).
 func TestFlaggedHelloWakesASleepingRank(t *testing.T) {
+	t.Setenv("HCOMM_LL", "1")
 	for _, tr := range llTransports {
 		t.Run(tr.String(), func(t *testing.T) {
 			o := hcommtest.Options{Config: &hcomm.Config{ExecTimeout: 20 * time.Second, BufferSize: 1 << 20}}
@@ -66,6 +67,7 @@ func TestFlaggedHelloWakesASleepingRank(t *testing.T) {
 // execution timeout), a word taken from the hello two before gives a wrong
 // sum.
 func TestFlaggedHelloStress(t *testing.T) {
+	t.Setenv("HCOMM_LL", "1")
 	calls := 300
 	if testing.Short() {
 		calls = 60

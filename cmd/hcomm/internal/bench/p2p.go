@@ -82,7 +82,7 @@ type p2pRun struct {
 	recvData []byte // the pair's size of the benchmark buffer, host view: where flagged words are taken to
 }
 
-// The LL protocol of the small sizes. Over a channel that stores into the
+// The LL protocol of the small sizes (-ll 1). Over a channel that stores into the
 // peer's memory itself (channel.FlagWriter: inproc, shm), a size of at most
 // p2pLLMax bytes (a multiple of 4) travels as flagged words
 // (hcomm.WriteFlaggedNbi): data and the signal that it landed in one store
@@ -148,7 +148,7 @@ func setupP2P(c *hcomm.Comm, o Options) (s *p2pRun, release func(), err error) {
 		return nil, nil, err
 	}
 	s = &p2pRun{c: c, dev: dev, n: n, me: me, recvBuf: recvBuf, llOff: dataLen, chans: make([]*hcomm.Channel, n), dsts: make([]device.Ptr, n)}
-	if v, err := dev.Map(recvBuf.Add(dataLen), p2pLLArea); err == nil && v.Mapped() && !o.NoLL {
+	if v, err := dev.Map(recvBuf.Add(dataLen), p2pLLArea); err == nil && v.Mapped() && o.LL {
 		s.ll = v.Bytes() // polled in place: only where the view is the memory itself
 	}
 	for _, ch := range chs {
@@ -227,7 +227,7 @@ func (s *p2pRun) describe(ctx context.Context, o Options, rep *report) error {
 	}
 	rep.printf("# p2p channels: protocol %v, transport %s\n", o.Protocol, strings.Join(list, ", "))
 	if s.ll != nil && (used["inproc"] || used["shm"]) {
-		rep.printf("# sizes up to %d bytes (multiples of 4) over inproc and shm travel as flagged words (LL; -ll 0: write + notify)\n", p2pLLMax)
+		rep.printf("# sizes up to %d bytes (multiples of 4) over inproc and shm travel as flagged words (LL, -ll 1)\n", p2pLLMax)
 	}
 	rep.printf("#\n")
 	return nil
@@ -287,8 +287,8 @@ func (s *p2pRun) measure(ctx context.Context, o Options, pairs []p2pPair, size i
 // with -c 1 on a receiving rank, the bytes that arrived wrong.
 //
 // The transfers are the data plane's immediate calls (WriteWithNotifyNbi,
-// ChannelNotifyWait; for small sizes over inproc and shm WriteFlaggedNbi,
-// polled in place: llIter), made by this goroutine: a round trip costs what
+// ChannelNotifyWait; with -ll 1, for small sizes over inproc and shm,
+// WriteFlaggedNbi, polled in place: llIter), made by this goroutine: a round trip costs what
 // the link and the transport cost, and no hand-off to a stream's goroutine
 // (a queued write, record and wait each travel through the thread's stream).
 func (s *p2pRun) measurePair(ctx context.Context, o Options, p p2pPair, size int64) (float64, int64, error) {
