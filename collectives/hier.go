@@ -163,18 +163,7 @@ func allGatherHier(sc *sched, s *device.Stream, send, recv device.Ptr, count int
 	}
 	sc.do(AllGatherV(send, count, recv, counts, displs, dt, h.local, s, levelOptions))
 	if sc.ok() && h.leaders != nil {
-		hostRuns := make([][][2]int, len(h.groups)) // each host's runs of consecutive ranks: first, length
-		most := 0
-		for i, grp := range h.groups {
-			for j, r := range grp {
-				if j > 0 && r == grp[j-1]+1 {
-					hostRuns[i][len(hostRuns[i])-1][1]++
-					continue
-				}
-				hostRuns[i] = append(hostRuns[i], [2]int{r, 1})
-			}
-			most = max(most, len(hostRuns[i]))
-		}
+		hostRuns, most := runsOf(h.groups)
 		if most == 1 && uniformHosts(h.groups) {
 			m := int64(len(g)) * count
 			sc.do(AllGather(recv.Add(int64(g[0])*count*es), recv, m, dt, h.leaders, s, levelOptions))
@@ -288,18 +277,7 @@ func reduceScatterHier(sc *sched, s *device.Stream, send, recv device.Ptr, count
 	mine := whole.Add(n * count * es) // the host's blocks, summed over every host (leaders)
 	sc.do(Reduce(send, whole, n*count, dt, op, 0, h.local, s, levelOptions))
 	if sc.ok() && h.leaders != nil {
-		hostRuns := make([][][2]int, len(h.groups)) // each host's runs of consecutive ranks: first, length
-		most := 0
-		for i, grp := range h.groups {
-			for j, r := range grp {
-				if j > 0 && r == grp[j-1]+1 {
-					hostRuns[i][len(hostRuns[i])-1][1]++
-					continue
-				}
-				hostRuns[i] = append(hostRuns[i], [2]int{r, 1})
-			}
-			most = max(most, len(hostRuns[i]))
-		}
+		hostRuns, most := runsOf(h.groups)
 		lc, ld := make([]int64, len(h.groups)), make([]int64, len(h.groups))
 		var done int64 // elements of this host's blocks reduced so far
 		for j := 0; j < most && sc.ok(); j++ {
@@ -316,4 +294,21 @@ func reduceScatterHier(sc *sched, s *device.Stream, send, recv device.Ptr, count
 	if sc.ok() {
 		sc.do(Scatter(mine, recv, count, dt, 0, h.local, s, levelOptions))
 	}
+}
+
+// runsOf returns each host's runs of consecutive ranks (first, length), in
+// order, and the most runs any host has.
+func runsOf(groups [][]int) (runs [][][2]int, most int) {
+	runs = make([][][2]int, len(groups))
+	for i, grp := range groups {
+		for j, r := range grp {
+			if j > 0 && r == grp[j-1]+1 {
+				runs[i][len(runs[i])-1][1]++
+				continue
+			}
+			runs[i] = append(runs[i], [2]int{r, 1})
+		}
+		most = max(most, len(runs[i]))
+	}
+	return runs, most
 }
