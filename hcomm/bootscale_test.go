@@ -11,23 +11,30 @@ import (
 	"github.com/hcomm-dev/hcomm/hcomm"
 )
 
+// rootRanks makes n ranks as goroutines that join through a root info, the
+// tcp transport forced, as ranks of n processes would; they are destroyed,
+// and the root closed after them, when the test ends. The timeouts are
+// generous: 64 ranks in one process under -race starve their pings.
+func rootRanks(t *testing.T, name string, n int) []*hcomm.Comm {
+	t.Helper()
+	cfg := &hcomm.Config{Name: name, Transport: hcomm.TransportTCP, BufferSize: 64 << 10,
+		ConnectTimeout: 60 * time.Second, ExecTimeout: 60 * time.Second, LivenessTimeout: time.Minute}
+	root, err := hcomm.GetRootInfo(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { root.Close() })
+	return initRanks(t, n, func(r int) (*hcomm.Comm, error) { return hcomm.InitRootInfo(n, root, r, cfg) })
+}
+
 // bootLoad joins n ranks of this process through rank 0's TCP store (the
 // tcp transport forced, as ranks of n processes would), runs one 8-byte
 // all-reduce and returns how many messages rank 0's store served by the
 // time every rank had its result, and how long that took.
 func bootLoad(t *testing.T, n int) (int64, time.Duration) {
 	t.Helper()
-	cfg := &hcomm.Config{Name: "bootscale", Transport: hcomm.TransportTCP, BufferSize: 64 << 10,
-		ConnectTimeout: 60 * time.Second, ExecTimeout: 60 * time.Second,
-		LivenessTimeout: time.Minute} // 64 ranks in one process under -race starve their pings
-
-	root, err := hcomm.GetRootInfo(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer root.Close()
 	start := time.Now()
-	comms := initRanks(t, n, func(r int) (*hcomm.Comm, error) { return hcomm.InitRootInfo(n, root, r, cfg) })
+	comms := rootRanks(t, "bootscale", n)
 	var wg sync.WaitGroup
 	errs := make([]error, n)
 	for r, c := range comms {
@@ -85,14 +92,7 @@ const bootMsgsPerRank = 16
 // messages to rank 0's store — only the split's own exchange there.
 func TestBootSubCommMailboxes(t *testing.T) {
 	const n = 8
-	cfg := &hcomm.Config{Name: "bootsub", Transport: hcomm.TransportTCP, BufferSize: 64 << 10,
-		ConnectTimeout: 60 * time.Second, ExecTimeout: 60 * time.Second, LivenessTimeout: time.Minute}
-	root, err := hcomm.GetRootInfo(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer root.Close()
-	comms := initRanks(t, n, func(r int) (*hcomm.Comm, error) { return hcomm.InitRootInfo(n, root, r, cfg) })
+	comms := rootRanks(t, "bootsub", n)
 	// The parents' loss watches look at rank 0's store now and then (three messages
 	// a look, four with a skip): a slow machine may see one in the window.
 	looks := func() (k int64) {
@@ -170,14 +170,7 @@ func TestBootSubCommMailboxes(t *testing.T) {
 // higher one held one to it.
 func TestBootMailboxConnsBounded(t *testing.T) {
 	const n = 12
-	cfg := &hcomm.Config{Name: "bootconns", Transport: hcomm.TransportTCP, BufferSize: 64 << 10,
-		ConnectTimeout: 60 * time.Second, ExecTimeout: 60 * time.Second, LivenessTimeout: time.Minute}
-	root, err := hcomm.GetRootInfo(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer root.Close()
-	comms := initRanks(t, n, func(r int) (*hcomm.Comm, error) { return hcomm.InitRootInfo(n, root, r, cfg) })
+	comms := rootRanks(t, "bootconns", n)
 	var wg sync.WaitGroup
 	errs := make([]error, n)
 	for r, c := range comms {
