@@ -388,7 +388,7 @@ func (s *p2pRun) llIter(stop <-chan struct{}, ch *hcomm.Channel, dst device.Ptr,
 	}
 	if receiver {
 		w := s.ll[llWords(par) : llWords(par)+2*size]
-		if err := llWait(stop, ch, func() bool { return channel.TakeFlagged(s.recvData, w, flag) }); err != nil {
+		if err := llWait(stop, ch, s.c.Config().ExecTimeout, func() bool { return channel.TakeFlagged(s.recvData, w, flag) }); err != nil {
 			return err
 		}
 		if bidir {
@@ -398,14 +398,17 @@ func (s *p2pRun) llIter(stop <-chan struct{}, ch *hcomm.Channel, dst device.Ptr,
 	}
 	var got [4]byte
 	w := s.ll[llAnswer : llAnswer+8]
-	return llWait(stop, ch, func() bool { return channel.TakeFlagged(got[:], w, flag) })
+	return llWait(stop, ch, s.c.Config().ExecTimeout, func() bool { return channel.TakeFlagged(got[:], w, flag) })
 }
 
 // llWait polls take until it reports true: tightly, then yielding the
 // processor between looks, and now and then looking whether stop has
-// closed (the run's context: -T, an error elsewhere) or the channel's peer
-// is gone (its notifies broken), either of which ends the wait.
-func llWait(stop <-chan struct{}, ch *hcomm.Channel, take func() bool) error {
+// closed (the run's context: -T, an error elsewhere), the channel's peer is
+// gone (its notifies broken) or the communicator's execution timeout
+// (HCCL_EXEC_TIMEOUT, as a notify wait's) has passed, any of which ends
+// the wait.
+func llWait(stop <-chan struct{}, ch *hcomm.Channel, exec time.Duration, take func() bool) error {
+	start := time.Now()
 	for {
 		if spin.UntilYield(time.Millisecond, take) {
 			return nil
@@ -417,6 +420,9 @@ func llWait(stop <-chan struct{}, ch *hcomm.Channel, take func() bool) error {
 		}
 		if _, err := hcomm.ChannelNotifyTryWait(ch, p2pAck); err != nil {
 			return err
+		}
+		if exec > 0 && time.Since(start) > exec {
+			return fmt.Errorf("p2p: rank %d's flagged words did not come within the execution timeout %v", ch.RemoteRank(), exec)
 		}
 	}
 }
