@@ -144,6 +144,25 @@ type WriteNotifier interface {
 	WriteWithNotify(stop <-chan struct{}, dst device.Ptr, src []byte, idx int) error
 }
 
+// Poster is implemented by a transport that stores into the peer's memory
+// itself (inproc, shm): a write into one range of the peer's memory followed
+// by a record of one of its notifies — the hello that opens every small
+// collective, repeated call after call — can be checked once and then done
+// with no check but the channel's liveness.
+type Poster interface {
+	// PreparePost checks [dst, dst+n) against the peer's registered memory
+	// and idx against its notifies, once.
+	PreparePost(dst device.Ptr, n int64, idx int) (Post, error)
+}
+
+// Post is a write and record prepared by PreparePost.
+type Post interface {
+	// Post copies src (at most the prepared length) to the start of the
+	// range and then records the notify: WriteWithNotify without the
+	// checks. It fails once either end of the channel is closed.
+	Post(src []byte) error
+}
+
 // Poller is implemented by a transport whose receiving a waiting caller can
 // drive (tcp). Such a transport's records arrive through its own goroutines,
 // which sleep in the network poller; a waiter that sleeps too is woken

@@ -22,3 +22,15 @@ func CollChannels(c *hcomm.Comm) int {
 	defer st.mu.Unlock()
 	return st.channels()
 }
+
+// LaneRuns returns how c's all-reduces that took the lane ran (lane.go):
+// all in the caller's goroutine, with the waits left to a queued task, the
+// whole call queued behind a busy stream.
+func LaneRuns(c *hcomm.Comm) (inline, pending, queued int) {
+	st, err := lockLocal(c)
+	if err != nil {
+		return -1, -1, -1
+	}
+	defer st.mu.Unlock()
+	return st.laneRuns[laneInline], st.laneRuns[lanePending], st.laneRuns[laneQueued]
+}

@@ -643,42 +643,51 @@ func (x *helloCall) prepare() error {
 // peers' headers against this rank's, then runs then.
 func (x *helloCall) verify() error {
 	st := x.s.st
-	me, h, comm := int(x.h.from), x.h, st.comm
-	mine := x.slot(me)[:headerSize]
+	mine := x.slot(int(x.h.from))[:headerSize]
 	for _, p := range x.peers {
 		if !x.check {
 			break
 		}
-		b := x.slot(p)
-		// The common case: the peer's header is this rank's, byte for
-		// byte, but for the sender's rank. Anything else is decoded and
-		// compared field by field (same ignores what the call does not
-		// use, such as a broadcast's reduce op).
-		if [40]byte(b[:40]) == [40]byte(mine[:40]) && [headerSize - 44]byte(b[44:headerSize]) == [headerSize - 44]byte(mine[44:headerSize]) &&
-			binary.LittleEndian.Uint32(b[40:]) == uint32(p) && x.extra == nil {
-			continue
-		}
-		got, err := decodeHeader(b)
-		if err == nil && got.from != int32(p) {
-			err = fmt.Errorf("the hello in rank %d's slot says it is from rank %d", p, got.from)
-		}
-		if err != nil {
-			return &hcomm.Error{Op: h.kind.String(), Comm: comm.Name(), Rank: me, Peer: p, Code: hcomm.ErrInternal, Err: err}
-		}
-		if !got.same(h) || got.seq != h.seq {
-			return &hcomm.Error{Op: h.kind.String(), Comm: comm.Name(), Rank: me, Peer: p, Code: hcomm.ErrPara, Err: ErrMismatch,
-				Msg: fmt.Sprintf("collective mismatch: rank %d called %s as its collective #%d, rank %d called %s as its #%d",
-					me, h.call(), h.seq, p, got.call(), got.seq)}
-		}
-		if x.extra != nil {
-			if err := x.extra(p, x.payload(p)); err != nil {
-				return &hcomm.Error{Op: h.kind.String(), Comm: comm.Name(), Rank: me, Peer: p, Code: hcomm.ErrPara, Err: ErrMismatch,
-					Msg: fmt.Sprintf("collective mismatch at #%d (%s): %v", h.seq, h.call(), err)}
-			}
+		if err := st.checkHello(x.h, mine, x.slot(p), p, x.extra, x.n); err != nil {
+			return err
 		}
 	}
 	if x.then != nil {
 		return x.then(x)
+	}
+	return nil
+}
+
+// checkHello checks the hello in peer p's slot b (a header, then n bytes of
+// payload) against this rank's call h, whose header is mine, and, when extra
+// is not nil, the payload with it.
+func (st *state) checkHello(h header, mine, b []byte, p int, extra func(p int, payload []byte) error, n int64) error {
+	// The common case: the peer's header is this rank's, byte for byte,
+	// but for the sender's rank. Anything else is decoded and compared
+	// field by field (same ignores what the call does not use, such as a
+	// broadcast's reduce op).
+	if [40]byte(b[:40]) == [40]byte(mine[:40]) && [headerSize - 44]byte(b[44:headerSize]) == [headerSize - 44]byte(mine[44:headerSize]) &&
+		binary.LittleEndian.Uint32(b[40:]) == uint32(p) && extra == nil {
+		return nil
+	}
+	me, comm := int(h.from), st.comm
+	got, err := decodeHeader(b)
+	if err == nil && got.from != int32(p) {
+		err = fmt.Errorf("the hello in rank %d's slot says it is from rank %d", p, got.from)
+	}
+	if err != nil {
+		return &hcomm.Error{Op: h.kind.String(), Comm: comm.Name(), Rank: me, Peer: p, Code: hcomm.ErrInternal, Err: err}
+	}
+	if !got.same(h) || got.seq != h.seq {
+		return &hcomm.Error{Op: h.kind.String(), Comm: comm.Name(), Rank: me, Peer: p, Code: hcomm.ErrPara, Err: ErrMismatch,
+			Msg: fmt.Sprintf("collective mismatch: rank %d called %s as its collective #%d, rank %d called %s as its #%d",
+				me, h.call(), h.seq, p, got.call(), got.seq)}
+	}
+	if extra != nil {
+		if err := extra(p, b[headerSize:headerSize+n]); err != nil {
+			return &hcomm.Error{Op: h.kind.String(), Comm: comm.Name(), Rank: me, Peer: p, Code: hcomm.ErrPara, Err: ErrMismatch,
+				Msg: fmt.Sprintf("collective mismatch at #%d (%s): %v", h.seq, h.call(), err)}
+		}
 	}
 	return nil
 }

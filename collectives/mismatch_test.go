@@ -62,6 +62,13 @@ func mismatchCases() []mismatchCase {
 // fails fails the test.
 func runMismatch(t *testing.T, comms []*hcomm.Comm, odd int, tc mismatchCase, callMayFail bool) []error {
 	t.Helper()
+	return runMismatchAfter(t, comms, odd, tc, callMayFail, nil)
+}
+
+// runMismatchAfter is runMismatch whose ranks first make the call first
+// (when not nil) on the same stream and buffer, all alike, and wait for it.
+func runMismatchAfter(t *testing.T, comms []*hcomm.Comm, odd int, tc mismatchCase, callMayFail bool, first mismatchCall) []error {
+	t.Helper()
 	start := time.Now()
 	errs := make([]error, len(comms))
 	run(t, comms, func(c *hcomm.Comm) error {
@@ -75,6 +82,14 @@ func runMismatch(t *testing.T, comms []*hcomm.Comm, odd int, tc mismatchCase, ca
 			return err
 		}
 		defer c.Device().Free(buf)
+		if first != nil {
+			if err := first(c, s, buf); err != nil {
+				return err
+			}
+			if err := s.SynchronizeWithTimeout(time.Minute); err != nil {
+				return err
+			}
+		}
 		f := tc.usual
 		if c.Rank() == odd {
 			f = tc.odd

@@ -141,6 +141,14 @@ type state struct {
 	helloPoll  time.Duration // HCOMM_HELLO_POLL: the inline poll's bound; negative: no inline hello
 	pollSet    bool          // HCOMM_HELLO_POLL is set: callers poll for tcp peers too (overNetwork)
 
+	lane      *laneCall                 // the lane's call, reused while calls complete inline (lane.go)
+	laneIn    laneView                  // the lane's send buffer, checked once for a run of calls
+	laneOut   laneView                  // its recv buffer
+	lanePosts [][2]*hcomm.PreparedWrite // this rank's hello into each peer's slot of each parity
+	laneRuns  [3]int                    // the lane's calls by how they ran (laneInline, …)
+	noLane    bool                      // HCOMM_LANE=0: every call through its schedule, to measure the lane
+	remote    bool                      // a peer of the lane is in another process (lane.go)
+
 	own      *device.Stream // the stream of the host-slice layer
 	staging  device.Ptr     // the host-slice layer's device copy of the data
 	stagingN int64
@@ -279,6 +287,7 @@ func (st *state) init1() {
 		// memory itself (not HCOMM_DEVICE_VIEW=copy, not an accelerator's).
 		st.ll = st.err == nil && st.hello.Mapped() && envLL()
 	}
+	st.noLane = os.Getenv("HCOMM_LANE") == "0" // lane.go
 }
 
 // prepare is connect's work, after init1.

@@ -114,8 +114,9 @@ func (a *allocation) size() int64 { return int64(len(a.mem)) }
 // while allocations change rarely: writers (under mu) publish a new sorted
 // slice, and readers load the current one without a lock.
 type allocTable struct {
-	mu   sync.Mutex
-	snap atomic.Pointer[[]*allocation]
+	mu    sync.Mutex
+	snap  atomic.Pointer[[]*allocation]
+	epoch atomic.Uint64 // bumped by every change (AllocEpoch)
 }
 
 var allocs allocTable
@@ -133,7 +134,16 @@ func (t *allocTable) edit(fn func([]*allocation) []*allocation) {
 	cur := t.list()
 	next := fn(append(make([]*allocation, 0, len(cur)+1), cur...))
 	t.snap.Store(&next)
+	t.epoch.Add(1)
 }
+
+// AllocEpoch returns a number that changes whenever memory is allocated or
+// freed, by any device context of the process. A caller that checked a
+// range (Map, Bytes, CheckRange) may keep what it found while the number
+// stays the same: no allocation has come or gone since, so the range is
+// still the same live memory. The collectives' small-message path checks
+// its buffers this way once for a run of calls on the same buffers.
+func AllocEpoch() uint64 { return allocs.epoch.Load() }
 
 func (t *allocTable) insert(a *allocation) {
 	t.mu.Lock()

@@ -66,8 +66,10 @@ type Comm struct {
 	ops       opState // BeginOp's counter and what each thread issues (optag.go)
 	// notifyWait is SetNotifyWaitTimeOut's value in nanoseconds; 0: unset.
 	notifyWait atomic.Int64
-	// valueSnap is a copy of values that Value reads without the lock.
-	valueSnap atomic.Pointer[map[any]any]
+	// valueSnap is a copy of values that Value reads without the lock:
+	// a list, since a communicator holds a handful and comparing a key
+	// with each costs less than hashing it.
+	valueSnap atomic.Pointer[[]keyValue]
 
 	// state is GetStatus's and RegCommStateCallback's (state.go).
 	state stateMachine
@@ -242,16 +244,22 @@ func (c *Comm) GetHcclBuffer() (device.Ptr, int64, error) {
 	return c.buf, c.bufSize, nil
 }
 
+// keyValue is one of Value's pairs.
+type keyValue struct{ k, v any }
+
 // Value returns the value stored under key, calling init to create it on
 // first use: per-communicator state for the libraries built on hcomm (the
 // collectives keep their schedules' counters here). Values are dropped by
-// Destroy; a value with a Close() method is closed then.
+// Destroy; a value with a Close() method is closed then. key must be
+// comparable.
 func (c *Comm) Value(key any, init func() any) any {
 	// Every collective looks its state up here: the common case reads a
 	// snapshot without a lock; storing a value copies the map.
 	if m := c.valueSnap.Load(); m != nil {
-		if v, ok := (*m)[key]; ok {
-			return v
+		for _, kv := range *m {
+			if kv.k == key {
+				return kv.v
+			}
 		}
 	}
 	c.mu.Lock()
@@ -263,9 +271,9 @@ func (c *Comm) Value(key any, init func() any) any {
 	if !ok && init != nil {
 		v = init()
 		c.values[key] = v
-		m := make(map[any]any, len(c.values))
+		m := make([]keyValue, 0, len(c.values))
 		for k, x := range c.values {
-			m[k] = x
+			m = append(m, keyValue{k, x})
 		}
 		c.valueSnap.Store(&m)
 	}

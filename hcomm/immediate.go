@@ -231,3 +231,70 @@ func errorOf(ch *Channel, op, format string, args ...any) error {
 	}
 	return ch.comm.errorf(op, ch.RemoteRank(), ErrPara, nil, format, args...)
 }
+
+// PreparedWrite is WriteWithNotifyNbi checked once, for a write a protocol
+// repeats call after call from the same local range into the same range of
+// the peer's memory, followed by a record of the same notify: the hello that
+// opens every small collective. Prepare checks what WriteWithNotifyNbi
+// checks; each Do checks only that the communicator and the channel are
+// usable, and over a transport that stores into the peer's memory itself
+// (inproc, shm: channel.Poster) it is a copy and a record. An hcomm
+// extension. The local range must stay allocated while the prepared write
+// is used (the communicator's HCCL buffer, say).
+type PreparedWrite struct {
+	ch   *Channel
+	dst  device.Ptr
+	src  []byte
+	idx  int
+	post channel.Post // nil: the transport has none, Do writes as WriteWithNotifyNbi
+}
+
+// PrepareWriteWithNotify checks a write of up to n bytes from local src to
+// the peer's dst followed by a record of the peer's notify remoteIdx.
+func PrepareWriteWithNotify(ch *Channel, dst, src device.Ptr, n int64, remoteIdx int) (*PreparedWrite, error) {
+	const op = "PrepareWriteWithNotify"
+	c, err := chanComm(op, ch)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.remoteCheck(op, ch, "dst", dst, n); err != nil {
+		return nil, err
+	}
+	b, err := c.dev.Bytes(src, n)
+	if err != nil {
+		return nil, c.errorf(op, ch.RemoteRank(), ErrPara, err, "local src")
+	}
+	if err := c.remoteIdxCheck(op, ch, remoteIdx); err != nil {
+		return nil, err
+	}
+	w := &PreparedWrite{ch: ch, dst: dst, src: b, idx: remoteIdx}
+	if p, ok := ch.tr.(channel.Poster); ok {
+		if w.post, err = p.PreparePost(dst, n, remoteIdx); err != nil {
+			return nil, c.taskFailed(op, ch.RemoteRank(), err)
+		}
+	}
+	return w, nil
+}
+
+// Do writes the first n bytes of the prepared range and records the notify,
+// now. stop is the stop channel of the task it runs in, as for
+// WriteWithNotifyNbi.
+func (w *PreparedWrite) Do(stop <-chan struct{}, n int64) error {
+	const op = "PreparedWrite.Do"
+	c, err := chanComm(op, w.ch)
+	if err != nil {
+		return err
+	}
+	if n < 0 || n > int64(len(w.src)) {
+		return c.errorf(op, w.ch.RemoteRank(), ErrPara, nil, "length %d is outside the prepared [0, %d]", n, len(w.src))
+	}
+	if w.post == nil {
+		err = c.write(stop, w.ch, w.dst, w.src[:n], w.idx)
+	} else {
+		err = c.moved(w.ch, metrics.Write, n, w.post.Post(w.src[:n]))
+	}
+	if err != nil {
+		return c.taskFailed(op, w.ch.RemoteRank(), err)
+	}
+	return nil
+}

@@ -250,3 +250,58 @@ func TestWriteFlaggedNbi(t *testing.T) {
 		})
 	}
 }
+
+// A PreparedWrite, checked once, writes and records like WriteWithNotifyNbi
+// on every transport, round after round with different lengths; what the
+// one-time check refuses (a range past the peer's HCCL buffer, a notify it
+// does not have) is ErrPara at Prepare, a length past the prepared one is
+// ErrPara at Do, and once the channel is destroyed Do fails instead of
+// writing.
+func TestPreparedWrite(t *testing.T) {
+	for _, tr := range hcomm.Transports() {
+		t.Run(tr, func(t *testing.T) {
+			p := newPair(t, &hcomm.Config{BufferSize: 32 << 10, Name: "prepared", Transport: tr})
+			remote, _, err := p.comms[0].ChannelGetHcclBuffer(p.ch[0])
+			if err != nil {
+				t.Fatal(err)
+			}
+			const most = 300
+			dst := remote.Add(8 << 10)
+			w, err := hcomm.PrepareWriteWithNotify(p.ch[0], dst, p.buf[0], most, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for round, n := range []int64{most, 1, 77, 0, most} {
+				fill(t, p.comms[0], p.buf[0], most, byte(round+1))
+				if err := w.Do(nil, n); err != nil {
+					t.Fatalf("round %d: %v", round, err)
+				}
+				if err := hcomm.ChannelNotifyWait(nil, p.ch[1], 1, 10*time.Second); err != nil {
+					t.Fatalf("round %d: the record never came: %v", round, err)
+				}
+				got := make([]byte, n)
+				if err := p.comms[1].Device().MemcpyDtoH(got, p.buf[1].Add(8<<10)); err != nil {
+					t.Fatal(err)
+				}
+				if want := bytes.Repeat([]byte{byte(round + 1)}, int(n)); !bytes.Equal(got, want) {
+					t.Fatalf("round %d: the peer has %v, want %v", round, got, want)
+				}
+			}
+			if _, err := hcomm.PrepareWriteWithNotify(p.ch[0], remote.Add(p.size-8), p.buf[0], 16, 1); !errors.Is(err, hcomm.ErrPara) {
+				t.Errorf("a range past the peer's HCCL buffer: %v, want ErrPara", err)
+			}
+			if _, err := hcomm.PrepareWriteWithNotify(p.ch[0], dst, p.buf[0], 16, 3); !errors.Is(err, hcomm.ErrPara) {
+				t.Errorf("notify 3 of 3: %v, want ErrPara", err)
+			}
+			if err := w.Do(nil, most+1); !errors.Is(err, hcomm.ErrPara) || !strings.Contains(err.Error(), "prepared") {
+				t.Errorf("a length past the prepared one: %v, want ErrPara naming the prepared length", err)
+			}
+			if err := p.comms[0].ChannelDestroy([]*hcomm.Channel{p.ch[0]}); err != nil {
+				t.Fatal(err)
+			}
+			if err := w.Do(nil, 8); err == nil {
+				t.Errorf("Do on a destroyed channel succeeded")
+			}
+		})
+	}
+}

@@ -45,6 +45,12 @@ type Notify struct {
 	mu      sync.Mutex
 	waiters []chan struct{}
 	broken  error // set once by Break; guarded by mu
+	// sleepers counts the waits between their registration in waiters
+	// and their wake, and isBroken mirrors broken != nil: a record and a
+	// poll read them instead of taking mu, whose cache line the other
+	// side would otherwise take on every record and every poll.
+	sleepers atomic.Int32
+	isBroken atomic.Bool
 
 	sh *sharedWord // NewShared's backing; nil for New's
 
@@ -81,6 +87,13 @@ func (n *Notify) Set() {
 	if n.set.Swap(1) == 1 {
 		return
 	}
+	// A wait stores sleepers before it looks at set for the last time,
+	// and a record stores set before it loads sleepers (both sequentially
+	// consistent): either the wait sees the record or the record sees the
+	// wait, so no wake is lost.
+	if n.sleepers.Load() == 0 {
+		return
+	}
 	n.mu.Lock()
 	ws := n.waiters
 	n.waiters = nil
@@ -99,6 +112,7 @@ func (n *Notify) Break(err error) {
 	n.mu.Lock()
 	if n.broken == nil {
 		n.broken = err
+		n.isBroken.Store(true)
 	}
 	ws := n.waiters
 	n.waiters = nil
@@ -113,6 +127,9 @@ func (n *Notify) Break(err error) {
 
 // Broken returns the error given to Break, or nil.
 func (n *Notify) Broken() error {
+	if !n.isBroken.Load() {
+		return nil
+	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	return n.broken
@@ -125,7 +142,9 @@ func (n *Notify) TryReset() bool {
 		n.sh.do(func(w *uint32) { ok = tryResetWord(w) })
 		return ok
 	}
-	return n.set.CompareAndSwap(1, 0)
+	// A look before the swap: a poll that finds nothing leaves the cache
+	// line shared with the recorder instead of taking it.
+	return n.set.Load() == 1 && n.set.CompareAndSwap(1, 0)
 }
 
 // IsSet reports whether the notify is recorded and not yet waited for.
@@ -204,11 +223,14 @@ func (n *Notify) await(s *device.Stream, timeout time.Duration, stop <-chan stru
 	for {
 		ch := make(chan struct{})
 		n.mu.Lock()
+		n.sleepers.Add(1)
 		if n.TryReset() {
+			n.sleepers.Add(-1)
 			n.mu.Unlock()
 			return nil
 		}
 		if b := n.broken; b != nil {
+			n.sleepers.Add(-1)
 			n.mu.Unlock()
 			return n.failErr(s, b)
 		}
@@ -216,6 +238,7 @@ func (n *Notify) await(s *device.Stream, timeout time.Duration, stop <-chan stru
 		n.mu.Unlock()
 		select {
 		case <-ch:
+			n.sleepers.Add(-1)
 			if n.TryReset() {
 				return nil
 			}
@@ -241,6 +264,7 @@ func (n *Notify) forget(ch chan struct{}) {
 			break
 		}
 	}
+	n.sleepers.Add(-1) // registered until now, whether or not a wake took it out of waiters
 	n.mu.Unlock()
 }
 

@@ -207,6 +207,39 @@ func (t *Transport) WriteFlagged(_ <-chan struct{}, dst device.Ptr, src []byte, 
 	return nil
 }
 
+var _ channel.Poster = (*Transport)(nil)
+
+// PreparePost checks the range and the notify once (channel.Poster).
+func (t *Transport) PreparePost(dst device.Ptr, n int64, idx int) (channel.Post, error) {
+	b, err := t.peerBytes(dst, n)
+	if err != nil {
+		return nil, err
+	}
+	if idx < 0 || idx >= len(t.peer.Notifies) {
+		return nil, fmt.Errorf("rank %d has no notify %d on this channel (it has %d)", t.peer.Rank, idx, len(t.peer.Notifies))
+	}
+	return &post{t: t, b: b, n: t.peer.Notifies[idx]}, nil
+}
+
+// post is a prepared write into the peer's memory and record of its notify.
+type post struct {
+	t *Transport
+	b []byte
+	n *notify.Notify
+}
+
+func (p *post) Post(src []byte) error {
+	if err := p.t.usable(); err != nil {
+		return err
+	}
+	if len(src) > len(p.b) {
+		return fmt.Errorf("post of %d bytes into a range of %d", len(src), len(p.b))
+	}
+	copy(p.b, src)
+	p.n.Set()
+	return nil
+}
+
 // Read copies the peer's memory at src into dst.
 func (t *Transport) Read(_ <-chan struct{}, dst []byte, src device.Ptr) error {
 	b, err := t.peerBytes(src, int64(len(dst)))

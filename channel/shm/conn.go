@@ -411,6 +411,46 @@ func (t *Transport) WriteWithNotify(_ <-chan struct{}, dst device.Ptr, src []byt
 	return nil
 }
 
+var _ channel.Poster = (*Transport)(nil)
+
+// PreparePost checks the range and the notify once (channel.Poster). The
+// post holds the mapping's bytes; each Post takes the mapping lock and
+// checks the channel, so that it never touches a mapping Close removed.
+func (t *Transport) PreparePost(dst device.Ptr, n int64, idx int) (channel.Post, error) {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	b, err := t.peerBytes("PreparePost", dst, n)
+	if err != nil {
+		return nil, err
+	}
+	if idx < 0 || idx >= t.peerNotify {
+		return nil, fmt.Errorf("shm PreparePost on %s (rank %d -> rank %d): rank %d has no notify %d on this channel (it has %d)",
+			t.name, t.rank, t.peer, t.peer, idx, t.peerNotify)
+	}
+	return &post{t: t, b: b, word: wordAt(t.peerPage, idx)}, nil
+}
+
+// post is a prepared write into the peer's memory and record of its notify.
+type post struct {
+	t    *Transport
+	b    []byte
+	word *uint32
+}
+
+func (p *post) Post(src []byte) error {
+	p.t.mu.RLock()
+	defer p.t.mu.RUnlock()
+	if err := p.t.usable("Post"); err != nil {
+		return err
+	}
+	if len(src) > len(p.b) {
+		return fmt.Errorf("shm Post on %s: %d bytes into a range of %d", p.t.name, len(src), len(p.b))
+	}
+	copy(p.b, src)
+	notify.Signal(p.word)
+	return nil
+}
+
 // fenceWord is the target of Fence's atomic.
 var fenceWord atomic.Uint32
 

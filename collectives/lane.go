@@ -1,0 +1,377 @@
+package collectives
+
+import (
+	"time"
+
+	"github.com/hcomm-dev/hcomm/device"
+	"github.com/hcomm-dev/hcomm/hcomm"
+	"github.com/hcomm-dev/hcomm/internal/reduce"
+	"github.com/hcomm-dev/hcomm/internal/spin"
+)
+
+// The small all-reduce's lane. A one-shot all-reduce is one hello: every
+// rank writes its header and its input into every peer's hello slot,
+// records the peer's hello notify, waits for the peers' hellos, checks them
+// and reduces the inputs in rank order. Issued through issue, it also pays
+// for everything a schedule of many steps needs — a sched, the selector,
+// the piece size, the pipe and gather bookkeeping, a pooled helloCall and
+// the tasks' closures — which for 16 bytes between two ranks of one host is
+// most of the call. The lane is the same hello without them: when the call
+// finds everything in place (the channels set up, the previous collective on
+// the same stream, no group open, no algorithm forced but oneshot), the
+// caller encodes the header into its own slot, writes it to every peer, and
+// polls for the peers' hellos as launchHello does, in the stream's next task
+// run in its own goroutine.
+//
+// On the wire nothing differs from the one-shot schedule: the same header,
+// sequence number, slots, parities and notifies. So whether a call takes
+// the lane is this rank's business alone: a rank in the lane and a rank in
+// the schedule meet, and a mismatch between them (another count, another
+// collective) is caught by the header check as between two schedules. A call
+// whose stream is busy, or whose peers do not answer within the poll bound,
+// goes on as a queued stream task exactly as a schedule's hello does.
+
+// laneCall is one all-reduce of the lane. A state keeps one (st.lane) for the
+// calls that complete in their caller's goroutine; a call that leaves work
+// to its stream hands its laneCall to the task and the state makes another.
+type laneCall struct {
+	st    *state
+	h     header
+	in    []byte // send's bytes (the host's view: the lane runs where views are the memory)
+	out   []byte // recv's
+	count int64
+	n     int64 // bytes of payload
+	par   [helloFullMax]uint64
+	next  int           // peers (st.others) whose hellos have arrived
+	poll  time.Duration // the inline poll's bound; 0: look once
+	opSeq uint64
+	// pending: first left the waits for the peers' hellos to rest.
+	pending bool
+
+	firstFn, restFn, runFn func(stop <-chan struct{}) error // bound once
+}
+
+// How the lane's calls ran (state.laneRuns, for tests): all in the
+// caller's goroutine; sent, then the waits left to a queued task; the
+// whole call queued behind a busy stream.
+const (
+	laneInline = iota
+	lanePending
+	laneQueued
+)
+
+// lanePolls is how many times first looks for the peers' hellos without
+// yielding the processor (a few hundred nanoseconds) before its polls yield.
+const lanePolls = 64
+
+func newLaneCall(st *state) *laneCall {
+	x := &laneCall{st: st}
+	x.firstFn, x.restFn, x.runFn = x.first, x.rest, x.run
+	return x
+}
+
+// laneAllReduce runs AllReduce's call in the lane when it can, reporting
+// whether it did; when it did not, nothing happened and the caller issues
+// the schedule. The arguments have been checked (checkArgs).
+func laneAllReduce(c *hcomm.Comm, s *device.Stream, o *Options, send, recv device.Ptr, count int64, dt hcomm.DataType, op hcomm.ReduceOp) (bool, error) {
+	const name = "AllReduce"
+	if o != nil && (o.level || o.Algorithm != AlgoAuto && o.Algorithm != AlgoOneShot) {
+		return false, nil
+	}
+	st, _ := c.Value(stateKey{}, nil).(*state)
+	if st == nil {
+		return false, nil // the first collective of c: issue sets up
+	}
+	n := count * int64(dt.Size())
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if !st.laneReady(s, kAllReduce, n) {
+		return false, nil
+	}
+	in, err := st.laneIn.get(c, name, "send", send, n)
+	if err != nil {
+		return true, err
+	}
+	out, err := st.laneOut.get(c, name, "recv", recv, n)
+	if err != nil {
+		return true, err
+	}
+	t := st.threads[s]
+	x := st.lane
+	if x == nil {
+		x = newLaneCall(st)
+		st.lane = x
+	}
+	st.seq++
+	x.h = header{kind: kAllReduce, dt: dt, op: op, flags: flagOp, count: count, algo: AlgoOneShot,
+		seq: st.seq, from: int32(c.Rank()), size: int32(c.Size())}
+	x.in, x.out, x.count, x.n, x.next, x.pending = in, out, count, n, 0, false
+	for _, p := range st.others {
+		x.par[p] = st.hellos[p] % 2
+		st.hellos[p]++
+	}
+	x.poll = st.helloPoll
+	if x.poll == 0 {
+		x.poll = helloPoll
+	} else if x.poll < 0 {
+		x.poll = 0 // no inline poll: look once
+	}
+	if s == st.own {
+		x.poll = slicePoll // the host-slice layer: its caller waits anyway
+	}
+	if p := s.Pending(); p > 0 && st.lastSmall {
+		// The small collectives before this one are still on the stream:
+		// wait a moment for them, as launchHello does.
+		spin.Until(max(x.poll, helloPoll), func() bool { return s.Pending() == 0 })
+	}
+	opSeq, endOp := c.BeginOp(t, name, AlgoOneShot.String())
+	x.opSeq = opSeq
+	ran, err := s.RunInline(name, x.firstFn)
+	if !ran && err != nil { // the stream is unusable: nothing ran
+		st.seq--
+		for _, p := range st.others {
+			st.hellos[p]--
+		}
+		endOp()
+		return true, collErr(c, name, hcomm.ResultOf(err), err, "")
+	}
+	// A failure of the inline task is the stream's, as a queued task's
+	// would be: its Synchronize reports it.
+	err = nil
+	switch {
+	case !ran:
+		st.laneRuns[laneQueued]++
+	case x.pending:
+		st.laneRuns[lanePending]++
+	default:
+		st.laneRuns[laneInline]++
+	}
+	if !ran { // busy: the whole hello as a queued task
+		st.lane = nil
+		err = s.Launch(name, x.runFn)
+	} else if x.pending {
+		st.lane = nil
+		err = s.Launch(name, x.restFn)
+	}
+	if err == nil {
+		err = endOp()
+	}
+	st.lastStream, st.lastSmall = s, true
+	if err != nil {
+		// A failed launch leaves the peers waiting for this rank's part:
+		// the communicator's collectives are out of step.
+		st.err = err
+		return true, collErr(c, name, hcomm.ResultOf(err), err, "issuing the schedule")
+	}
+	return true, nil
+}
+
+// laneReady reports whether a call of kind k with n bytes per rank on s
+// can take the lane (st.mu held): the one-shot schedule is the one the
+// selector would pick, every channel it needs is there, and nothing asks
+// for the schedule's machinery (an open group is checked by the caller).
+func (st *state) laneReady(s *device.Stream, k kind, n int64) bool {
+	c := st.comm
+	size := c.Size()
+	switch {
+	case st.err != nil, !st.prepared, st.noLane, size < 2, size > helloFullMax, st.ll, !st.hello.Mapped(),
+		n > st.lay.inline(), testIssue != nil, testJitter != nil:
+		return false
+	case st.lastStream != s, st.threads[s] == nil:
+		return false // the first call on s, or after one on another stream: begin orders them
+	}
+	if a := st.forced[k]; a != AlgoAuto && a != AlgoOneShot {
+		return false
+	}
+	st.remote = false
+	for _, p := range st.others {
+		ch := st.chans[p]
+		if ch == nil || !ch.Flagged() { // not set up yet, or not mapped (tcp)
+			return false
+		}
+		st.remote = st.remote || ch.Transport() != hcomm.TransportInproc
+	}
+	return true
+}
+
+// post writes this rank's hello — the header, then the payload — into its
+// own slot and from there into every peer's, recording the peer's hello
+// notify (a write prepared once per peer and parity: laneWrite).
+func (x *laneCall) post(stop <-chan struct{}) error {
+	st := x.st
+	me := int(x.h.from)
+	off := st.lay.helloOff(me, 0)
+	b := st.hello.Bytes()[off : off+headerSize+x.n]
+	x.h.encode(b)
+	copy(b[headerSize:], x.in)
+	for _, p := range st.others {
+		w, err := st.laneWrite(p, x.par[p])
+		if err != nil {
+			return err
+		}
+		if err := w.Do(stop, headerSize+x.n); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// laneWrite returns the prepared write of this rank's hello slot into
+// peer's slot of parity par, preparing it on first use.
+func (st *state) laneWrite(p int, par uint64) (*hcomm.PreparedWrite, error) {
+	if st.lanePosts == nil {
+		st.lanePosts = make([][2]*hcomm.PreparedWrite, st.comm.Size())
+	}
+	if w := st.lanePosts[p][par]; w != nil {
+		return w, nil
+	}
+	me := st.comm.Rank()
+	w, err := hcomm.PrepareWriteWithNotify(st.chans[p], st.peerBuf[p].Add(st.lay.helloOff(me, par)), st.buf.Add(st.lay.helloOff(me, 0)), st.lay.helloSlot, nHello+int(par))
+	if err != nil {
+		return nil, err
+	}
+	st.lanePosts[p][par] = w
+	return w, nil
+}
+
+// laneView is a buffer of the lane's calls, checked once for a run of calls
+// on the same buffer: while no memory has been allocated or freed since
+// (device.AllocEpoch), the range found is still the same live memory.
+type laneView struct {
+	epoch uint64
+	p     device.Ptr
+	b     []byte
+}
+
+// get returns the host bytes of [p, p+n), checked as checkBuf checks a
+// collective's buffer.
+func (v *laneView) get(c *hcomm.Comm, op, what string, p device.Ptr, n int64) ([]byte, error) {
+	if n == 0 {
+		return nil, nil
+	}
+	if e := device.AllocEpoch(); v.p == p && v.epoch == e && int64(len(v.b)) >= n {
+		return v.b[:n], nil
+	}
+	b, err := c.Device().Bytes(p, n)
+	if err != nil {
+		return nil, collErr(c, op, hcomm.ErrPara, err, "%s buffer", what)
+	}
+	v.epoch, v.p, v.b = device.AllocEpoch(), p, b
+	return b, nil
+}
+
+// seen reports whether every peer's hello has arrived, taking the records
+// of those that have (x.next counts them).
+func (x *laneCall) seen() bool {
+	st := x.st
+	for x.next < len(st.others) {
+		p := st.others[x.next]
+		ok, err := hcomm.ChannelNotifyTryWait(st.chans[p], nHello+int(x.par[p]))
+		if err != nil {
+			return true // a broken notify: rest's wait fails at once, naming the collective
+		}
+		if !ok {
+			return false
+		}
+		if err := st.hello.Fetch(st.lay.helloOff(p, x.par[p]), headerSize+x.n); err != nil {
+			return true
+		}
+		x.next++
+	}
+	return true
+}
+
+// first (run inline) sends the hello and polls for the peers' for up to
+// x.poll: when all are there it checks them and reduces; otherwise it sets
+// pending and the caller queues rest behind it.
+func (x *laneCall) first(stop <-chan struct{}) error {
+	if err := x.post(stop); err != nil {
+		return err
+	}
+	// A peer making the same call answers within a cache line's round
+	// trip: a tight poll first, before the polls that yield.
+	for i := 0; i < lanePolls && !x.seen(); i++ {
+	}
+	if x.next < len(x.st.others) && x.poll > 0 {
+		if x.st.remote {
+			spin.UntilYield(x.poll, x.seen)
+		} else {
+			spin.Until(x.poll, x.seen)
+		}
+	}
+	if x.next < len(x.st.others) {
+		x.pending = true
+		return nil
+	}
+	return x.finish()
+}
+
+// rest (a queued task behind first) waits for the hellos first did not
+// see, checks them all and reduces.
+func (x *laneCall) rest(stop <-chan struct{}) error {
+	st := x.st
+	for ; x.next < len(st.others); x.next++ {
+		p := st.others[x.next]
+		if err := hcomm.CollectiveNotifyWait(stop, st.chans[p], nHello+int(x.par[p]), 0, kAllReduce.String(), x.opSeq, AlgoOneShot.String()); err != nil {
+			return err
+		}
+		if err := st.hello.Fetch(st.lay.helloOff(p, x.par[p]), headerSize+x.n); err != nil {
+			return err
+		}
+	}
+	return x.finish()
+}
+
+// run (a queued task: the stream was busy) is the whole call.
+func (x *laneCall) run(stop <-chan struct{}) error {
+	if err := x.post(stop); err != nil {
+		return err
+	}
+	return x.rest(stop)
+}
+
+// finish checks the peers' headers and reduces every rank's payload, in
+// rank order, into recv.
+func (x *laneCall) finish() error {
+	st := x.st
+	hb := st.hello.Bytes()
+	me := int(x.h.from)
+	slot := func(r int) []byte {
+		off := st.lay.helloOff(r, x.par[r])
+		if r == me {
+			off = st.lay.helloOff(me, 0)
+		}
+		return hb[off : off+headerSize+x.n]
+	}
+	mine := slot(me)
+	if !st.noCheck {
+		for _, p := range st.others {
+			if err := st.checkHello(x.h, mine, slot(p), p, nil, x.n); err != nil {
+				return err
+			}
+		}
+	}
+	if x.count == 0 {
+		return nil
+	}
+	return reduceRanks(x.out, st.comm.Size(), x.count, x.h.dt, x.h.op, func(r int) []byte { return slot(r)[headerSize:] })
+}
+
+// reduceRanks sets dst to the n ranks' inputs combined in rank order
+// (in(r) is rank r's, count elements of dt): every rank that reduces the
+// same inputs this way gets the same bits.
+func reduceRanks(dst []byte, n int, count int64, dt hcomm.DataType, op hcomm.ReduceOp, in func(r int) []byte) error {
+	if n == 1 {
+		copy(dst, in(0))
+		return nil
+	}
+	if err := reduce.Reduce3(dst, in(0), in(1), int(count), dt, op); err != nil {
+		return err
+	}
+	for p := 2; p < n; p++ {
+		if err := reduce.Reduce(dst, in(p), int(count), dt, op); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,235 @@
+package collectives_test
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hcomm-dev/hcomm/collectives"
+	"github.com/hcomm-dev/hcomm/device"
+	"github.com/hcomm-dev/hcomm/hcomm"
+	"github.com/hcomm-dev/hcomm/hcommtest"
+)
+
+// laneTransports are the transports of the all-reduce's lane (lane.go):
+// ranks whose memory is mapped, over inproc and over shm.
+var laneTransports = []hcommtest.Transport{hcommtest.Inproc, hcommtest.Shm}
+
+// The lane under every timing: hundreds of all-reduces whose sizes fall on
+// both sides of the one-shot limit (so that the lane and the ring's schedule
+// alternate back to back), in place and out of place, on two streams in
+// turn now and then (so that begin orders them and the lane steps aside),
+// each rank pausing at random for up to a poll bound and beyond, with 2 and 3
+// ranks and with 4 ranks on one processor. Every result is checked exactly,
+// and most calls must have taken the lane.
+func TestLaneStress(t *testing.T) {
+	calls := 300
+	if testing.Short() {
+		calls = 80
+	}
+	for _, tr := range laneTransports {
+		for _, shape := range []struct{ n, procs int }{{2, 0}, {3, 0}, {4, 1}} {
+			t.Run(fmt.Sprintf("%v/ranks=%d/gomaxprocs=%d", tr, shape.n, shape.procs), func(t *testing.T) {
+				o := hcommtest.Options{Config: &hcomm.Config{ExecTimeout: 60 * time.Second, BufferSize: 1 << 20}, GOMAXPROCS: shape.procs}
+				o.Run(t, shape.n, tr, func(t testing.TB, c *hcomm.Comm) {
+					var ss [2]*device.Stream
+					for i := range ss {
+						s, err := c.Device().CreateStream()
+						if err != nil {
+							t.Fatal(err)
+						}
+						defer s.Destroy()
+						ss[i] = s
+					}
+					rng := rand.New(rand.NewPCG(uint64(c.Rank()), 9))
+					order := rand.New(rand.NewPCG(2, 2)) // the same on every rank: the calls
+					const most = 20000
+					send := deviceFloats(t, c, most, 0)
+					defer c.Device().Free(send)
+					recv := deviceFloats(t, c, most, 0)
+					defer c.Device().Free(recv)
+					// The first call sets the collectives up; then the
+					// limit is known and the sizes straddle it.
+					if err := collectives.AllReduce(send, recv, 1, hcomm.Float32, hcomm.Sum, c, ss[0], nil); err != nil {
+						t.Fatal(err)
+					}
+					lim := int(collectives.InlineBytes(c) / 4)
+					sizes := []int{0, 1, 2, 13, 64, lim - 1, lim, lim + 1, most}
+					n, s := c.Size(), ss[0]
+					for k := 0; k < calls; k++ {
+						count := sizes[order.IntN(len(sizes))]
+						if order.IntN(8) == 0 {
+							s = ss[order.IntN(2)]
+						}
+						inPlace := order.IntN(3) == 0
+						in := make([]float32, count)
+						for i := range in {
+							in[i] = float32((i+k)%7 + c.Rank())
+						}
+						if err := c.Device().MemcpyHtoD(send, f32s(in...)); err != nil {
+							t.Fatal(err)
+						}
+						switch r := rng.IntN(10); {
+						case r < 2:
+							time.Sleep(time.Duration(rng.IntN(200)) * time.Microsecond)
+						case r < 3:
+							time.Sleep(time.Duration(rng.IntN(3)) * time.Millisecond)
+						}
+						out := recv
+						if inPlace {
+							out = send
+						}
+						if err := collectives.AllReduce(send, out, int64(count), hcomm.Float32, hcomm.Sum, c, s, nil); err != nil {
+							t.Fatal(err)
+						}
+						if err := s.SynchronizeWithTimeout(time.Minute); err != nil {
+							t.Fatalf("call %d (%d elements): %v", k, count, err)
+						}
+						got := readFloats(t, c, out, count)
+						for i, v := range got {
+							if want := float32(n*((i+k)%7) + n*(n-1)/2); v != want {
+								t.Fatalf("call %d (%d elements, in place %v): element %d is %v, want %v", k, count, inPlace, i, v, want)
+							}
+						}
+					}
+					inline, pending, queued := collectives.LaneRuns(c)
+					if inline+pending+queued < calls/3 {
+						t.Errorf("rank %d: %d of %d calls took the lane (%d in the caller, %d waits queued, %d queued whole); most are small and on the stream before them", c.Rank(), inline+pending+queued, calls, inline, pending, queued)
+					}
+					t.Logf("lane: %d in the caller, %d waits queued, %d queued whole", inline, pending, queued)
+				})
+			})
+		}
+	}
+}
+
+// HCOMM_LANE=0 sends every call through its schedule (to measure the lane
+// against it); by default a run of small all-reduces on one stream takes
+// the lane from its second call.
+func TestLaneSwitch(t *testing.T) {
+	for _, off := range []bool{false, true} {
+		t.Run(fmt.Sprintf("off=%v", off), func(t *testing.T) {
+			if off {
+				t.Setenv("HCOMM_LANE", "0")
+			}
+			comms := initAll(t, 2, nil)
+			run(t, comms, func(c *hcomm.Comm) error {
+				s, err := c.Device().CreateStream()
+				if err != nil {
+					return err
+				}
+				defer s.Destroy()
+				buf := deviceFloats(t, c, 4, 1)
+				defer c.Device().Free(buf)
+				for k := 0; k < 10; k++ {
+					if err := collectives.AllReduce(buf, buf, 4, hcomm.Float32, hcomm.Max, c, s, nil); err != nil {
+						return err
+					}
+				}
+				if err := s.SynchronizeWithTimeout(time.Minute); err != nil {
+					return err
+				}
+				inline, pending, queued := collectives.LaneRuns(c)
+				if got := inline + pending + queued; off && got != 0 || !off && got != 9 {
+					return fmt.Errorf("rank %d: %d calls took the lane with HCOMM_LANE off=%v", c.Rank(), got, off)
+				}
+				return nil
+			})
+		})
+	}
+}
+
+// A call that mismatches its peers' is caught whether it or they took the
+// lane: every mismatch case of TestMismatchIsAnErrorOnEveryRank, after a
+// first all-reduce on the stream, so that the small all-reduces of the
+// usual ranks take the lane and meet the odd rank's schedule (or lane).
+func TestLaneMismatch(t *testing.T) {
+	for _, tc := range mismatchCases() {
+		t.Run(tc.name, func(t *testing.T) {
+			comms := initAll(t, 3, &hcomm.Config{ExecTimeout: 20 * time.Second})
+			runMismatchAfter(t, comms, 1, tc, false, func(c *hcomm.Comm, s *device.Stream, buf device.Ptr) error {
+				return collectives.AllReduce(buf, buf, 8, hcomm.Float32, hcomm.Sum, c, s, nil)
+			})
+			if tc.name == "root" {
+				return // broadcasts: no lane
+			}
+			if inline, pending, queued := collectives.LaneRuns(comms[0]); inline+pending+queued == 0 {
+				t.Errorf("rank 0's all-reduce did not take the lane: the case tests the schedules only")
+			}
+		})
+	}
+}
+
+// A peer that destroys its communicator as soon as its lane call is done
+// (doc.go allows it once the stream is done) leaves the other rank's call
+// complete, not failed: the lane's writes are copies into the peer's memory,
+// done when they return. And a call that a gone peer never makes fails at
+// once, naming the peer, instead of waiting out the execution timeout.
+func TestLanePeerGone(t *testing.T) {
+	for _, tr := range laneTransports {
+		t.Run(tr.String(), func(t *testing.T) {
+			o := hcommtest.Options{Config: &hcomm.Config{ExecTimeout: 60 * time.Second}}
+			o.Run(t, 2, tr, func(t testing.TB, c *hcomm.Comm) {
+				s, err := c.Device().CreateStream()
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer s.Destroy()
+				buf := deviceFloats(t, c, 4, 1)
+				defer c.Device().Free(buf)
+				all := []int{0, 1}
+				cfg := &hcomm.Config{BufferSize: 64 << 10, Transport: tr.Name, ExecTimeout: 60 * time.Second}
+				lane := func(sub *hcomm.Comm, calls int) error {
+					for k := 0; k < calls; k++ {
+						if err := collectives.AllReduce(buf, buf, 4, hcomm.Float32, hcomm.Sum, sub, s, nil); err != nil {
+							return err
+						}
+					}
+					return s.SynchronizeWithTimeout(time.Minute)
+				}
+				for it := uint64(1); it <= 20; it++ {
+					sub, err := c.CreateSubComm(all, it, cfg)
+					if err != nil {
+						t.Fatal(err)
+					}
+					err = lane(sub, 3)
+					if inline, pending, queued := collectives.LaneRuns(sub); err == nil && inline+pending+queued == 0 {
+						err = errors.New("no call took the lane")
+					}
+					sub.Destroy()
+					if err != nil {
+						t.Fatalf("iteration %d: %v", it, err)
+					}
+				}
+				sub, err := c.CreateSubComm(all, 100, cfg)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer sub.Destroy()
+				if err := lane(sub, 3); err != nil { // both parities prepared: the next call posts
+					t.Fatal(err)
+				}
+				if c.Rank() == 1 {
+					sub.Destroy()
+					return
+				}
+				time.Sleep(100 * time.Millisecond) // rank 1 is gone
+				start := time.Now()
+				err = collectives.AllReduce(buf, buf, 4, hcomm.Float32, hcomm.Sum, sub, s, nil)
+				if err == nil {
+					err = s.SynchronizeWithTimeout(time.Minute)
+				}
+				if err == nil || !strings.Contains(err.Error(), "rank 1") {
+					t.Fatalf("an all-reduce with rank 1 gone: %v; want an error naming rank 1", err)
+				}
+				if d := time.Since(start); d > 10*time.Second {
+					t.Fatalf("the all-reduce with rank 1 gone failed after %v; the loss must end it, not the timeout", d)
+				}
+				t.Logf("rank 0: %v", err)
+			})
+		})
+	}
+}
