@@ -115,10 +115,8 @@ func AllReduce(send, recv device.Ptr, count int64, dt hcomm.DataType, op hcomm.R
 	if err := checkArgs(c, name, count, dt, op, s); err != nil {
 		return err
 	}
-	if !grouping(c) {
-		if done, err := laneAllReduce(c, s, o, send, recv, count, dt, op); done { // lane.go
-			return err
-		}
+	if done, err := laneAllReduce(c, s, o, send, recv, count, dt, op); done { // lane.go
+		return err
 	}
 	n := count * int64(dt.Size())
 	if err := checkBuf(c, name, "send", send, n); err != nil {

@@ -85,7 +85,10 @@ func laneAllReduce(c *hcomm.Comm, s *device.Stream, o *Options, send, recv devic
 	n := count * int64(dt.Size())
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	if !st.laneReady(s, kAllReduce, n) {
+	if st.group == nil {
+		st.group = groupOf(c)
+	}
+	if st.group.open.Load() || !st.laneReady(s, kAllReduce, n) { // an open group issues the call at GroupEnd
 		return false, nil
 	}
 	in, err := st.laneIn.get(c, name, "send", send, n)
@@ -124,7 +127,11 @@ func laneAllReduce(c *hcomm.Comm, s *device.Stream, o *Options, send, recv devic
 		// wait a moment for them, as launchHello does.
 		spin.Until(max(x.poll, helloPoll), func() bool { return s.Pending() == 0 })
 	}
-	opSeq, endOp := c.BeginOp(t, name, AlgoOneShot.String())
+	opSeq, counted := c.CountOp(name, algoOneShot)
+	endOp := noEnd
+	if !counted { // metrics or TRACE: BeginOp times the call with tasks of its own
+		opSeq, endOp = c.BeginOp(t, name, algoOneShot)
+	}
 	x.opSeq = opSeq
 	ran, err := s.RunInline(name, x.firstFn)
 	if !ran && err != nil { // the stream is unusable: nothing ran
@@ -165,6 +172,12 @@ func laneAllReduce(c *hcomm.Comm, s *device.Stream, o *Options, send, recv devic
 	}
 	return true, nil
 }
+
+// algoOneShot is the lane's algorithm's name, made once.
+var algoOneShot = AlgoOneShot.String()
+
+// noEnd is the end of a collective CountOp numbered.
+func noEnd() error { return nil }
 
 // laneReady reports whether a call of kind k with n bytes per rank on s
 // can take the lane (st.mu held): the one-shot schedule is the one the
@@ -266,7 +279,13 @@ func (x *laneCall) seen() bool {
 	st := x.st
 	for x.next < len(st.others) {
 		p := st.others[x.next]
-		ok, err := hcomm.ChannelNotifyTryWait(st.chans[p], nHello+int(x.par[p]))
+		idx := nHello + int(x.par[p])
+		if !hcomm.ChannelNotifyPeek(st.chans[p], idx) {
+			// Not yet (a peer lost meanwhile breaks the notify, and the
+			// wait rest queues after the poll names the loss).
+			return false
+		}
+		ok, err := hcomm.ChannelNotifyTryWait(st.chans[p], idx)
 		if err != nil {
 			return true // a broken notify: rest's wait fails at once, naming the collective
 		}
@@ -312,7 +331,7 @@ func (x *laneCall) rest(stop <-chan struct{}) error {
 	st := x.st
 	for ; x.next < len(st.others); x.next++ {
 		p := st.others[x.next]
-		if err := hcomm.CollectiveNotifyWait(stop, st.chans[p], nHello+int(x.par[p]), 0, kAllReduce.String(), x.opSeq, AlgoOneShot.String()); err != nil {
+		if err := hcomm.CollectiveNotifyWait(stop, st.chans[p], nHello+int(x.par[p]), 0, kAllReduce.String(), x.opSeq, algoOneShot); err != nil {
 			return err
 		}
 		if err := st.hello.Fetch(st.lay.helloOff(p, x.par[p]), headerSize+x.n); err != nil {

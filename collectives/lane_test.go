@@ -12,6 +12,7 @@ import (
 	"github.com/hcomm-dev/hcomm/device"
 	"github.com/hcomm-dev/hcomm/hcomm"
 	"github.com/hcomm-dev/hcomm/hcommtest"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // laneTransports are the transports of the all-reduce's lane (lane.go):
@@ -230,6 +231,66 @@ func TestLanePeerGone(t *testing.T) {
 				}
 				t.Logf("rank 0: %v", err)
 			})
+		})
+	}
+}
+
+// The lane's calls are collectives like the others: numbered in turn with
+// the schedules' (LastOp, which the wait errors and hang reports use), and
+// timed by the metrics when they are on.
+func TestLaneCountsItsCalls(t *testing.T) {
+	for _, withMetrics := range []bool{false, true} {
+		t.Run(fmt.Sprintf("metrics=%v", withMetrics), func(t *testing.T) {
+			cfg := &hcomm.Config{BufferSize: 1 << 20}
+			reg := prometheus.NewRegistry()
+			if withMetrics {
+				cfg.Metrics = reg
+			}
+			comms := initAll(t, 3, cfg)
+			run(t, comms, func(c *hcomm.Comm) error {
+				s, err := c.Device().CreateStream()
+				if err != nil {
+					return err
+				}
+				defer s.Destroy()
+				const big = 100000 // past the one-shot limit: a schedule
+				buf := deviceFloats(t, c, big, 1)
+				defer c.Device().Free(buf)
+				for _, count := range []int64{4, 4, 4, 4, big, 4, 4} {
+					if err := collectives.AllReduce(buf, buf, count, hcomm.Float32, hcomm.Max, c, s, nil); err != nil {
+						return err
+					}
+				}
+				if err := s.SynchronizeWithTimeout(time.Minute); err != nil {
+					return err
+				}
+				if op, seq := c.LastOp(); op != "AllReduce" || seq != 7 {
+					return fmt.Errorf("rank %d: LastOp is %s #%d, want AllReduce #7", c.Rank(), op, seq)
+				}
+				if inline, pending, queued := collectives.LaneRuns(c); inline+pending+queued < 4 {
+					return fmt.Errorf("rank %d: %d calls took the lane, want at least 4", c.Rank(), inline+pending+queued)
+				}
+				return nil
+			})
+			if !withMetrics {
+				return
+			}
+			mfs, err := reg.Gather()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var count uint64
+			for _, mf := range mfs {
+				if mf.GetName() != "hcomm_collective_duration_seconds" {
+					continue
+				}
+				for _, m := range mf.GetMetric() {
+					count += m.GetHistogram().GetSampleCount()
+				}
+			}
+			if count != 3*7 {
+				t.Errorf("%d collectives timed, want %d (7 per rank)", count, 3*7)
+			}
 		})
 	}
 }

@@ -146,6 +146,7 @@ type state struct {
 	laneOut   laneView                  // its recv buffer
 	lanePosts [][2]*hcomm.PreparedWrite // this rank's hello into each peer's slot of each parity
 	laneRuns  [3]int                    // the lane's calls by how they ran (laneInline, …)
+	group     *group                    // c's group state (group.go), looked up once by the lane
 	noLane    bool                      // HCOMM_LANE=0: every call through its schedule, to measure the lane
 	remote    bool                      // a peer of the lane is in another process (lane.go)
 

@@ -232,6 +232,20 @@ func errorOf(ch *Channel, op, format string, args ...any) error {
 	return ch.comm.errorf(op, ch.RemoteRank(), ErrPara, nil, format, args...)
 }
 
+// ChannelNotifyPeek reports whether local notify localIdx of ch is
+// recorded, without taking the record: a poll's look, one load of the
+// notify's word, for a caller that polls many times and takes the record
+// with ChannelNotifyTryWait once it is there (that call makes the checks;
+// this one only refuses an index the channel does not have, and a
+// transport whose records its waiters must pull in themselves, tcp, is
+// only ever seen recorded by ChannelNotifyTryWait). An hcomm extension.
+func ChannelNotifyPeek(ch *Channel, localIdx int) bool {
+	if ch == nil || localIdx < 0 || localIdx >= len(ch.notifies) {
+		return false
+	}
+	return ch.notifies[localIdx].IsSet()
+}
+
 // PreparedWrite is WriteWithNotifyNbi checked once, for a write a protocol
 // repeats call after call from the same local range into the same range of
 // the peer's memory, followed by a record of the same notify: the hello that

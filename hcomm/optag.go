@@ -65,6 +65,26 @@ func (c *Comm) opOf(t *Thread) opTag {
 	return opTag{}
 }
 
+// CountOp numbers a collective as BeginOp does (LastOp reports it), for a
+// library that issues it without the thread-tagged data plane: a call that
+// runs its own stream task and names itself in its waits
+// (CollectiveNotifyWait), such as the small all-reduce's lane of package
+// collectives. When metrics or TRACE logging are on, which BeginOp serves
+// with tasks of its own, it numbers nothing and reports false: the caller
+// uses BeginOp. Safe for concurrent use.
+func (c *Comm) CountOp(op, algo string) (seq uint64, ok bool) {
+	if c.cfg.metrics != nil || c.logEnabled(LevelTrace) {
+		return 0, false
+	}
+	st := &c.ops
+	st.mu.Lock()
+	st.seq++
+	st.last = opTag{op: op, algo: algo, seq: st.seq}
+	seq = st.seq
+	st.mu.Unlock()
+	return seq, true
+}
+
 // BeginOp tells the communicator that the work enqueued on t from now until
 // end is called is one collective, op (e.g. "AllReduce") with algorithm algo:
 // it numbers it (seq counts the collectives begun on the communicator, from
