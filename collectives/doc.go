@@ -38,6 +38,13 @@
 // WriteFlaggedNbi, polled in place, with a wake word for a receiver that
 // sleeps) with HCOMM_LL=1 — off by default: it measured no faster here.
 //
+// A small all-reduce whose call finds everything in place takes the lane
+// (lane.go): the one-shot hello without a schedule, its writes prepared once
+// (hcomm.PrepareWriteWithNotify), its buffers checked once per allocation
+// epoch, the peers' notifies polled with a load. It is the one-shot
+// schedule on the wire, so whether a call takes it is each rank's own
+// business; HCOMM_LANE=0 turns it off.
+//
 // Above helloFullMax (8) ranks a hello to every peer costs each rank 2(n-1)
 // messages per collective; there every collective opens with the butterfly
 // instead (butterfly.go): log2(n) rounds in which each rank trades hellos
