@@ -25,86 +25,101 @@ var laneTransports = []hcommtest.Transport{hcommtest.Inproc, hcommtest.Shm}
 // turn now and then (so that begin orders them and the lane steps aside),
 // each rank pausing at random for up to a poll bound and beyond, with 2 and 3
 // ranks and with 4 ranks on one processor. Every result is checked exactly,
-// and most calls must have taken the lane.
+// and most calls must have taken the lane. With HCOMM_LL=1 the same calls
+// run with every hello in flagged words (ll.go; the lane is off then): a
+// lost wake hangs (and fails at the execution timeout), a word taken from
+// the hello two before gives a wrong sum.
 func TestLaneStress(t *testing.T) {
 	calls := 300
 	if testing.Short() {
 		calls = 80
 	}
-	for _, tr := range laneTransports {
-		for _, shape := range []struct{ n, procs int }{{2, 0}, {3, 0}, {4, 1}} {
-			t.Run(fmt.Sprintf("%v/ranks=%d/gomaxprocs=%d", tr, shape.n, shape.procs), func(t *testing.T) {
-				o := hcommtest.Options{Config: &hcomm.Config{ExecTimeout: 60 * time.Second, BufferSize: 1 << 20}, GOMAXPROCS: shape.procs}
-				o.Run(t, shape.n, tr, func(t testing.TB, c *hcomm.Comm) {
-					var ss [2]*device.Stream
-					for i := range ss {
-						s, err := c.Device().CreateStream()
-						if err != nil {
-							t.Fatal(err)
-						}
-						defer s.Destroy()
-						ss[i] = s
+	for _, ll := range []bool{false, true} {
+		for _, tr := range laneTransports {
+			for _, shape := range []struct{ n, procs int }{{2, 0}, {3, 0}, {4, 1}} {
+				if ll && shape.n == 2 {
+					continue
+				}
+				t.Run(fmt.Sprintf("ll=%v/%v/ranks=%d/gomaxprocs=%d", ll, tr, shape.n, shape.procs), func(t *testing.T) {
+					if ll {
+						t.Setenv("HCOMM_LL", "1")
 					}
-					rng := rand.New(rand.NewPCG(uint64(c.Rank()), 9))
-					order := rand.New(rand.NewPCG(2, 2)) // the same on every rank: the calls
-					const most = 20000
-					send := deviceFloats(t, c, most, 0)
-					defer c.Device().Free(send)
-					recv := deviceFloats(t, c, most, 0)
-					defer c.Device().Free(recv)
-					// The first call sets the collectives up; then the
-					// limit is known and the sizes straddle it.
-					if err := collectives.AllReduce(send, recv, 1, hcomm.Float32, hcomm.Sum, c, ss[0], nil); err != nil {
-						t.Fatal(err)
-					}
-					lim := int(collectives.InlineBytes(c) / 4)
-					sizes := []int{0, 1, 2, 13, 64, lim - 1, lim, lim + 1, most}
-					n, s := c.Size(), ss[0]
-					for k := 0; k < calls; k++ {
-						count := sizes[order.IntN(len(sizes))]
-						if order.IntN(8) == 0 {
-							s = ss[order.IntN(2)]
-						}
-						inPlace := order.IntN(3) == 0
-						in := make([]float32, count)
-						for i := range in {
-							in[i] = float32((i+k)%7 + c.Rank())
-						}
-						if err := c.Device().MemcpyHtoD(send, f32s(in...)); err != nil {
-							t.Fatal(err)
-						}
-						switch r := rng.IntN(10); {
-						case r < 2:
-							time.Sleep(time.Duration(rng.IntN(200)) * time.Microsecond)
-						case r < 3:
-							time.Sleep(time.Duration(rng.IntN(3)) * time.Millisecond)
-						}
-						out := recv
-						if inPlace {
-							out = send
-						}
-						if err := collectives.AllReduce(send, out, int64(count), hcomm.Float32, hcomm.Sum, c, s, nil); err != nil {
-							t.Fatal(err)
-						}
-						if err := s.SynchronizeWithTimeout(time.Minute); err != nil {
-							t.Fatalf("call %d (%d elements): %v", k, count, err)
-						}
-						got := readFloats(t, c, out, count)
-						for i, v := range got {
-							if want := float32(n*((i+k)%7) + n*(n-1)/2); v != want {
-								t.Fatalf("call %d (%d elements, in place %v): element %d is %v, want %v", k, count, inPlace, i, v, want)
-							}
-						}
-					}
-					inline, pending, queued := collectives.LaneRuns(c)
-					if inline+pending+queued < calls/3 {
-						t.Errorf("rank %d: %d of %d calls took the lane (%d in the caller, %d waits queued, %d queued whole); most are small and on the stream before them", c.Rank(), inline+pending+queued, calls, inline, pending, queued)
-					}
-					t.Logf("lane: %d in the caller, %d waits queued, %d queued whole", inline, pending, queued)
+					o := hcommtest.Options{Config: &hcomm.Config{ExecTimeout: 60 * time.Second, BufferSize: 1 << 20}, GOMAXPROCS: shape.procs}
+					o.Run(t, shape.n, tr, func(t testing.TB, c *hcomm.Comm) { stressAllReduce(t, c, calls, !ll) })
 				})
-			})
+			}
 		}
 	}
+}
+
+// stressAllReduce is TestLaneStress's calls on one rank; lane says whether
+// most of them must have taken the lane.
+func stressAllReduce(t testing.TB, c *hcomm.Comm, calls int, lane bool) {
+	var ss [2]*device.Stream
+	for i := range ss {
+		s, err := c.Device().CreateStream()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Destroy()
+		ss[i] = s
+	}
+	rng := rand.New(rand.NewPCG(uint64(c.Rank()), 9))
+	order := rand.New(rand.NewPCG(2, 2)) // the same on every rank: the calls
+	const most = 20000
+	send := deviceFloats(t, c, most, 0)
+	defer c.Device().Free(send)
+	recv := deviceFloats(t, c, most, 0)
+	defer c.Device().Free(recv)
+	// The first call sets the collectives up; then the
+	// limit is known and the sizes straddle it.
+	if err := collectives.AllReduce(send, recv, 1, hcomm.Float32, hcomm.Sum, c, ss[0], nil); err != nil {
+		t.Fatal(err)
+	}
+	lim := int(collectives.InlineBytes(c) / 4)
+	sizes := []int{0, 1, 2, 13, 64, lim - 1, lim, lim + 1, most}
+	n, s := c.Size(), ss[0]
+	for k := 0; k < calls; k++ {
+		count := sizes[order.IntN(len(sizes))]
+		if order.IntN(8) == 0 {
+			s = ss[order.IntN(2)]
+		}
+		inPlace := order.IntN(3) == 0
+		in := make([]float32, count)
+		for i := range in {
+			in[i] = float32((i+k)%7 + c.Rank())
+		}
+		if err := c.Device().MemcpyHtoD(send, f32s(in...)); err != nil {
+			t.Fatal(err)
+		}
+		switch r := rng.IntN(10); {
+		case r < 2:
+			time.Sleep(time.Duration(rng.IntN(200)) * time.Microsecond)
+		case r < 3:
+			time.Sleep(time.Duration(rng.IntN(3)) * time.Millisecond)
+		}
+		out := recv
+		if inPlace {
+			out = send
+		}
+		if err := collectives.AllReduce(send, out, int64(count), hcomm.Float32, hcomm.Sum, c, s, nil); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.SynchronizeWithTimeout(time.Minute); err != nil {
+			t.Fatalf("call %d (%d elements): %v", k, count, err)
+		}
+		got := readFloats(t, c, out, count)
+		for i, v := range got {
+			if want := float32(n*((i+k)%7) + n*(n-1)/2); v != want {
+				t.Fatalf("call %d (%d elements, in place %v): element %d is %v, want %v", k, count, inPlace, i, v, want)
+			}
+		}
+	}
+	inline, pending, queued := collectives.LaneRuns(c)
+	if lane && inline+pending+queued < calls/3 {
+		t.Errorf("rank %d: %d of %d calls took the lane (%d in the caller, %d waits queued, %d queued whole); most are small and on the stream before them", c.Rank(), inline+pending+queued, calls, inline, pending, queued)
+	}
+	t.Logf("lane: %d in the caller, %d waits queued, %d queued whole", inline, pending, queued)
 }
 
 // HCOMM_LANE=0 sends every call through its schedule (to measure the lane
