@@ -220,31 +220,40 @@ func TestLanePeerGone(t *testing.T) {
 						t.Fatalf("iteration %d: %v", it, err)
 					}
 				}
-				sub, err := c.CreateSubComm(all, 100, cfg)
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer sub.Destroy()
-				if err := lane(sub, 3); err != nil { // both parities prepared: the next call posts
-					t.Fatal(err)
-				}
-				if c.Rank() == 1 {
+				// Rank 1 goes before rank 0's call, and while rank 0
+				// waits in it (its poll over, its wait queued).
+				for id, before := range map[uint64]bool{100: true, 101: false} {
+					sub, err := c.CreateSubComm(all, id, cfg)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if err := lane(sub, 3); err != nil { // both parities prepared: the next call posts
+						t.Fatal(err)
+					}
+					if c.Rank() == 1 {
+						if !before {
+							time.Sleep(200 * time.Millisecond)
+						}
+						sub.Destroy()
+						continue
+					}
+					if before {
+						time.Sleep(100 * time.Millisecond) // rank 1 is gone
+					}
+					start := time.Now()
+					err = collectives.AllReduce(buf, buf, 4, hcomm.Float32, hcomm.Sum, sub, s, nil)
+					if err == nil {
+						err = s.SynchronizeWithTimeout(time.Minute)
+					}
 					sub.Destroy()
-					return
+					if err == nil || !strings.Contains(err.Error(), "rank 1") {
+						t.Fatalf("an all-reduce with rank 1 gone (before the call: %v): %v; want an error naming rank 1", before, err)
+					}
+					if d := time.Since(start); d > 10*time.Second {
+						t.Fatalf("the all-reduce with rank 1 gone (before the call: %v) failed after %v; the loss must end it, not the timeout", before, d)
+					}
+					t.Logf("before the call: %v: %v", before, err)
 				}
-				time.Sleep(100 * time.Millisecond) // rank 1 is gone
-				start := time.Now()
-				err = collectives.AllReduce(buf, buf, 4, hcomm.Float32, hcomm.Sum, sub, s, nil)
-				if err == nil {
-					err = s.SynchronizeWithTimeout(time.Minute)
-				}
-				if err == nil || !strings.Contains(err.Error(), "rank 1") {
-					t.Fatalf("an all-reduce with rank 1 gone: %v; want an error naming rank 1", err)
-				}
-				if d := time.Since(start); d > 10*time.Second {
-					t.Fatalf("the all-reduce with rank 1 gone failed after %v; the loss must end it, not the timeout", d)
-				}
-				t.Logf("rank 0: %v", err)
 			})
 		})
 	}
