@@ -88,7 +88,7 @@ func laneAllReduce(c *hcomm.Comm, s *device.Stream, o *Options, send, recv devic
 	if st.group == nil {
 		st.group = groupOf(c)
 	}
-	if st.group.open.Load() || !st.laneReady(s, kAllReduce, n) { // an open group issues the call at GroupEnd
+	if st.group.open.Load() || !st.laneReady(s, kAllReduce, n, algoOf(o)) { // an open group issues the call at GroupEnd
 		return false, nil
 	}
 	in, err := st.laneIn.get(c, name, "send", send, n)
@@ -179,11 +179,11 @@ var algoOneShot = AlgoOneShot.String()
 // noEnd is the end of a collective CountOp numbered.
 func noEnd() error { return nil }
 
-// laneReady reports whether a call of kind k with n bytes per rank on s
-// can take the lane (st.mu held): the one-shot schedule is the one the
-// selector would pick, every channel it needs is there, and nothing asks
+// laneReady reports whether a call of kind k with n bytes per rank on s,
+// algo asked for by its Options, can take the lane (st.mu held): the
+// one-shot schedule is the one asked for or the one the selector picks, every channel it needs is there, and nothing asks
 // for the schedule's machinery (an open group is checked by the caller).
-func (st *state) laneReady(s *device.Stream, k kind, n int64) bool {
+func (st *state) laneReady(s *device.Stream, k kind, n int64, algo Algorithm) bool {
 	c := st.comm
 	size := c.Size()
 	switch {
@@ -193,7 +193,13 @@ func (st *state) laneReady(s *device.Stream, k kind, n int64) bool {
 	case st.lastStream != s, st.threads[s] == nil:
 		return false // the first call on s, or after one on another stream: begin orders them
 	}
-	if a := st.forced[k]; a != AlgoAuto && a != AlgoOneShot {
+	if algo == AlgoAuto {
+		algo = st.forced[k]
+	}
+	if algo == AlgoAuto && !st.strict {
+		algo = choose(k, n, size, st.lay, st.costs, st.mapped, st.multiHost, false)
+	}
+	if algo != AlgoOneShot && !(algo == AlgoAuto && st.strict) { // strict picks oneshot at this size (strictAlgo)
 		return false
 	}
 	st.remote = false

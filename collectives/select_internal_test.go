@@ -136,6 +136,38 @@ func TestChooseAllGatherWindowed(t *testing.T) {
 	}
 }
 
+// A small all-reduce is one-shot, but over the network among 4 or 8 ranks
+// it is recursive doubling (fewer messages a rank); with a fold (3 ranks),
+// 2 ranks, mapped memory or other collectives the one-shot stays.
+func TestChooseSmallAllReduce(t *testing.T) {
+	for _, tc := range []struct {
+		k      kind
+		n      int
+		mapped bool
+		want   Algorithm
+	}{
+		{kAllReduce, 4, false, AlgoRD},
+		{kAllReduce, 8, false, AlgoRD},
+		{kAllReduce, 3, false, AlgoOneShot},
+		{kAllReduce, 2, false, AlgoOneShot},
+		{kAllReduce, 4, true, AlgoOneShot},
+		{kBroadcast, 4, false, AlgoOneShot},
+	} {
+		l, err := newLayout(tc.n, 1<<20)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, bytes := range []int64{16, l.inline()} {
+			if a := choose(tc.k, bytes, tc.n, l, DefaultCostModel(), tc.mapped, false, false); a != tc.want {
+				t.Errorf("%v of %d bytes, %d ranks, mapped %v: %v, want %v", tc.k, bytes, tc.n, tc.mapped, a, tc.want)
+			}
+		}
+		if a := choose(tc.k, l.inline()+1, tc.n, l, DefaultCostModel(), tc.mapped, false, false); a == AlgoRD || a == AlgoOneShot {
+			t.Errorf("%v past the inline limit, %d ranks: %v", tc.k, tc.n, a)
+		}
+	}
+}
+
 // The ordered algorithm is for HCCL_DETERMINISTIC=strict (or when asked
 // for): without strict the selector keeps the ring for reduce-scatter, whose
 // last listed algorithm ordered now is.
