@@ -93,8 +93,8 @@ func checkAlgo(c *hcomm.Comm, name string, k kind, algo Algorithm, n int64, lay 
 	if !has(k, algo) {
 		return collErr(c, name, hcomm.ErrNotSupport, nil, "%v has no %v algorithm (it has %v)", k, algo, algorithms[k])
 	}
-	if algo == AlgoOneShot && n > lay.inline() {
-		return collErr(c, name, hcomm.ErrPara, nil, "oneshot takes at most %d bytes per rank with this HCCL buffer, got %d", lay.inline(), n)
+	if p := oneShotPayload(k, n, c.Size()); algo == AlgoOneShot && p > lay.inline() {
+		return collErr(c, name, hcomm.ErrPara, nil, "oneshot carries at most %d bytes per hello with this HCCL buffer, %v of %d bytes per rank among %d ranks needs %d", lay.inline(), k, n, c.Size(), p)
 	}
 	if p := rdPayload(k, n, c.Size()); algo == AlgoRD && p > lay.inline() {
 		return collErr(c, name, hcomm.ErrPara, nil, "rd carries at most %d bytes with this HCCL buffer, %v of %d bytes per rank among %d ranks needs %d", lay.inline(), k, n, c.Size(), p)

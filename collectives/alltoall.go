@@ -69,6 +69,9 @@ func alltoall(c *hcomm.Comm, name string, h header, send device.Ptr, sc_, sd []i
 	}
 	return issue(c, name, h.kind, s, o, extent(sc_, sd)*es, func(sched *sched, algo Algorithm) error {
 		switch {
+		case algo == AlgoOneShot && h.kind == kAlltoAll:
+			alltoAllOneShot(sched, h, send, recv, sc_[0]*es)
+			return nil
 		case algo == AlgoBruck && h.kind == kAlltoAll:
 			// Equal counts everywhere: the header carries them, and the
 			// handshake (the butterfly above helloFullMax ranks, whose
@@ -143,6 +146,42 @@ func alltoall(c *hcomm.Comm, name string, h header, send device.Ptr, sc_, sd []i
 
 // countTable copies counts (one int64 per rank, little-endian) into this
 // rank's scratch slot by a stream copy, for a hello to carry.
+// alltoAllOneShot: every rank's block for a peer travels inline in its
+// hello to that peer (a payload of its own per peer: helloCall.blockOf), so
+// that the exchange is the handshake itself; once every hello has arrived
+// and checked out (the header carries the count, equal everywhere), each rank
+// copies the peers' blocks out of its hello slots, and its own from send,
+// into recv. One hand-off deep, where pairwise takes a count table, the
+// handshake, and a write, a wait and a copy per piece and peer.
+func alltoAllOneShot(sc *sched, h header, send, recv device.Ptr, block int64) {
+	h.algo = AlgoOneShot
+	me, n := sc.st.comm.Rank(), sc.st.comm.Size()
+	x := &helloCall{}
+	x.bind()
+	x.blockOf = func(p int) device.Ptr { return send.Add(int64(p) * block) }
+	sc.helloWith(x, h, sc.others(), 0, block, nil, func(x *helloCall) error {
+		if block == 0 {
+			return nil
+		}
+		out, err := x.dev.Map(recv, int64(n)*block)
+		if err != nil {
+			return err
+		}
+		defer out.Unmap()
+		dst := out.Bytes()
+		own, err := x.dev.Map(send.Add(int64(me)*block), block)
+		if err != nil {
+			return err
+		}
+		copy(dst[int64(me)*block:], own.Bytes())
+		own.Unmap()
+		for _, p := range x.peers {
+			copy(dst[int64(p)*block:], x.payload(p))
+		}
+		return out.Flush(0, int64(n)*block)
+	})
+}
+
 func (s *sched) countTable(counts []int64) device.Ptr {
 	p := s.mySlot(s.st.lay.scratchOff())
 	b := make([]byte, 8*len(counts))

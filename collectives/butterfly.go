@@ -312,7 +312,7 @@ func (x *bfCall) exchange(stop <-chan struct{}) error {
 			if err := st.hello.Flush(own(cur), length); err != nil {
 				return err
 			}
-			if err := s.sendHello(stop, p, stp.par, stp.flag, s.mySlot(own(cur)), length-headerSize); err != nil {
+			if err := s.sendHello(stop, p, stp.par, stp.flag, s.mySlot(own(cur)), s.mySlot(own(cur)).Add(headerSize), length-headerSize); err != nil {
 				return err
 			}
 		}

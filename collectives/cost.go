@@ -66,6 +66,16 @@ func butterflyCost(n int, lc LinkCost, payload, red float64) float64 {
 	return c
 }
 
+// oneShotPayload is what each hello of the one-shot form of collective k
+// carries for a call of bytes per rank among n ranks: the all-to-all's
+// block for one peer, the message otherwise.
+func oneShotPayload(k kind, bytes int64, n int) int64 {
+	if k == kAlltoAll && n > 0 {
+		return bytes / int64(n)
+	}
+	return bytes
+}
+
 // rdPayload is what each hello of the recursive-doubling form of collective
 // k carries for a call of bytes per rank among n ranks: the whole output for
 // the all-gather, the message otherwise.
@@ -88,7 +98,7 @@ func bruckBlocks(n, h int) int {
 func costOf(a Algorithm, sh shape, lc LinkCost) float64 {
 	n, S := sh.n, float64(sh.bytes)
 	inf := math.Inf(1)
-	if a == AlgoOneShot && sh.bytes > sh.inline || a == AlgoRD && rdPayload(sh.k, sh.bytes, sh.n) > sh.inline {
+	if a == AlgoOneShot && oneShotPayload(sh.k, sh.bytes, sh.n) > sh.inline || a == AlgoRD && rdPayload(sh.k, sh.bytes, sh.n) > sh.inline {
 		return inf
 	}
 	if n <= 1 {
@@ -201,6 +211,9 @@ func costOf(a Algorithm, sh shape, lc LinkCost) float64 {
 	case kAlltoAll, kAlltoAllV:
 		B := S / N // a block: what each peer gets
 		switch a {
+		case AlgoOneShot:
+			// Each peer's block in its hello, then copied out.
+			return mesh + (N-1)*B*(lc.Beta+memBeta)
 		case AlgoBruck:
 			// ⌈log2 n⌉ rounds, one after the other (a round sends what
 			// the one before received); the round of distance h moves

@@ -139,7 +139,8 @@ func TestChooseByCost(t *testing.T) {
 		{kReduce, 1024, 16, AlgoRD},
 		{kReduce, 1024, 1 << 20, AlgoTree},
 		{kBarrier, 4096, 0, AlgoOneShot},
-		{kAlltoAll, 8, 1 << 10, AlgoPairwise},
+		{kAlltoAll, 8, 1 << 10, AlgoOneShot}, // a block per hello: one hand-off deep
+		{kAlltoAll, 8, 8 << 20, AlgoPairwise},
 		{kAlltoAll, 16, 1 << 10, AlgoBruck},
 		{kAlltoAll, 64, 256 << 10, AlgoBruck},
 		{kAlltoAll, 256, 16, AlgoBruck},

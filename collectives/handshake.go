@@ -519,7 +519,11 @@ func (x *helloCall) send(stop <-chan struct{}) error {
 		return err
 	}
 	for _, p := range x.peers {
-		if err := x.s.sendHello(stop, p, x.par[p], x.flagOf(p), x.mine, x.n); err != nil { // ll.go
+		payload := x.mine.Add(headerSize)
+		if x.blockOf != nil {
+			payload = x.blockOf(p)
+		}
+		if err := x.s.sendHello(stop, p, x.par[p], x.flagOf(p), x.mine, payload, x.n); err != nil { // ll.go
 			return err
 		}
 	}
@@ -570,6 +574,10 @@ type helloCall struct {
 
 	pooled bool       // from helloPool: released when run ends
 	red    reduceArgs // the one-shot all-reduce's call (reduceInline)
+	// blockOf, when not nil, gives the payload of the hello to each peer
+	// (n bytes of its own: the one-shot all-to-all's block for that peer),
+	// in place of src's, which then is not copied into this rank's slot.
+	blockOf func(p int) device.Ptr
 }
 
 // reduceArgs is what the one-shot all-reduce's reduction needs.
@@ -628,7 +636,7 @@ func (x *helloCall) prepare() error {
 	me := int(x.h.from)
 	b := x.slot(me)[:headerSize+x.n]
 	x.h.encode(b)
-	if x.n > 0 {
+	if x.n > 0 && x.blockOf == nil {
 		in, err := x.dev.Map(x.src, x.n)
 		if err != nil {
 			return err

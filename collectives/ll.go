@@ -76,19 +76,24 @@ func (st *state) helloFlag(peer int, count uint64) uint32 {
 	return uint32(count%(1<<32-1)) + 1
 }
 
-// sendHello writes this rank's hello — a header and n bytes of payload at
-// src — into peer's slot of parity par: as flagged words (flag) when the
-// pair's hellos are flagged, else as a write with the hello notify.
-func (s *sched) sendHello(stop <-chan struct{}, p int, par uint64, flag uint32, src device.Ptr, n int64) error {
+// sendHello writes this rank's hello — a header at src and n bytes of
+// payload at payload (src+headerSize when it follows the header, another
+// place for a payload of its own per peer) — into peer's slot of parity par:
+// as flagged words (flag) when the pair's hellos are flagged, else as a
+// write with the hello notify.
+func (s *sched) sendHello(stop <-chan struct{}, p int, par uint64, flag uint32, src, payload device.Ptr, n int64) error {
 	st := s.st
 	dst := s.peerSlot(p, st.lay.helloOff(st.comm.Rank(), par))
-	if flag == 0 {
+	if flag == 0 && (n == 0 || payload == src.Add(headerSize)) {
 		return hcomm.WriteWithNotifyNbi(stop, st.chans[p], dst, src, headerSize+n, nHello+int(par))
 	}
 	if n > 0 {
-		if err := hcomm.WriteNbi(stop, st.chans[p], dst.Add(headerSize), src.Add(headerSize), n); err != nil {
+		if err := hcomm.WriteNbi(stop, st.chans[p], dst.Add(headerSize), payload, n); err != nil {
 			return err
 		}
+	}
+	if flag == 0 {
+		return hcomm.WriteWithNotifyNbi(stop, st.chans[p], dst, src, headerSize, nHello+int(par))
 	}
 	me := st.comm.Rank()
 	if err := hcomm.WriteFlaggedNbi(stop, st.chans[p], s.peerSlot(p, st.lay.flaggedOff(me, par)), src, headerSize, flag); err != nil {

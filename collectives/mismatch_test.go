@@ -36,6 +36,11 @@ func mismatchCases() []mismatchCase {
 			return collectives.AllReduce(buf, buf, count, dt, op, c, s, nil)
 		}
 	}
+	alltoall := func(count int64) mismatchCall {
+		return func(c *hcomm.Comm, s *device.Stream, buf device.Ptr) error {
+			return collectives.AlltoAll(buf, count, hcomm.Float32, buf.Add(1<<20), count, hcomm.Float32, c, s, nil)
+		}
+	}
 	bcast := func(root int) mismatchCall {
 		return func(c *hcomm.Comm, s *device.Stream, buf device.Ptr) error {
 			return collectives.Broadcast(buf, 64, hcomm.Float32, root, c, s, nil)
@@ -50,6 +55,17 @@ func mismatchCases() []mismatchCase {
 		{"dtype", allreduce(64, hcomm.Int32, hcomm.Sum), allreduce(64, hcomm.Float32, hcomm.Sum), "int32"},
 		{"op", allreduce(64, hcomm.Float32, hcomm.Max), allreduce(64, hcomm.Float32, hcomm.Sum), "max"},
 		{"root", bcast(2), bcast(0), "root 2"},
+		// The one-shot all-to-all's hello carries a block, its header the
+		// count: another count, or the V form, is a mismatch too.
+		{"alltoall-count", alltoall(65), alltoall(64), "count 65"},
+		{"alltoall-v", func(c *hcomm.Comm, s *device.Stream, buf device.Ptr) error {
+			n := int64(c.Size())
+			counts, displs := make([]int64, n), make([]int64, n)
+			for p := range counts {
+				counts[p], displs[p] = 64, int64(p)*64
+			}
+			return collectives.AlltoAllV(buf, counts, displs, hcomm.Float32, buf.Add(1<<20), counts, displs, hcomm.Float32, c, s, nil)
+		}, alltoall(64), "AlltoAllV"},
 	}
 }
 

@@ -66,7 +66,7 @@ var algorithms = [kSendRecv + 1][]Algorithm{
 	kReduce:         {AlgoOneShot, AlgoRD, AlgoTree, AlgoRing, AlgoOrdered},
 	kScatter:        {AlgoPairwise},
 	kGather:         {AlgoPairwise},
-	kAlltoAll:       {AlgoBruck, AlgoPairwise},
+	kAlltoAll:       {AlgoOneShot, AlgoBruck, AlgoPairwise},
 	kAlltoAllV:      {AlgoPairwise},
 	kBarrier:        {AlgoOneShot},
 }
@@ -132,7 +132,7 @@ func choose(k kind, bytes int64, n int, l layout, cm CostModel, mapped, multiHos
 			// measured, the one-shot stays.
 			return AlgoRD
 		}
-		if has(k, AlgoOneShot) && bytes <= l.inline() {
+		if has(k, AlgoOneShot) && oneShotPayload(k, bytes, n) <= l.inline() {
 			return AlgoOneShot
 		}
 		if a, ok := tunedAlgo(k, bytes, n, mapped); ok {
