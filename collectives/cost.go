@@ -68,9 +68,9 @@ func butterflyCost(n int, lc LinkCost, payload, red float64) float64 {
 
 // oneShotPayload is what each hello of the one-shot form of collective k
 // carries for a call of bytes per rank among n ranks: the all-to-all's
-// block for one peer, the message otherwise.
+// block for one peer, the reduce-scatter's part, the message otherwise.
 func oneShotPayload(k kind, bytes int64, n int) int64 {
-	if k == kAlltoAll && n > 0 {
+	if (k == kAlltoAll || k == kReduceScatter) && n > 0 {
 		return bytes / int64(n)
 	}
 	return bytes
@@ -202,7 +202,8 @@ func costOf(a Algorithm, sh shape, lc LinkCost) float64 {
 	case kReduceScatter, kReduceScatterV:
 		switch a {
 		case AlgoOneShot:
-			return mesh + (N-1)*S*lc.Beta + (N-1)/N*S*lc.Gamma
+			// Each peer's part in its hello, then n-1 reductions of a part.
+			return mesh + (N-1)/N*S*(lc.Beta+lc.Gamma)
 		case AlgoRD:
 			return butterflyCost(n, lc, S, S)
 		case AlgoRing:

@@ -210,7 +210,11 @@ func testAllGather(t *testing.T, comms []*hcomm.Comm, m matrixCase, algo collect
 
 func testReduceScatter(t *testing.T, comms []*hcomm.Comm, m matrixCase, algo collectives.Algorithm, inPlace bool) {
 	n, es, cnt := len(comms), int64(m.dt.Size()), int(m.count)
-	if !fits(algo, int64(n)*m.count*es, m.inline) {
+	hello := int64(n) * m.count * es // rd's: every rank's whole input
+	if algo == collectives.AlgoOneShot {
+		hello = m.count * es // a part per hello
+	}
+	if !fits(algo, hello, m.inline) {
 		return
 	}
 	desc := fmt.Sprintf("ReduceScatter %v %v in-place=%v", m, algo, inPlace)

@@ -60,21 +60,7 @@ func reduceScatter(c *hcomm.Comm, name string, h header, send device.Ptr, counts
 	return issue(c, name, h.kind, s, o, total*es, func(sc *sched, algo Algorithm) error {
 		switch algo {
 		case AlgoOneShot:
-			// Every rank's whole input travels inline; each rank reduces its
-			// own part of all of them, in rank order.
-			h.algo = algo
-			at := sc.hello(h, sc.others(), send, total*es, nil)
-			off, cnt := displs[me]*es, counts[me]
-			switch {
-			case cnt == 0:
-			case n == 1:
-				sc.copy(recv, send.Add(off), cnt*es)
-			default:
-				sc.reduceTo(recv, at(0).Add(off), at(1).Add(off), cnt, dt, op)
-				for p := 2; p < n; p++ {
-					sc.reduce(recv, at(p).Add(off), cnt, dt, op)
-				}
-			}
+			reduceScatterOneShot(sc, h, send, recv, counts[me], displs, dt, op)
 		case AlgoRD:
 			reduceScatterRD(sc, h, send, recv, total, displs[me], counts[me], dt, op)
 		case AlgoOrdered:
@@ -117,5 +103,43 @@ func reduceScatter(c *hcomm.Comm, name string, h header, send device.Ptr, counts
 			return collErr(c, name, hcomm.ErrNotSupport, nil, "algorithm %v is not available for %s", algo, name)
 		}
 		return nil
+	})
+}
+
+// reduceScatterOneShot: the part of this rank's input that a peer receives
+// travels inline in the hello to that peer (a payload of its own per peer:
+// helloCall.blockOf), so that the exchange is the handshake itself and each
+// peer gets only its part; once every hello has arrived and checked out,
+// each rank reduces its part of every rank's input, in rank order, into
+// recv. The counts are equal (ReduceScatter: the header carries them).
+func reduceScatterOneShot(sc *sched, h header, send, recv device.Ptr, cnt int64, displs []int64, dt hcomm.DataType, op hcomm.ReduceOp) {
+	h.algo = AlgoOneShot
+	es := int64(dt.Size())
+	me, n := sc.st.comm.Rank(), sc.st.comm.Size()
+	x := &helloCall{}
+	x.bind()
+	x.blockOf = func(p int) device.Ptr { return send.Add(displs[p] * es) }
+	sc.helloWith(x, h, sc.others(), 0, cnt*es, nil, func(x *helloCall) error {
+		if cnt == 0 {
+			return nil
+		}
+		// This rank's own part first into its hello slot, where the peers'
+		// parts are: recv may be that part of send (in place), and the
+		// reduction writes recv before it reads the higher ranks' parts.
+		own, err := x.dev.Map(send.Add(displs[me]*es), cnt*es)
+		if err != nil {
+			return err
+		}
+		copy(x.payload(me), own.Bytes())
+		own.Unmap()
+		out, err := x.dev.Map(recv, cnt*es)
+		if err != nil {
+			return err
+		}
+		defer out.Unmap()
+		if err := reduceRanks(out.Bytes(), n, cnt, dt, op, x.payload); err != nil {
+			return err
+		}
+		return out.Flush(0, cnt*es)
 	})
 }

@@ -132,7 +132,11 @@ func choose(k kind, bytes int64, n int, l layout, cm CostModel, mapped, multiHos
 			// measured, the one-shot stays.
 			return AlgoRD
 		}
-		if has(k, AlgoOneShot) && oneShotPayload(k, bytes, n) <= l.inline() {
+		// The all-to-all's one-shot carries a block per hello, so it runs
+		// up to n hellos' worth; the reduce-scatter's a part per hello
+		// too, but past a hello's worth in all the ring's pipelined
+		// reduction is what was measured (tuning.go): one-shot up to there.
+		if has(k, AlgoOneShot) && (k == kAlltoAll && oneShotPayload(k, bytes, n) <= l.inline() || bytes <= l.inline()) {
 			return AlgoOneShot
 		}
 		if a, ok := tunedAlgo(k, bytes, n, mapped); ok {
