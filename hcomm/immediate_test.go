@@ -305,3 +305,30 @@ func TestPreparedWrite(t *testing.T) {
 		})
 	}
 }
+
+// ChannelNotifyPeek sees a record without taking it (the wait after it still
+// finds it), sees nothing before one and after it is taken, and is false for
+// an index the channel does not have or a nil channel.
+func TestChannelNotifyPeek(t *testing.T) {
+	p := newPair(t, &hcomm.Config{BufferSize: 32 << 10, Name: "peek", Transport: "inproc"})
+	if hcomm.ChannelNotifyPeek(p.ch[1], 1) {
+		t.Fatal("peek saw a record before any")
+	}
+	if err := hcomm.ChannelNotifyRecord(nil, p.ch[0], 1); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 2; i++ { // a look takes nothing
+		if !hcomm.ChannelNotifyPeek(p.ch[1], 1) {
+			t.Fatalf("look %d: peek missed the record", i)
+		}
+	}
+	if ok, err := hcomm.ChannelNotifyTryWait(p.ch[1], 1); !ok || err != nil {
+		t.Fatalf("the record was gone after the peeks: %v %v", ok, err)
+	}
+	if hcomm.ChannelNotifyPeek(p.ch[1], 1) {
+		t.Fatal("peek saw a record already taken")
+	}
+	if hcomm.ChannelNotifyPeek(p.ch[1], 3) || hcomm.ChannelNotifyPeek(p.ch[1], -1) || hcomm.ChannelNotifyPeek(nil, 0) {
+		t.Fatal("peek at a notify that does not exist said true")
+	}
+}
