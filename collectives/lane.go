@@ -146,19 +146,16 @@ func laneAllReduce(c *hcomm.Comm, s *device.Stream, o *Options, send, recv devic
 	// would be: its Synchronize reports it.
 	err = nil
 	switch {
-	case !ran:
+	case !ran: // busy: the whole hello as a queued task
 		st.laneRuns[laneQueued]++
-	case x.pending:
-		st.laneRuns[lanePending]++
-	default:
-		st.laneRuns[laneInline]++
-	}
-	if !ran { // busy: the whole hello as a queued task
 		st.lane = nil
 		err = s.Launch(name, x.runFn)
-	} else if x.pending {
+	case x.pending:
+		st.laneRuns[lanePending]++
 		st.lane = nil
 		err = s.Launch(name, x.restFn)
+	default:
+		st.laneRuns[laneInline]++
 	}
 	if err == nil {
 		err = endOp()

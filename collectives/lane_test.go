@@ -222,7 +222,8 @@ func TestLanePeerGone(t *testing.T) {
 				}
 				// Rank 1 goes before rank 0's call, and while rank 0
 				// waits in it (its poll over, its wait queued).
-				for id, before := range map[uint64]bool{100: true, 101: false} {
+				for i, before := range []bool{true, false} { // in this order on every rank
+					id := uint64(100 + i)
 					sub, err := c.CreateSubComm(all, id, cfg)
 					if err != nil {
 						t.Fatal(err)
