@@ -61,6 +61,14 @@ type sock struct {
 	rp     []byte
 	rn     int
 	rerr   error
+
+	// The sending side's raw writes (rawsys_linux.go), under wmu: what is
+	// left to write, the writev vector, the error, and the function given
+	// to rc.Write (made once, so a write allocates nothing).
+	wq      [][]byte
+	iov     iovecs
+	werr    error
+	writeFn func(fd uintptr) bool
 }
 
 // conn is the Transport of one tcp channel.
@@ -130,6 +138,7 @@ func newConn(d *Dialer, local *channel.Local, name string, notifies []*notify.No
 		s.rx.buf = make([]byte, rxBufSize)
 		s.readFn = func(fd uintptr) { s.rn, s.rerr = rawRead(int(fd), s.rp) }
 		s.peekFn = func(fd uintptr) bool { return rawReadable(int(fd)) }
+		s.writeFn = func(fd uintptr) bool { return s.writeRaw(int(fd)) }
 		s.lastRx.Store(now)
 		s.lastTx.Store(now)
 		c.socks = append(c.socks, s)

@@ -16,3 +16,13 @@ func rawConn(net.Conn) syscall.RawConn { return nil }
 func rawRead(int, []byte) (int, error) { return 0, errors.ErrUnsupported }
 
 func rawReadable(int) bool { return true }
+
+// iovecs: no raw writes here.
+type iovecs = struct{}
+
+const rawWrites = false
+
+func (s *sock) writeRaw(int) bool {
+	s.werr = errors.ErrUnsupported
+	return true
+}

@@ -4,6 +4,7 @@ package tcp
 
 import (
 	"net"
+	"os"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -28,16 +29,16 @@ func rawConn(nc net.Conn) syscall.RawConn {
 // is errWouldBlock.
 func rawRead(fd int, p []byte) (int, error) {
 	for {
-		n, err := unix.Read(fd, p)
-		switch err {
-		case nil:
+		n, e := rawSysRead(fd, p)
+		switch e {
+		case 0:
 			return n, nil
 		case unix.EINTR:
 			continue
 		case unix.EAGAIN:
 			return 0, errWouldBlock
 		}
-		return 0, err
+		return 0, os.NewSyscallError("read", e)
 	}
 }
 
@@ -45,12 +46,14 @@ func rawRead(fd int, p []byte) (int, error) {
 // bytes are there, or its end, or an error (a one-byte peek that leaves the
 // byte in the socket).
 func rawReadable(fd int) bool {
-	var b [1]byte
 	for {
-		_, _, err := unix.Recvfrom(fd, b[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
-		if err == unix.EINTR {
+		e := rawSysPeek(fd)
+		if e == unix.EINTR {
 			continue
 		}
-		return err != unix.EAGAIN
+		return e != unix.EAGAIN
 	}
 }
+
+// iovecs is a sender's vector of buffers for writev (rawsys_linux.go).
+type iovecs = [5]unix.Iovec

@@ -32,21 +32,15 @@ func (s *sock) writeVec(t frameType, dt reduce.DataType, op reduce.Op, id, addr,
 	h.encode(t, dt, op, uint32(len(vec)+len(payload)), id, addr, size)
 	now := time.Now().UnixNano()
 	s.sendSince.Store(now)
-	var err error
-	if len(vec)+len(payload) == 0 {
-		_, err = s.nc.Write(h)
-	} else {
-		k := 0
-		for _, b := range [3][]byte{h, vec, payload} {
-			if len(b) > 0 {
-				s.vec[k] = b
-				k++
-			}
+	k := 0
+	for _, b := range [3][]byte{h, vec, payload} {
+		if len(b) > 0 {
+			s.vec[k] = b
+			k++
 		}
-		bufs := net.Buffers(s.vec[:k])
-		_, err = bufs.WriteTo(s.nc)
-		s.vec = [5][]byte{}
 	}
+	err := s.writeOut(s.vec[:k])
+	s.vec = [5][]byte{}
 	s.sendSince.Store(0)
 	s.lastTx.Store(now)
 	s.sent.Add(1)
@@ -76,16 +70,36 @@ func (s *sock) writePair(c *conn, addr uint64, wvec, payload []byte, idx uint64)
 	now := time.Now().UnixNano()
 	s.sendSince.Store(now)
 	s.vec = [5][]byte{h, wvec, payload, h2, s.ovec}
-	bufs := net.Buffers(s.vec[:])
+	bufs := s.vec[:]
 	if wvec == nil {
 		s.vec = [5][]byte{h, payload, h2, s.ovec}
 		bufs = s.vec[:4]
 	}
-	_, err := bufs.WriteTo(s.nc)
+	err := s.writeOut(bufs)
 	s.vec = [5][]byte{}
 	s.sendSince.Store(0)
 	s.lastTx.Store(now)
 	s.sent.Add(2)
+	return err
+}
+
+// writeOut writes bufs, in order, as one stream of bytes; the caller holds
+// s.wmu. Where it can, with raw writev system calls (rawsys_linux.go), and
+// waiting for room in Go's network poller (which honours the socket's
+// write deadline); otherwise through the net package.
+func (s *sock) writeOut(bufs [][]byte) error {
+	if !rawWrites || s.rc == nil {
+		b := net.Buffers(bufs)
+		_, err := b.WriteTo(s.nc)
+		return err
+	}
+	s.wq, s.werr = bufs, nil
+	err := s.rc.Write(s.writeFn)
+	s.wq = nil
+	if err == nil {
+		err = s.werr
+	}
+	s.werr = nil
 	return err
 }
 

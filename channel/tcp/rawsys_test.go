@@ -1,0 +1,207 @@
+//go:build linux
+
+package tcp
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"runtime"
+	"runtime/metrics"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// socketPair returns the two ends of a loopback tcp connection, the first
+// as a sock that writes through writeOut.
+func socketPair(t *testing.T) (*sock, net.Conn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	acc := make(chan net.Conn, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			c = nil
+		}
+		acc <- c
+	}()
+	nc, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	far := <-acc
+	if far == nil {
+		t.Fatal("accept failed")
+	}
+	t.Cleanup(func() { nc.Close(); far.Close() })
+	s := &sock{nc: nc, rc: rawConn(nc)}
+	if s.rc == nil {
+		t.Fatal("no descriptor access on a tcp socket")
+	}
+	s.writeFn = func(fd uintptr) bool { return s.writeRaw(int(fd)) }
+	return s, far
+}
+
+// writeOut's raw writev: vectors with empty and large buffers, more
+// buffers than one writev takes, a socket that fills (the writer waits for
+// room, then goes on where it stopped): every byte arrives, in order.
+func TestWriteOutVectors(t *testing.T) {
+	s, far := socketPair(t)
+	var bufs [][]byte
+	var want []byte
+	for i, n := range []int{3, 0, 5 << 20, 1, 0, 2 << 20, 17, 64 << 10} {
+		b := make([]byte, n)
+		for j := range b {
+			b[j] = byte(i*31 + j*7)
+		}
+		bufs = append(bufs, b)
+		want = append(want, b...)
+	}
+	got := make(chan []byte, 1)
+	go func() {
+		time.Sleep(50 * time.Millisecond) // the writer fills the socket first
+		b := make([]byte, len(want))
+		if _, err := io.ReadFull(far, b); err != nil {
+			b = nil
+		}
+		got <- b
+	}()
+	for round := 0; round < 2; round++ {
+		q := append([][]byte(nil), bufs...)
+		if round == 1 {
+			q = q[:5] // a sender's own vector: at most five
+			want = want[:3+0+(5<<20)+1+0]
+			go func() {
+				b := make([]byte, len(want))
+				if _, err := io.ReadFull(far, b); err != nil {
+					b = nil
+				}
+				got <- b
+			}()
+		}
+		if err := s.writeOut(q); err != nil {
+			t.Fatalf("round %d: writeOut: %v", round, err)
+		}
+		if b := <-got; !bytes.Equal(b, want) {
+			t.Fatalf("round %d: the reader got %d bytes that differ from the %d written", round, len(b), len(want))
+		}
+		if s.wq != nil || s.werr != nil || s.iov != (iovecs{}) {
+			t.Fatalf("round %d: writeOut left state behind", round)
+		}
+	}
+}
+
+// A raw write into a full socket ends at the socket's write deadline (the
+// watchdog of a stopped write relies on it), and a write to a peer that
+// hung up fails with the system's error.
+func TestWriteOutEnds(t *testing.T) {
+	s, far := socketPair(t)
+	big := make([]byte, 64<<20) // more than loopback buffers hold
+	if err := s.nc.SetWriteDeadline(time.Now().Add(100 * time.Millisecond)); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	err := s.writeOut([][]byte{big})
+	if !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("a write into a full socket past its deadline returned %v", err)
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Fatalf("the deadline of 100ms ended the write after %v", d)
+	}
+	s.nc.SetWriteDeadline(time.Time{})
+	far.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		err = s.writeOut([][]byte{big[:4096]})
+		if err != nil || time.Now().After(deadline) {
+			break
+		}
+	}
+	if !errors.Is(err, syscall.EPIPE) && !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("a write to a closed peer returned %v", err)
+	}
+}
+
+// The engine's socket calls do not put the caller into a system call as Go's
+// scheduler counts them (rawsys_linux.go says why): during a ping-pong of
+// notifies, with waiters that poll the sockets, no goroutine of the process
+// is ever seen outside Go.
+func TestSocketCallsStayInGo(t *testing.T) {
+	if runtime.GOMAXPROCS(0) < 2 {
+		t.Skip("the sampler needs a processor of its own")
+	}
+	o := Options{Streams: 1}
+	p := connectPair(t, o, o, 4096, 1)
+	steady(p.c0.Transport, p.c1.Transport)
+	stop := make(chan struct{})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	sample := []metrics.Sample{{Name: "/sched/goroutines/not-in-go:goroutines"}}
+	var seen uint64
+	var looks int
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { // the sampler
+		defer wg.Done()
+		for {
+			select {
+			case <-done:
+				return
+			default:
+			}
+			metrics.Read(sample)
+			looks++
+			runtime.Gosched()
+			if v := sample[0].Value.Uint64(); v > seen {
+				seen = v
+			}
+		}
+	}()
+	echo := make(chan error, 1)
+	go func() {
+		for {
+			if !pollFor(p.c1.Transport, p.c1, 0, nil) {
+				if err := p.c1.Notifies[0].WaitNow(ctx); err != nil {
+					echo <- err
+					return
+				}
+			}
+			if err := p.c1.Transport.NotifyRecord(stop, 0); err != nil {
+				echo <- err
+				return
+			}
+		}
+	}()
+	end := time.Now().Add(300 * time.Millisecond)
+	trips := 0
+	for time.Now().Before(end) {
+		if err := p.c0.Transport.NotifyRecord(stop, 0); err != nil {
+			t.Fatal(err)
+		}
+		if !pollFor(p.c0.Transport, p.c0, 0, nil) {
+			if err := p.c0.Notifies[0].WaitNow(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		trips++
+	}
+	close(done)
+	wg.Wait()
+	cancel()
+	if trips < 20 || looks < 100 {
+		t.Fatalf("too little happened to judge: %d round trips, %d looks", trips, looks)
+	}
+	if seen != 0 {
+		t.Fatalf("%d goroutines seen in system calls during %d round trips (%d looks)", seen, trips, looks)
+	}
+}
