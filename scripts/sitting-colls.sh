@@ -4,7 +4,10 @@
 # (its coll-* rows are 4 ranks, 1 and 64 MiB, inproc and shm only).
 #   scripts/sitting-colls.sh [SIZES...]      default: 65536 1048576
 # Env: COLLS (default "allreduce broadcast allgather reducescatter alltoall"),
-#      MODES (inproc shm tcp), NPS (2 4), REPS (3).
+#      MODES (inproc shm tcp), NPS (2 4), REPS (3). From 8 ranks on, hcomm runs
+#      50 timed iterations with HCCL_BUFFSIZE=16 as sitting.sh's scale rows do;
+#      64 processes: NPS=64 MODES=tcp COLLS=allreduce scripts/sitting-colls.sh 256 65536 1048576
+#      (Open MPI's coll_bench starts at 4 bytes a rank: 256 B at 64 ranks).
 # Like sitting.sh it builds hcomm from this checkout and Open MPI's coll_bench.c
 # from ../shared/peers, runs them interleaved launch by launch, and prints medians
 # and the busbw ratio hcomm / Open MPI (above 1: hcomm ahead), with both times.
@@ -22,10 +25,12 @@ hrun() { # mode np coll bytes -> "time busbw"
   local mode=$1 np=$2 coll=$3 b=$4 n w
   if [ "$b" -le 65536 ]; then n=20000; w=20000; elif [ "$b" -le 4194304 ]; then n=200; w=50; else n=10; w=3; fi
   if [ "$mode" = tcp ] && [ "$b" -le 65536 ]; then n=4000; w=2000; fi
+  if [ "$np" -ge 8 ]; then n=50; w=20; fi   # as sitting.sh's scale rows
+  local buf=${HCCL_BUFFSIZE:-}; [ "$np" -ge 8 ] && buf=${HCCL_BUFFSIZE-16}
   if [ "$mode" = inproc ]; then
-    timeout 300 "$bin/hcomm" bench "$coll" -g "$np" -b "$b" -e "$b" -n $n -w $w -c 0 >"$log" 2>&1
+    env ${buf:+HCCL_BUFFSIZE=$buf} timeout 300 "$bin/hcomm" bench "$coll" -g "$np" -b "$b" -e "$b" -n $n -w $w -c 0 >"$log" 2>&1
   else
-    HCOMM_TRANSPORT=$mode timeout 300 "$bin/hcomm" run -n "$np" -- "$bin/hcomm" bench "$coll" -b "$b" -e "$b" -n $n -w $w -c 0 >"$log" 2>&1
+    env ${buf:+HCCL_BUFFSIZE=$buf} HCOMM_TRANSPORT=$mode timeout 300 "$bin/hcomm" run -n "$np" -- "$bin/hcomm" bench "$coll" -b "$b" -e "$b" -n $n -w $w -c 0 >"$log" 2>&1
   fi
   awk -v b="$b" '{ sub(/^\[[0-9]+\] */, "") } $1==b { if ($6=="N/A") print $10, $12; else print $6, $8; exit }' "$log"
 }
@@ -49,7 +54,9 @@ for coll in ${COLLS:-allreduce broadcast allgather reducescatter alltoall}; do
           read -r t bw < <(mrun "$tr" "$np" "$(mpiop "$coll")" "$b"); mt+=("${t:-nan}"); mb+=("${bw:-nan}")
         done
         h=$(med "${hb[@]}"); m=$(med "${mb[@]}"); htm=$(med "${ht[@]}"); mtm=$(med "${mt[@]}")
-        r=$(awk -v a="$h" -v b="$m" 'BEGIN{ if (b>0) printf "%.2f", a/b; else print "nan" }')
+        # busbw is bytes over time, so the busbw ratio is Open MPI's time over
+        # hcomm's: taken from the times, it stays exact where busbw rounds to 0.
+        r=$(awk -v a="$htm" -v b="$mtm" 'BEGIN{ if (a>0 && b>0) printf "%.2f", b/a; else print "nan" }')
         printf '%-13s %-6s np=%s %9s  busbw hcomm %7s  OpenMPI %7s  ratio %5s  us hcomm %8s  OpenMPI %8s\n' \
           "$coll" "$mode" "$np" "$b" "$h" "$m" "$r" "$htm" "$mtm"
       done
