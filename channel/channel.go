@@ -144,6 +144,16 @@ type WriteNotifier interface {
 	WriteWithNotify(stop <-chan struct{}, dst device.Ptr, src []byte, idx int) error
 }
 
+// WriteVNotifier is implemented by a transport that writes a source in
+// pieces — a header here, a payload there — to one range of the peer's
+// memory and records a notify after it more cheaply than one write per
+// piece (tcp: one frame, gathered by writev). The data plane uses it for
+// WriteVWithNotify when the transport has it; the guarantee is
+// WriteWithNotify's.
+type WriteVNotifier interface {
+	WriteVWithNotify(stop <-chan struct{}, dst device.Ptr, srcs [][]byte, idx int) error
+}
+
 // Poster is implemented by a transport that stores into the peer's memory
 // itself (inproc, shm): a write into one range of the peer's memory followed
 // by a record of one of its notifies — the hello that opens every small

@@ -87,13 +87,16 @@ func (s *sched) sendHello(stop <-chan struct{}, p int, par uint64, flag uint32, 
 	if flag == 0 && (n == 0 || payload == src.Add(headerSize)) {
 		return hcomm.WriteWithNotifyNbi(stop, st.chans[p], dst, src, headerSize+n, nHello+int(par))
 	}
+	if flag == 0 {
+		// The header from this rank's slot, the payload from elsewhere (the
+		// all-to-all's block for p): one gathered write (tcp: one frame).
+		segs := [2]hcomm.Segment{{Src: src, N: headerSize}, {Src: payload, N: n}}
+		return hcomm.WriteVWithNotifyNbi(stop, st.chans[p], dst, segs[:], nHello+int(par))
+	}
 	if n > 0 {
 		if err := hcomm.WriteNbi(stop, st.chans[p], dst.Add(headerSize), payload, n); err != nil {
 			return err
 		}
-	}
-	if flag == 0 {
-		return hcomm.WriteWithNotifyNbi(stop, st.chans[p], dst, src, headerSize, nHello+int(par))
 	}
 	me := st.comm.Rank()
 	if err := hcomm.WriteFlaggedNbi(stop, st.chans[p], s.peerSlot(p, st.lay.flaggedOff(me, par)), src, headerSize, flag); err != nil {

@@ -39,6 +39,76 @@ func WriteWithNotifyNbi(stop <-chan struct{}, ch *Channel, dst, src device.Ptr, 
 	return writeNow("WriteWithNotifyNbi", stop, ch, dst, src, n, remoteIdx)
 }
 
+// Segment is a range of local memory: N bytes from Src.
+type Segment struct {
+	Src device.Ptr
+	N   int64
+}
+
+// maxSegments bounds WriteVWithNotifyNbi's pieces.
+const maxSegments = 8
+
+// WriteVWithNotifyNbi writes the segments one after the other into the
+// peer's memory from dst on, and then records the peer's notify remoteIdx,
+// now: WriteWithNotifyNbi for a source in pieces (a header here, a payload
+// there; at most 8), without copying them together first. A transport that
+// can (tcp: one frame, gathered by writev) sends them as one write; the
+// guarantee is WriteWithNotifyNbi's. hcomm's own (HCCL has no gathered
+// write); the collectives' hellos with a payload of their own per peer use
+// it.
+func WriteVWithNotifyNbi(stop <-chan struct{}, ch *Channel, dst device.Ptr, segs []Segment, remoteIdx int) error {
+	const op = "WriteVWithNotifyNbi"
+	c, err := chanComm(op, ch)
+	if err != nil {
+		return err
+	}
+	if len(segs) == 0 || len(segs) > maxSegments {
+		return c.errorf(op, ch.RemoteRank(), ErrPara, nil, "%d segments: want 1 to %d", len(segs), maxSegments)
+	}
+	var bufs [maxSegments][]byte
+	var total int64
+	for i, sg := range segs {
+		if sg.N < 0 || sg.N > 1<<62-total {
+			return c.errorf(op, ch.RemoteRank(), ErrPara, nil, "segment %d: length %d is negative or makes the write too long", i, sg.N)
+		}
+		if sg.N == 0 {
+			continue
+		}
+		b, err := c.dev.Bytes(sg.Src, sg.N)
+		if err != nil {
+			return c.errorf(op, ch.RemoteRank(), ErrPara, err, "local segment %d", i)
+		}
+		bufs[i] = b
+		total += sg.N
+	}
+	if err := c.remoteCheck(op, ch, "dst", dst, total); err != nil {
+		return err
+	}
+	if err := c.remoteIdxCheck(op, ch, remoteIdx); err != nil {
+		return err
+	}
+	if wv, ok := ch.tr.(channel.WriteVNotifier); ok && total > 0 {
+		err = c.moved(ch, metrics.Write, total, wv.WriteVWithNotify(stop, dst, bufs[:len(segs)], remoteIdx))
+	} else {
+		// One write per piece, the last with the record.
+		at := dst
+		for i, b := range bufs[:len(segs)] {
+			idx := -1
+			if i == len(segs)-1 {
+				idx = remoteIdx
+			}
+			if err = c.write(stop, ch, at, b, idx); err != nil {
+				break
+			}
+			at = at.Add(int64(len(b)))
+		}
+	}
+	if err != nil {
+		return c.taskFailed(op, ch.RemoteRank(), err)
+	}
+	return nil
+}
+
 func writeNow(op string, stop <-chan struct{}, ch *Channel, dst, src device.Ptr, n int64, remoteIdx int) error {
 	c, err := chanComm(op, ch)
 	if err != nil {

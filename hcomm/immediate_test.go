@@ -332,3 +332,69 @@ func TestChannelNotifyPeek(t *testing.T) {
 		t.Fatal("peek at a notify that does not exist said true")
 	}
 }
+
+// WriteVWithNotifyNbi gathers its segments, in order, into one range of the
+// peer's memory before the record, on every transport: pieces out of order
+// in local memory, an empty one, a few (tcp: one frame) and more than a
+// frame takes (tcp: a write each); and refuses what is wrong, naming it.
+func TestWriteVWithNotifyNbi(t *testing.T) {
+	for _, tr := range hcomm.Transports() {
+		t.Run(tr, func(t *testing.T) {
+			p := newPair(t, &hcomm.Config{BufferSize: 32 << 10, Name: "writev", Transport: tr})
+			remote, _, err := p.comms[0].ChannelGetHcclBuffer(p.ch[0])
+			if err != nil {
+				t.Fatal(err)
+			}
+			src := make([]byte, 4096)
+			for i := range src {
+				src[i] = byte(i*7 + i/256)
+			}
+			if err := p.comms[0].Device().MemcpyHtoD(p.buf[0], src); err != nil {
+				t.Fatal(err)
+			}
+			seg := func(off, n int64) hcomm.Segment { return hcomm.Segment{Src: p.buf[0].Add(off), N: n} }
+			dst := remote.Add(8 << 10)
+			for round, segs := range [][]hcomm.Segment{
+				{seg(1000, 40), seg(0, 0), seg(3000, 300), seg(200, 17)},
+				{seg(64, 64)},
+				{seg(10, 1), seg(20, 2), seg(30, 3), seg(40, 4), seg(50, 5), seg(2000, 1000)},
+			} {
+				fill(t, p.comms[1], p.buf[1].Add(8<<10), 2048, 0xee)
+				var want []byte
+				for _, s := range segs {
+					off := int64(s.Src) - int64(p.buf[0])
+					want = append(want, src[off:off+s.N]...)
+				}
+				if err := hcomm.WriteVWithNotifyNbi(nil, p.ch[0], dst, segs, 2); err != nil {
+					t.Fatalf("round %d: %v", round, err)
+				}
+				if err := hcomm.ChannelNotifyWait(nil, p.ch[1], 2, 10*time.Second); err != nil {
+					t.Fatalf("round %d: the record never came: %v", round, err)
+				}
+				got := read(t, p.comms[1], p.buf[1].Add(8<<10), int64(len(want))+1)
+				if !bytes.Equal(got[:len(want)], want) || got[len(want)] != 0xee {
+					t.Fatalf("round %d: the peer's memory does not hold the %d gathered bytes (and nothing more)", round, len(want))
+				}
+			}
+			for _, c := range []struct {
+				name string
+				segs []hcomm.Segment
+				dst  device.Ptr
+				idx  int
+				says string
+			}{
+				{"no segments", nil, dst, 1, "segments"},
+				{"nine segments", make([]hcomm.Segment, 9), dst, 1, "segments"},
+				{"a negative length", []hcomm.Segment{seg(0, 8), seg(8, -1)}, dst, 1, "segment 1"},
+				{"a local range outside memory", []hcomm.Segment{seg(0, 8), {Src: 1 << 40, N: 8}}, dst, 1, "local segment 1"},
+				{"past the peer's buffer", []hcomm.Segment{seg(0, 8), seg(0, 8)}, remote.Add(p.size - 8), 1, "outside"},
+				{"a notify the peer does not have", []hcomm.Segment{seg(0, 8)}, dst, 3, "notify index 3"},
+			} {
+				err := hcomm.WriteVWithNotifyNbi(nil, p.ch[0], c.dst, c.segs, c.idx)
+				if !errors.Is(err, hcomm.ErrPara) || !strings.Contains(err.Error(), c.says) {
+					t.Errorf("%s: %v, want ErrPara saying %q", c.name, err, c.says)
+				}
+			}
+		})
+	}
+}

@@ -27,12 +27,12 @@ type sock struct {
 	idx int
 	nc  net.Conn
 
-	wmu  sync.Mutex      // serialises frames on the socket
-	hdr  [headerLen]byte // under wmu
-	hdr2 [headerLen]byte // under wmu: the second frame of writePair
-	vec  [5][]byte       // under wmu
-	ovec []byte          // under wmu: writePair's ordering vector
-	sent atomic.Uint64   // frames written; changes under wmu
+	wmu  sync.Mutex           // serialises frames on the socket
+	hdr  [headerLen]byte      // under wmu
+	hdr2 [headerLen]byte      // under wmu: the second frame of writePair
+	vec  [maxParts + 4][]byte // under wmu
+	ovec []byte               // under wmu: writePair's ordering vector
+	sent atomic.Uint64        // frames written; changes under wmu
 
 	// The watchdog of a one-frame write that may block (writeWatched). wt
 	// and wexit are set up and armed under wmu; wdog guards the rest

@@ -56,4 +56,4 @@ func rawReadable(fd int) bool {
 }
 
 // iovecs is a sender's vector of buffers for writev (rawsys_linux.go).
-type iovecs = [5]unix.Iovec
+type iovecs = [maxParts + 4]unix.Iovec

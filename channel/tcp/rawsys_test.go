@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/hcomm-dev/hcomm/channel"
 )
 
 // socketPair returns the two ends of a loopback tcp connection, the first
@@ -203,5 +205,47 @@ func TestSocketCallsStayInGo(t *testing.T) {
 	}
 	if seen != 0 {
 		t.Fatalf("%d goroutines seen in system calls during %d round trips (%d looks)", seen, trips, looks)
+	}
+}
+
+// WriteVWithNotify: the pieces land in order, contiguous, before the record
+// — in one frame when they fit one and are few, through one write each when
+// they are more than a frame takes (the chunk, or maxParts pieces).
+func TestWriteVWithNotify(t *testing.T) {
+	o := Options{Streams: 2, ChunkSize: 4096}
+	p := connectPair(t, o, o, 1<<16, 1)
+	m1 := p.r1.bytes(t)
+	piece := func(n int, seed byte) []byte {
+		b := make([]byte, n)
+		for i := range b {
+			b[i] = seed + byte(i*13)
+		}
+		return b
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for round, srcs := range [][][]byte{
+		{piece(64, 1), piece(0, 2), piece(3000, 3)},                        // one frame
+		{piece(64, 4), piece(9000, 5)},                                     // past the chunk
+		{piece(1, 6), piece(2, 7), piece(3, 8), piece(4, 9), piece(5, 10)}, // past maxParts
+		{piece(100, 11), piece(200, 12), piece(300, 13), piece(400, 14)},   // maxParts, one frame
+		{piece(4096-64, 15), piece(64, 16)},                                // exactly a chunk
+	} {
+		want := bytes.Join(srcs, nil)
+		off := int64(round * 64)
+		if err := p.c0.Transport.(channel.WriteVNotifier).WriteVWithNotify(nil, p.r1.buf.Addr.Add(off), srcs, 0); err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		if !pollFor(p.c1.Transport, p.c1, 0, nil) {
+			if err := p.c1.Notifies[0].WaitNow(ctx); err != nil {
+				t.Fatalf("round %d: %v", round, err)
+			}
+		}
+		if !bytes.Equal(m1[off:off+int64(len(want))], want) {
+			t.Fatalf("round %d: the peer's memory does not hold the %d gathered bytes", round, len(want))
+		}
+	}
+	if err := p.c0.Transport.(channel.WriteVNotifier).WriteVWithNotify(nil, p.r1.buf.Addr, [][]byte{piece(8, 0)}, 5); err == nil {
+		t.Fatal("a record of notify 5 of 1 succeeded")
 	}
 }

@@ -40,19 +40,20 @@ func (s *sock) writeVec(t frameType, dt reduce.DataType, op reduce.Op, id, addr,
 		}
 	}
 	err := s.writeOut(s.vec[:k])
-	s.vec = [5][]byte{}
+	s.vec = [len(s.vec)][]byte{}
 	s.sendSince.Store(0)
 	s.lastTx.Store(now)
 	s.sent.Add(1)
 	return err
 }
 
-// writePair writes a WRITE frame of payload at addr (with ordering vector
-// wvec when it is not nil) and the NOTIFY frame of notify idx that follows
-// it, in one system call; the caller holds s.wmu. The notify's ordering
-// vector counts the write (on this socket) and the frames already sent on
-// the others, as c.vector would after the write.
-func (s *sock) writePair(c *conn, addr uint64, wvec, payload []byte, idx uint64) error {
+// writePair writes a WRITE frame of payload — the concatenation of parts —
+// at addr (with ordering vector wvec when it is not nil) and the NOTIFY
+// frame of notify idx that follows it, in one system call; the caller holds
+// s.wmu. The notify's ordering vector counts the write (on this socket) and
+// the frames already sent on the others, as c.vector would after the
+// write. At most maxParts parts.
+func (s *sock) writePair(c *conn, addr uint64, wvec []byte, parts [][]byte, idx uint64) error {
 	if len(s.ovec) != 8*len(c.socks) {
 		s.ovec = make([]byte, 8*len(c.socks))
 	}
@@ -63,25 +64,37 @@ func (s *sock) writePair(c *conn, addr uint64, wvec, payload []byte, idx uint64)
 		}
 		binary.BigEndian.PutUint64(s.ovec[8*i:], n)
 	}
+	size := len(wvec)
+	for _, p := range parts {
+		size += len(p)
+	}
 	h := header(s.hdr[:])
-	h.encode(frameWrite, 0, 0, uint32(len(wvec)+len(payload)), 0, addr, uint64(len(wvec)))
+	h.encode(frameWrite, 0, 0, uint32(size), 0, addr, uint64(len(wvec)))
 	h2 := header(s.hdr2[:])
 	h2.encode(frameNotify, 0, 0, uint32(len(s.ovec)), idx, 0, 0)
 	now := time.Now().UnixNano()
 	s.sendSince.Store(now)
-	s.vec = [5][]byte{h, wvec, payload, h2, s.ovec}
-	bufs := s.vec[:]
-	if wvec == nil {
-		s.vec = [5][]byte{h, payload, h2, s.ovec}
-		bufs = s.vec[:4]
+	k := 0
+	s.vec[k], k = h, k+1
+	if wvec != nil {
+		s.vec[k], k = wvec, k+1
 	}
-	err := s.writeOut(bufs)
-	s.vec = [5][]byte{}
+	for _, p := range parts {
+		s.vec[k], k = p, k+1
+	}
+	s.vec[k], s.vec[k+1] = h2, s.ovec
+	err := s.writeOut(s.vec[:k+2])
+	s.vec = [len(s.vec)][]byte{}
 	s.sendSince.Store(0)
 	s.lastTx.Store(now)
 	s.sent.Add(2)
 	return err
 }
+
+// maxParts is how many pieces of payload writePair takes: its frames' four
+// buffers (header, ordering vector; the notify's header and vector) and the
+// parts fill sock.vec.
+const maxParts = 4
 
 // writeOut writes bufs, in order, as one stream of bytes; the caller holds
 // s.wmu. Where it can, with raw writev system calls (rawsys_linux.go), and
@@ -303,14 +316,34 @@ func (c *conn) NotifyRecord(stop <-chan struct{}, idx int) error {
 // reads both with one wake-up; a larger one is Write, then NotifyRecord. The
 // frames are the same either way (spec.md).
 func (c *conn) WriteWithNotify(stop <-chan struct{}, dst device.Ptr, src []byte, idx int) error {
-	if len(src) == 0 || len(src) > c.chunkSize(len(src)) {
-		if err := c.Write(stop, dst, src); err != nil {
-			return err
+	return c.writeWithNotify("WriteWithNotify", stop, dst, [][]byte{src}, len(src), idx)
+}
+
+// WriteVWithNotify copies the concatenation of srcs into the peer's memory
+// from dst on and then records the peer's notify idx
+// (channel.WriteVNotifier): as WriteWithNotify, one WRITE frame and its
+// NOTIFY in one system call when they fit a frame, the pieces gathered by
+// writev instead of copied together first.
+func (c *conn) WriteVWithNotify(stop <-chan struct{}, dst device.Ptr, srcs [][]byte, idx int) error {
+	total := 0
+	for _, b := range srcs {
+		total += len(b)
+	}
+	return c.writeWithNotify("WriteVWithNotify", stop, dst, srcs, total, idx)
+}
+
+func (c *conn) writeWithNotify(op string, stop <-chan struct{}, dst device.Ptr, srcs [][]byte, total, idx int) error {
+	if total == 0 || total > c.chunkSize(total) || len(srcs) > maxParts {
+		at := dst
+		for _, b := range srcs {
+			if err := c.Write(stop, at, b); err != nil {
+				return err
+			}
+			at = at.Add(int64(len(b)))
 		}
 		return c.NotifyRecord(stop, idx)
 	}
-	const op = "WriteWithNotify"
-	if err := c.usable(op, stop, uint64(dst), int64(len(src))); err != nil {
+	if err := c.usable(op, stop, uint64(dst), int64(total)); err != nil {
 		return err
 	}
 	if idx < 0 || idx >= c.peerNN {
@@ -319,23 +352,23 @@ func (c *conn) WriteWithNotify(stop <-chan struct{}, dst device.Ptr, src []byte,
 	s := c.lockSock()
 	var err error
 	fired := false
-	vec := c.dataVector(s, uint64(dst), len(src))
+	vec := c.dataVector(s, uint64(dst), total)
 	if stop == nil {
-		err = s.writePair(c, uint64(dst), vec, src, uint64(idx))
+		err = s.writePair(c, uint64(dst), vec, srcs, uint64(idx))
 	} else {
 		s.watchStart(c, op, stop)
-		err = s.writePair(c, uint64(dst), vec, src, uint64(idx))
+		err = s.writePair(c, uint64(dst), vec, srcs, uint64(idx))
 		fired = s.watchEnd()
 	}
 	if err == nil && !fired {
-		c.noteData(s, s.sent.Load()-1, uint64(dst), len(src), vec) // the WRITE, before its NOTIFY
+		c.noteData(s, s.sent.Load()-1, uint64(dst), total, vec) // the WRITE, before its NOTIFY
 	}
 	s.wmu.Unlock()
 	if fired {
-		return c.errorf(op, uint64(dst), int64(len(src)), aborted(op, "stop closed"), "stopped while sending")
+		return c.errorf(op, uint64(dst), int64(total), aborted(op, "stop closed"), "stopped while sending")
 	}
 	if err != nil {
-		return c.wrap(op, uint64(dst), int64(len(src)), c.lost(op, s, err))
+		return c.wrap(op, uint64(dst), int64(total), c.lost(op, s, err))
 	}
 	return nil
 }
