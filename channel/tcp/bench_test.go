@@ -88,19 +88,7 @@ func BenchmarkWriteNotifyRoundTrip(b *testing.B) {
 			stop := make(chan struct{})
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			echo := make(chan error, 1)
-			go func() {
-				for {
-					if err := p.c1.Notifies[0].WaitNow(ctx); err != nil {
-						echo <- err
-						return
-					}
-					if err := p.c1.Transport.NotifyRecord(stop, 0); err != nil {
-						echo <- err
-						return
-					}
-				}
-			}()
+			echo := echoNotifies(ctx, p.c1, stop, false)
 			b.ReportAllocs()
 			b.ResetTimer()
 			start := time.Now()

@@ -273,3 +273,32 @@ func TestPollSleepsWhenItLostItsProcessor(t *testing.T) {
 		t.Fatalf("Poll = %v after %v and %d looks; want false soon after the gap", ok, time.Since(start), looks)
 	}
 }
+
+// echoNotifies answers every record of c's notify 0 with a record of the
+// peer's, until a wait or record fails (ctx ended); the error comes out of
+// the channel. With poll, each wait polls the sockets first (Poll).
+func echoNotifies(ctx context.Context, c *channel.Conn, stop <-chan struct{}, poll bool) <-chan error {
+	echo := make(chan error, 1)
+	go func() {
+		for {
+			if err := awaitRecord(ctx, c, poll); err != nil {
+				echo <- err
+				return
+			}
+			if err := c.Transport.NotifyRecord(stop, 0); err != nil {
+				echo <- err
+				return
+			}
+		}
+	}()
+	return echo
+}
+
+// awaitRecord waits for c's notify 0: with poll, polling the sockets for the
+// transport's spin before it sleeps, as hcomm's waits do.
+func awaitRecord(ctx context.Context, c *channel.Conn, poll bool) error {
+	if poll && pollFor(c.Transport, c, 0, nil) {
+		return nil
+	}
+	return c.Notifies[0].WaitNow(ctx)
+}

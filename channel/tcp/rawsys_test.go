@@ -169,37 +169,22 @@ func TestSocketCallsStayInGo(t *testing.T) {
 			}
 		}
 	}()
-	echo := make(chan error, 1)
-	go func() {
-		for {
-			if !pollFor(p.c1.Transport, p.c1, 0, nil) {
-				if err := p.c1.Notifies[0].WaitNow(ctx); err != nil {
-					echo <- err
-					return
-				}
-			}
-			if err := p.c1.Transport.NotifyRecord(stop, 0); err != nil {
-				echo <- err
-				return
-			}
-		}
-	}()
+	echo := echoNotifies(ctx, p.c1, stop, true)
 	end := time.Now().Add(300 * time.Millisecond)
 	trips := 0
 	for time.Now().Before(end) {
 		if err := p.c0.Transport.NotifyRecord(stop, 0); err != nil {
 			t.Fatal(err)
 		}
-		if !pollFor(p.c0.Transport, p.c0, 0, nil) {
-			if err := p.c0.Notifies[0].WaitNow(ctx); err != nil {
-				t.Fatal(err)
-			}
+		if err := awaitRecord(ctx, p.c0, true); err != nil {
+			t.Fatal(err)
 		}
 		trips++
 	}
 	close(done)
 	wg.Wait()
 	cancel()
+	<-echo
 	if trips < 20 || looks < 100 {
 		t.Fatalf("too little happened to judge: %d round trips, %d looks", trips, looks)
 	}
@@ -236,10 +221,8 @@ func TestWriteVWithNotify(t *testing.T) {
 		if err := p.c0.Transport.(channel.WriteVNotifier).WriteVWithNotify(nil, p.r1.buf.Addr.Add(off), srcs, 0); err != nil {
 			t.Fatalf("round %d: %v", round, err)
 		}
-		if !pollFor(p.c1.Transport, p.c1, 0, nil) {
-			if err := p.c1.Notifies[0].WaitNow(ctx); err != nil {
-				t.Fatalf("round %d: %v", round, err)
-			}
+		if err := awaitRecord(ctx, p.c1, true); err != nil {
+			t.Fatalf("round %d: %v", round, err)
 		}
 		if !bytes.Equal(m1[off:off+int64(len(want))], want) {
 			t.Fatalf("round %d: the peer's memory does not hold the %d gathered bytes", round, len(want))
