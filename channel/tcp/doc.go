@@ -115,12 +115,13 @@
 // and a futex sleep per message, and a monitor that stayed on its 20 µs
 // tick in every process. A sender whose socket is full still waits for
 // room in the network poller (RawConn.Write, which honours the write
-// deadline the stop watchdog sets). Measured on the 2-core VM with
+// deadlines that the liveness watch and Close set). Measured on the 2-core VM with
 // strace -c on one rank of a 64 B all-reduce (recursive doubling): per
 // all-reduce, 8.4 sleeps of the monitor and 2 futex calls before (16
 // processes), 0.6 and 0.1 after (32 processes); the all-reduce among 16
-// processes went from 2.9 ms to 0.6–0.8 ms, and 16 and 32 processes went
-// from 0.33–0.77 of Open MPI's speed to ahead of it (BENCHMARKS.md, stop 15).
+// processes went from 2.9 ms to 0.6–0.8 ms, and 16 and 32 processes from
+// 0.33–0.77 of Open MPI's speed at 64 KiB and 1 MiB to 0.84–1.33
+// (BENCHMARKS.md, stop 15).
 //
 // # Failure
 //
