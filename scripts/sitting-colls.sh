@@ -5,7 +5,8 @@
 #   scripts/sitting-colls.sh [SIZES...]      default: 65536 1048576
 # Env: COLLS (default "allreduce broadcast allgather reducescatter alltoall"),
 #      MODES (inproc shm tcp), NPS (2 4), REPS (3). From 8 ranks on, hcomm runs
-#      50 timed iterations with HCCL_BUFFSIZE=16 as sitting.sh's scale rows do;
+#      50 timed iterations as sitting.sh's scale rows do (at the default
+#      HCCL_BUFFSIZE unless it is set);
 #      64 processes: NPS=64 MODES=tcp COLLS=allreduce scripts/sitting-colls.sh 256 65536 1048576
 #      (Open MPI's coll_bench starts at 4 bytes a rank: 256 B at 64 ranks).
 # Like sitting.sh it builds hcomm from this checkout and Open MPI's coll_bench.c
@@ -26,7 +27,11 @@ hrun() { # mode np coll bytes -> "time busbw"
   if [ "$b" -le 65536 ]; then n=20000; w=20000; elif [ "$b" -le 4194304 ]; then n=200; w=50; else n=10; w=3; fi
   if [ "$mode" = tcp ] && [ "$b" -le 65536 ]; then n=4000; w=2000; fi
   if [ "$np" -ge 8 ]; then n=50; w=20; fi   # as sitting.sh's scale rows
-  local buf=${HCCL_BUFFSIZE:-}; [ "$np" -ge 8 ] && buf=${HCCL_BUFFSIZE-16}
+  # The HCCL buffer at its default size (committed as it is touched, so 64
+  # ranks start at the default settings), unlike sitting.sh's scale rows,
+  # which set HCCL_BUFFSIZE=16 from 8 ranks on: at 64 ranks a 16 MB buffer
+  # leaves the hellos too small for rd at 64 KiB (BENCHMARKS.md, stop 15).
+  local buf=${HCCL_BUFFSIZE:-}
   if [ "$mode" = inproc ]; then
     env ${buf:+HCCL_BUFFSIZE=$buf} timeout 300 "$bin/hcomm" bench "$coll" -g "$np" -b "$b" -e "$b" -n $n -w $w -c 0 >"$log" 2>&1
   else
