@@ -30,11 +30,7 @@ func futexWait(w *uint32, v uint32, d time.Duration) {
 		uintptr(unsafe.Pointer(ts)), 0, 0)
 }
 
-// futexWake wakes every sleeper on w. A raw system call: a wake never
-// blocks, so Go's scheduler need not count the thread as in a system call
-// (when processes outnumber cores, a thread the kernel preempts inside a
-// counted call loses its processor to another thread: see
-// channel/tcp/rawsys_linux.go).
+// futexWake wakes every sleeper on w.
 func futexWake(w *uint32) {
-	unix.RawSyscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(w)), futexWakeOp, uintptr(1<<31-1), 0, 0, 0)
+	unix.Syscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(w)), futexWakeOp, uintptr(1<<31-1), 0, 0, 0)
 }

@@ -105,9 +105,9 @@
 //
 // On linux the engine's socket calls — the pollers' and readers'
 // non-blocking reads, the background reader's one-byte peek, the senders'
-// writev — and notify's futex wake are raw system calls
-// (rawsys_linux.go): none of them blocks, so none tells Go's scheduler that
-// its thread entered a system call. With Go's counted calls, a thread that
+// writev — are raw system calls (rawsys_linux.go): none of them blocks,
+// so none tells Go's scheduler that its thread entered a system call. With
+// Go's counted calls, a thread that
 // the kernel preempted inside one (routine when ranks outnumber cores) was
 // seen "in a system call" by the runtime's monitor for longer than its
 // 20 µs tick: the monitor gave the thread's processor to another thread,
