@@ -154,6 +154,18 @@ type WriteVNotifier interface {
 	WriteVWithNotify(stop <-chan struct{}, dst device.Ptr, srcs [][]byte, idx int) error
 }
 
+// ReceiverChecker is implemented by a transport whose receiving end checks
+// every write against the memory its own rank has registered when the write
+// arrives (tcp: a write outside it breaks the channel before a byte is
+// stored). Its writes may therefore target memory the peer registered after
+// the channel was made — a receive buffer a collective lends for one call
+// (hcomm.WriteLentWithNotifyNbi) — which the writing end cannot check. A
+// transport that stores into the peer's memory itself (inproc, shm) must
+// check on the writing side and does not implement it.
+type ReceiverChecker interface {
+	ChecksOnReceipt() bool
+}
+
 // Poster is implemented by a transport that stores into the peer's memory
 // itself (inproc, shm): a write into one range of the peer's memory followed
 // by a record of one of its notifies — the hello that opens every small

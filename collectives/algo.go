@@ -28,6 +28,9 @@ type sched struct {
 	ctx    context.Context // bounds the channel setups (need); nil: none beyond the communicator's
 	issued int             // calls that enqueued (do)
 	unset  bool            // err is a setup of need's that failed before anything was enqueued
+	// atEnd are tasks issued after the schedule's closing drains (lent.go:
+	// the end of a loan of this rank's receive buffer).
+	atEnd []func(stop <-chan struct{}) error
 }
 
 // pollFor returns the schedule's poll bound.

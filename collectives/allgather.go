@@ -164,6 +164,16 @@ func allGather(c *hcomm.Comm, name string, h header, send device.Ptr, sendCount 
 				}
 				break
 			}
+			if !sc.st.mapped && h.kind == kAllGather && !sc.sparse() {
+				// Over tcp (lent.go): every rank's input written straight
+				// to its place in every peer's output.
+				ln := sc.openLent(h, algo, recv, recvBytes, nil)
+				sc.copy(out(me), send, sendCount*es)
+				sc.pairwise(ln, es,
+					func(int) (device.Ptr, int64, int64) { return send, sendCount, displs[me] * es },
+					func(from int) (device.Ptr, int64) { return out(from), counts[from] })
+				break
+			}
 			sc.open(h, algo)
 			sc.copy(out(me), send, sendCount*es)
 			allGatherDirect(sc, send, out, counts, es)

@@ -208,6 +208,7 @@ func issueWindowed(c *hcomm.Comm, name string, k kind, s *device.Stream, o *Opti
 		if st.multiHost && !inWin {
 			algo = chooseLevels(k, n, algo, st.lay, st.costs, st.mapped, st.shape())
 		}
+		algo = preferLent(k, n, c.Size(), st, algo)
 	}
 	t, err := st.begin(s)
 	if err != nil {
@@ -233,6 +234,9 @@ func issueWindowed(c *hcomm.Comm, name string, k kind, s *device.Stream, o *Opti
 	}
 	sc.drainGathers()
 	sc.drainPipes()
+	for _, f := range sc.atEnd {
+		sc.launchStop("collective end", f)
+	}
 	if sc.err == nil {
 		sc.do(endOp())
 	}

@@ -95,24 +95,34 @@ func alltoall(c *hcomm.Comm, name string, h header, send device.Ptr, sc_, sd []i
 		// The hello carries this rank's send counts, so that each peer checks
 		// them against its receive counts.
 		sched.need(sched.others()) // before countTable enqueues: a failed setup takes the call back
-		table := sched.countTable(sc_)
+		// Over tcp a peer's block goes straight into this rank's receive
+		// buffer (lent.go); the hello then carries the buffer's address
+		// after the counts.
+		var ln *loan
+		if !windowed && h.kind == kAlltoAll && sc_[0]*es <= lentMax && sched.ok() {
+			ln = sched.lend(recv, extent(rc, rd)*es)
+		}
+		table := sched.countTable(sc_, ln.words()...)
 		if sched.sparse() {
 			// The butterfly first, as every collective above helloFullMax
 			// ranks (so that any mismatch reaches every rank); the counts'
 			// hello with every peer then checks what only a pair can.
 			sched.butterfly(h, nil)
 		}
-		sched.hello(h, sched.others(), table, int64(8*n), func(p int, payload []byte) error {
+		sched.hello(h, sched.others(), table, int64(8*(n+len(ln.words()))), func(p int, payload []byte) error {
 			if len(payload) < 8*n {
 				return fmt.Errorf("rank %d's hello carries %d bytes of counts, want %d", p, len(payload), 8*n)
 			}
 			if got := int64(binary.LittleEndian.Uint64(payload[8*me:])); got != rc[p] {
 				return fmt.Errorf("rank %d sends %d elements to rank %d, which expects %d from it", p, got, me, rc[p])
 			}
-			return nil
+			return ln.learn(p, payload[8*n:])
 		})
 		if windowed {
 			sched.lendWindow(sched.others())
+		}
+		if ln != nil {
+			sched.openLoan(ln, nil)
 		}
 		sched.copy(recv.Add(rd[me]*es), send.Add(sd[me]*es), min(sc_[me], rc[me])*es)
 		if windowed {
@@ -125,27 +135,20 @@ func alltoall(c *hcomm.Comm, name string, h header, send device.Ptr, sc_, sd []i
 			}
 			return nil
 		}
-		per := sched.piece() / es
-		for r := 1; r < n; r++ {
-			to, from := mod(me+r, n), mod(me-r, n)
-			for q := int64(0); q < max(pieces(sc_[to], per), pieces(rc[from], per)); q++ {
-				lo := q * per
-				if m := min(per, sc_[to]-lo); m > 0 {
-					sched.pipeSend(to, send.Add((sd[to]+lo)*es), m*es)
-				}
-				if m := min(per, rc[from]-lo); m > 0 {
-					slot, done := sched.pipeRecv(from)
-					sched.copy(recv.Add((rd[from]+lo)*es), slot, m*es)
-					done()
-				}
-			}
-		}
+		// A lent pair's block goes whole to its place (rd[me] is me·count
+		// for AlltoAll); the others' through the pipes.
+		sched.pairwise(ln, es,
+			func(to int) (device.Ptr, int64, int64) {
+				return send.Add(sd[to] * es), sc_[to], int64(me) * sc_[to] * es
+			},
+			func(from int) (device.Ptr, int64) { return recv.Add(rd[from] * es), rc[from] })
 		return nil
 	})
 }
 
-// countTable copies counts (one int64 per rank, little-endian) into this
-// rank's scratch slot by a stream copy, for a hello to carry.
+// countTable copies counts (one int64 per rank, little-endian), and then
+// extra, into this rank's scratch slot by a stream copy, for a hello to
+// carry.
 // alltoAllOneShot: every rank's block for a peer travels inline in its
 // hello to that peer (a payload of its own per peer: helloCall.blockOf), so
 // that the exchange is the handshake itself; once every hello has arrived
@@ -182,11 +185,14 @@ func alltoAllOneShot(sc *sched, h header, send, recv device.Ptr, block int64) {
 	})
 }
 
-func (s *sched) countTable(counts []int64) device.Ptr {
+func (s *sched) countTable(counts []int64, extra ...uint64) device.Ptr {
 	p := s.mySlot(s.st.lay.scratchOff())
-	b := make([]byte, 8*len(counts))
+	b := make([]byte, 8*(len(counts)+len(extra)))
 	for i, v := range counts {
 		binary.LittleEndian.PutUint64(b[8*i:], uint64(v))
+	}
+	for i, v := range extra {
+		binary.LittleEndian.PutUint64(b[8*(len(counts)+i):], v)
 	}
 	if s.ok() {
 		s.do(s.t.Stream().MemcpyHtoDAsync(p, b))

@@ -169,6 +169,19 @@
 // that disagree get ErrMismatch before any byte is read. `hcomm bench -R 1`
 // measures it; BENCHMARKS.md has the figures.
 //
+// # Lent receive buffers (tcp)
+//
+// Over tcp, whose receiving end checks every write as it arrives, a
+// pairwise AlltoAll and a direct AllGather (the selector's choice over tcp
+// up to 8 ranks for inputs from above the inline size to 512 KiB) need no
+// window: each rank registers its receive buffer for the call, its hello
+// carries the buffer's address, and each peer writes its block whole to its
+// place there (hcomm.WriteLentWithNotifyNbi), the socket reading straight
+// into it — no pipe slot, no acknowledgement per piece, no copy out of the
+// HCCL buffer. Blocks up to 512 KiB go lent (larger ones measured faster
+// staged); a pair whose channel does not check on receipt (inproc, shm)
+// stays staged within the same call. lent.go has the protocol.
+//
 // # Device memory and the host
 //
 // Schedules move data only through hcomm's data plane and device copies; the

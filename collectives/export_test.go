@@ -34,3 +34,7 @@ func LaneRuns(c *hcomm.Comm) (inline, pending, queued int) {
 	defer st.mu.Unlock()
 	return st.laneRuns[laneInline], st.laneRuns[lanePending], st.laneRuns[laneQueued]
 }
+
+// LentWrites returns how many lent writes (lent.go) have run, and how many
+// loans are still registered.
+func LentWrites() (writes, open int64) { return lentWrites.Load(), openLoans.Load() }

@@ -115,6 +115,7 @@ type state struct {
 	strict    bool               // HCCL_DETERMINISTIC=strict: reductions in rank order (ordered.go)
 	multiHost bool               // ranks span hosts, some with several ranks: the two-level schedule pays
 	mapped    bool               // every peer's memory is mapped (inproc, shm): a read is a memmove
+	netLends  bool               // every peer whose memory is not mapped is over tcp, whose channels take lent writes (lent.go)
 	prepared  bool               // connect has checked the layout and learnt mapped
 	forced    map[kind]Algorithm // HCCL_ALGO
 	costs     CostModel          // the selector's cost model (HCOMM_COST_MODEL over the defaults)
@@ -268,6 +269,7 @@ func (st *state) init1() {
 	st.buf = buf
 	st.lay, _ = newLayout(c.Size(), size)
 	st.mapped = true // until prepare finds a peer whose memory is not
+	st.netLends = true
 	st.multiHost = multiHost(c)
 	st.noCheck = os.Getenv("HCOMM_COLL_CHECK") == "0"
 	st.strict = c.Config().Deterministic == hcomm.DeterministicStrict
@@ -307,6 +309,7 @@ func (st *state) prepare() error {
 		}
 		if tr != hcomm.TransportInproc && tr != hcomm.TransportShm {
 			st.mapped = false
+			st.netLends = st.netLends && tr == hcomm.TransportTCP
 		}
 	}
 	return nil

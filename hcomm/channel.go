@@ -79,6 +79,15 @@ func (ch *Channel) Flagged() bool {
 	return ok
 }
 
+// TakesLent reports whether ch's transport lets its writes target memory
+// the peer registered after the channel was made, checked by the peer as
+// they arrive (channel.ReceiverChecker: tcp), so that WriteLentWithNotifyNbi
+// works on it. Safe for concurrent use.
+func (ch *Channel) TakesLent() bool {
+	rc, ok := ch.tr.(channel.ReceiverChecker)
+	return ok && rc.ChecksOnReceipt()
+}
+
 // NotifyNum returns the number of local notifies.
 func (ch *Channel) NotifyNum() int { return len(ch.notifies) }
 

@@ -1,6 +1,7 @@
 package hcomm
 
 import (
+	"math"
 	"time"
 
 	"github.com/hcomm-dev/hcomm/channel"
@@ -37,6 +38,60 @@ func WriteWithNotifyNbi(stop <-chan struct{}, ch *Channel, dst, src device.Ptr, 
 		return errorOf(ch, "WriteWithNotifyNbi", "remote notify index %d is negative", remoteIdx)
 	}
 	return writeNow("WriteWithNotifyNbi", stop, ch, dst, src, n, remoteIdx)
+}
+
+// WriteLentWithNotifyNbi is WriteWithNotifyNbi into memory the peer lent
+// for one operation: a range it registered (CommMemReg) after the channel
+// was made, whose address it told this rank itself (a collective's hello
+// carries the receive buffer's address). This rank cannot check dst — it
+// knows only the ranges the peer had registered when the channel was made
+// — so the peer's end checks it as the bytes arrive, and a write outside
+// what the peer registered breaks the channel there (ErrProtocol on the
+// peer) instead of touching its memory. Only a transport that checks on
+// receipt takes it (Channel.TakesLent: tcp); others refuse it with
+// ErrNotSupport. The collectives use it over tcp to write a peer's block
+// straight into the peer's receive buffer, which its socket then reads
+// into with no copy out of the HCCL buffer. An hcomm extension.
+func WriteLentWithNotifyNbi(stop <-chan struct{}, ch *Channel, dst, src device.Ptr, n int64, remoteIdx int) error {
+	if remoteIdx < 0 { // writeLent's "no record"
+		return errorOf(ch, "WriteLentWithNotifyNbi", "remote notify index %d is negative", remoteIdx)
+	}
+	return writeLent("WriteLentWithNotifyNbi", stop, ch, dst, src, n, remoteIdx)
+}
+
+// WriteLentNbi is WriteLentWithNotifyNbi without the record: a piece of a
+// lent write whose last piece records.
+func WriteLentNbi(stop <-chan struct{}, ch *Channel, dst, src device.Ptr, n int64) error {
+	return writeLent("WriteLentNbi", stop, ch, dst, src, n, -1)
+}
+
+func writeLent(op string, stop <-chan struct{}, ch *Channel, dst, src device.Ptr, n int64, remoteIdx int) error {
+	c, err := chanComm(op, ch)
+	if err != nil {
+		return err
+	}
+	if !ch.TakesLent() {
+		return c.errorf(op, ch.RemoteRank(), ErrNotSupport, nil, "the %s channel to rank %d does not check writes on receipt (tcp does): write into the memory it registered", ch.Transport(), ch.RemoteRank())
+	}
+	if n < 0 {
+		return c.errorf(op, ch.RemoteRank(), ErrPara, nil, "length %d is negative", n)
+	}
+	if dst == 0 || uint64(dst) > math.MaxUint64-uint64(n) {
+		return c.errorf(op, ch.RemoteRank(), ErrPara, nil, "remote dst [%#x, +%d) is not a range", uintptr(dst), n)
+	}
+	b, err := c.dev.Bytes(src, n)
+	if err != nil {
+		return c.errorf(op, ch.RemoteRank(), ErrPara, err, "local src")
+	}
+	if remoteIdx >= 0 {
+		if err := c.remoteIdxCheck(op, ch, remoteIdx); err != nil {
+			return err
+		}
+	}
+	if err := c.write(stop, ch, dst, b, remoteIdx); err != nil {
+		return c.taskFailed(op, ch.RemoteRank(), err)
+	}
+	return nil
 }
 
 // Segment is a range of local memory: N bytes from Src.

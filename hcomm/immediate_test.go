@@ -398,3 +398,96 @@ func TestWriteVWithNotifyNbi(t *testing.T) {
 		})
 	}
 }
+
+// TestWriteLentWithNotifyNbi: over tcp a write may target memory the peer
+// registered after the channel was made (a collective's lent receive
+// buffer), which the writing end cannot check: it lands, in pieces and
+// whole, and the record after it comes. A write outside what the peer
+// registered never touches the peer's memory: the peer's end refuses the
+// frame and the channel breaks, so that the peer's wait fails instead of
+// seeing a record. Over a transport that stores into the peer's memory
+// itself (inproc, shm) it is refused with ErrNotSupport, and bad arguments
+// with ErrPara naming them.
+func TestWriteLentWithNotifyNbi(t *testing.T) {
+	for _, tr := range hcomm.Transports() {
+		t.Run(tr, func(t *testing.T) {
+			p := newPair(t, &hcomm.Config{BufferSize: 32 << 10, Name: "lent", Transport: tr})
+			dev1 := p.comms[1].Device()
+			lent, err := dev1.Malloc(64 << 10)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer dev1.Free(lent)
+			outside, err := dev1.Malloc(4096)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer dev1.Free(outside)
+			h, err := p.comms[1].CommMemReg("lent/test", lent, 64<<10)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer p.comms[1].CommMemDereg(h)
+			src := make([]byte, 8192)
+			for i := range src {
+				src[i] = byte(i*13 + 5)
+			}
+			if err := p.comms[0].Device().MemcpyHtoD(p.buf[0], src); err != nil {
+				t.Fatal(err)
+			}
+			if !p.ch[0].TakesLent() {
+				if tr == hcomm.TransportTCP {
+					t.Fatal("a tcp channel does not take lent writes")
+				}
+				err := hcomm.WriteLentWithNotifyNbi(nil, p.ch[0], lent, p.buf[0], 8, 1)
+				if !errors.Is(err, hcomm.ErrNotSupport) || !strings.Contains(err.Error(), tr) {
+					t.Fatalf("a lent write over %s: %v, want ErrNotSupport naming the transport", tr, err)
+				}
+				return
+			}
+			fill(t, p.comms[1], lent, 64<<10, 0xee)
+			// A piece without a record, then the rest with it.
+			if err := hcomm.WriteLentNbi(nil, p.ch[0], lent.Add(1000), p.buf[0], 3000); err != nil {
+				t.Fatal(err)
+			}
+			if err := hcomm.WriteLentWithNotifyNbi(nil, p.ch[0], lent.Add(4000), p.buf[0].Add(3000), 5192, 2); err != nil {
+				t.Fatal(err)
+			}
+			if err := hcomm.ChannelNotifyWait(nil, p.ch[1], 2, 10*time.Second); err != nil {
+				t.Fatalf("the record after the lent write never came: %v", err)
+			}
+			got := read(t, p.comms[1], lent, 64<<10)
+			if got[999] != 0xee || !bytes.Equal(got[1000:9192], src) || got[9192] != 0xee {
+				t.Fatal("the lent range does not hold the 8192 bytes written into it (and nothing more)")
+			}
+			for _, c := range []struct {
+				name     string
+				dst, src device.Ptr
+				n        int64
+				idx      int
+				says     string
+			}{
+				{"a negative length", lent, p.buf[0], -1, 1, "length -1"},
+				{"a null destination", 0, p.buf[0], 8, 1, "not a range"},
+				{"a local range outside memory", lent, 1 << 40, 8, 1, "local src"},
+				{"a negative notify", lent, p.buf[0], 8, -1, "notify index -1"},
+				{"a notify the peer does not have", lent, p.buf[0], 8, 3, "notify index 3"},
+			} {
+				err := hcomm.WriteLentWithNotifyNbi(nil, p.ch[0], c.dst, c.src, c.n, c.idx)
+				if !errors.Is(err, hcomm.ErrPara) || !strings.Contains(err.Error(), c.says) {
+					t.Errorf("%s: %v, want ErrPara saying %q", c.name, err, c.says)
+				}
+			}
+			// Outside what rank 1 registered: refused there, the memory
+			// untouched, the wait failed by the broken channel.
+			fill(t, p.comms[1], outside, 4096, 0x5a)
+			_ = hcomm.WriteLentWithNotifyNbi(nil, p.ch[0], outside, p.buf[0], 64, 1)
+			if err := hcomm.ChannelNotifyWait(nil, p.ch[1], 1, 10*time.Second); err == nil || device.CodeOf(err).Timeout() {
+				t.Fatalf("the wait after a write outside the registered memory: %v, want the broken channel's error", err)
+			}
+			if got := read(t, p.comms[1], outside, 4096); !bytes.Equal(got, bytes.Repeat([]byte{0x5a}, 4096)) {
+				t.Fatal("a write outside the registered memory changed it")
+			}
+		})
+	}
+}

@@ -319,6 +319,12 @@ func (c *conn) WriteWithNotify(stop <-chan struct{}, dst device.Ptr, src []byte,
 	return c.writeWithNotify("WriteWithNotify", stop, dst, [][]byte{src}, len(src), idx)
 }
 
+// ChecksOnReceipt reports that this end's peer checks every write against
+// the memory it has registered when the write arrives (recv.go's local), so
+// that a write may target a range registered after the channel was made
+// (channel.ReceiverChecker).
+func (c *conn) ChecksOnReceipt() bool { return true }
+
 // WriteVWithNotify copies the concatenation of srcs into the peer's memory
 // from dst on and then records the peer's notify idx
 // (channel.WriteVNotifier): as WriteWithNotify, one WRITE frame and its

@@ -1,0 +1,229 @@
+package collectives
+
+import (
+	"encoding/binary"
+	"fmt"
+	"sync/atomic"
+
+	"github.com/hcomm-dev/hcomm/device"
+	"github.com/hcomm-dev/hcomm/hcomm"
+)
+
+// Loans: a receive buffer written by the peers in place, over tcp.
+//
+// A staged exchange moves each piece twice on the receiving side: the
+// socket's bytes land in the receiver's HCCL buffer (a pipe slot), and the
+// receiver copies them out into its receive buffer, a piece at a time, each
+// piece acknowledged before its slot is written again. Over a transport whose
+// receiving end checks every write as it arrives (tcp: channel.ReceiverChecker),
+// the receiver can instead lend its receive buffer for the call: it registers
+// the buffer (CommMemReg) before its hello goes out, the hello carries the
+// buffer's address, and each peer writes its whole block straight to its
+// place there (hcomm.WriteLentWithNotifyNbi), the socket reading into it, and
+// records the receiver's nDone — the notify a window's reader records to the
+// window's owner (window.go), in the same slot counting. The receiver waits
+// for every lender's nDone at the collective's end (drainGathers), and only
+// then takes the registration back. No pipe slot, no acknowledgement per
+// piece, no copy: what Open MPI's tcp transport does for a large message,
+// whose bytes it reads into the posted receive buffer.
+//
+// Whether a pair lends is a property of their channel, which both ends share,
+// so both decide alike without a word; a pair whose channel does not (inproc,
+// shm) stays staged. Every rank of the call takes its turn in the gather
+// slots whichever way its pairs go (openLoan), so that the slot counters stay
+// the same on every rank. A peer is not trusted with the address it sends:
+// this rank writes where the peer said, and the peer's end checks it against
+// what the peer registered. The registration is taken back by a task after
+// the collective's drains; a schedule that fails before it leaves the buffer
+// registered until the communicator is destroyed (a failed schedule leaves
+// the communicator unusable anyway).
+
+// lentWrites counts the lent writes run, and openLoans the registrations
+// not yet taken back: a test's witnesses that the lent path was taken and
+// left nothing registered.
+var lentWrites, openLoans atomic.Int64
+
+// loan is one call's lending of this rank's receive buffer, and what it
+// learns of the peers'.
+type loan struct {
+	recv  device.Ptr
+	lends []bool       // by rank: the pair's channel takes lent writes
+	any   bool         // some pair does
+	at    []device.Ptr // by rank: the peer's receive buffer, from its hello
+	k     []uint64     // by rank: the gather slot whose nDone this rank's write records
+}
+
+// lend sets up the loan of recv (n bytes) for the call: the pairs that lend
+// (their channels are set up: need), and recv's registration when any pair
+// does. Every rank of a call that may lend calls it and openLoan.
+func (s *sched) lend(recv device.Ptr, n int64) *loan {
+	size := s.st.comm.Size()
+	ln := &loan{recv: recv, lends: make([]bool, size), at: make([]device.Ptr, size), k: make([]uint64, size)}
+	for _, p := range s.others() {
+		if ch := s.st.chans[p]; ch != nil && ch.TakesLent() {
+			ln.lends[p], ln.any = true, true
+		}
+	}
+	if !ln.any || n <= 0 || !s.ok() {
+		return ln
+	}
+	c := s.st.comm
+	tag := fmt.Sprintf("%s/lent/%d", chanTag, s.opSeq)
+	h, err := c.CommMemReg(tag, recv, n)
+	if err != nil {
+		s.do(err)
+		return ln
+	}
+	openLoans.Add(1)
+	s.atEnd = append(s.atEnd, func(<-chan struct{}) error {
+		openLoans.Add(-1)
+		return c.CommMemDereg(h)
+	})
+	return ln
+}
+
+// words returns what this rank's hello carries for the loan: the receive
+// buffer's address when some pair lends.
+func (ln *loan) words() []uint64 {
+	if ln == nil || !ln.any {
+		return nil
+	}
+	return []uint64{uint64(ln.recv)}
+}
+
+// learn takes peer p's receive buffer address from the part of its hello
+// after the counts.
+func (ln *loan) learn(p int, rest []byte) error {
+	if !ln.takes(p) {
+		return nil
+	}
+	if len(rest) < 8 {
+		return fmt.Errorf("rank %d's hello carries no receive buffer address, though their channel takes lent writes", p)
+	}
+	a := device.Ptr(binary.LittleEndian.Uint64(rest))
+	if a == 0 {
+		return fmt.Errorf("rank %d's hello carries a null receive buffer address", p)
+	}
+	ln.at[p] = a
+	return nil
+}
+
+// takes reports whether the pair with p lends.
+func (ln *loan) takes(p int) bool { return ln != nil && ln.lends[p] }
+
+// openLoan takes this call's turn in the gather slots: this rank's own,
+// whose nDone the peers that write into the loan record (the lending pairs
+// whose peer writes reports true for; every lending pair when writes is
+// nil), and its count of every peer's.
+func (s *sched) openLoan(ln *loan, writes func(p int) bool) {
+	var writers []int
+	for _, p := range s.others() {
+		if ln.lends[p] && (writes == nil || writes(p)) {
+			writers = append(writers, p)
+		}
+	}
+	s.claimGather(writers)
+	for _, p := range s.others() {
+		ln.k[p] = s.nextGather(p)
+	}
+}
+
+// writeLent writes n bytes at src into peer's receive buffer, off bytes in,
+// and records the peer's nDone, in one task: the address is the peer's
+// hello's, known when the task runs.
+func (s *sched) writeLent(ln *loan, peer int, off int64, src device.Ptr, n int64) {
+	k := ln.k[peer]
+	if n == 0 {
+		s.record(peer, nDone+int(k))
+		return
+	}
+	ch, per := s.ch(peer), min(s.piece(), 256<<10)
+	s.launchStop("collective lent write", func(stop <-chan struct{}) error {
+		lentWrites.Add(1)
+		dst := ln.at[peer]
+		if dst == 0 {
+			return fmt.Errorf("collectives: rank %d has no receive buffer address of rank %d", s.st.comm.Rank(), peer)
+		}
+		// In pieces of at most 256 KiB, one after the other: tcp splits a
+		// longer write over its sockets with a goroutine each, which
+		// measured slower and twice as variable here (2 ranks, 1 MiB
+		// all-gather: 187–241 µs against 179–348).
+		for lo := int64(0); lo+per < n; lo += per {
+			if err := hcomm.WriteLentNbi(stop, ch, dst.Add(off+lo), src.Add(lo), per); err != nil {
+				return err
+			}
+		}
+		last := (n - 1) / per * per
+		return hcomm.WriteLentWithNotifyNbi(stop, ch, dst.Add(off+last), src.Add(last), n-last, nDone+int(k))
+	})
+}
+
+// lentMax bounds the bytes one lent write carries (an all-to-all block,
+// an all-gather input). Measured over tcp here (BENCHMARKS.md, stop 16),
+// 2 and 4 ranks: blocks of 64 KiB to 512 KiB ran 1.3–1.7× faster lent
+// than staged, 1 MiB blocks about the same, 2 MiB blocks 10–30 % slower
+// (the pipes keep both directions' pieces going at once).
+const lentMax = 512 << 10
+
+// preferLent turns the selector's choice for an all-gather over tcp, up to
+// helloFullMax ranks, with inputs larger than a hello carries and up to
+// lentMax, into the direct schedule, whose lent form writes each rank's
+// input straight to its place in every peer's output (one write a peer, no
+// forwarding, no staging). st.netLends is the same on every rank (every
+// unmapped peer is tcp, or not), so all ranks choose alike; a pair whose
+// channel does not lend (shm between ranks of one host) goes through the
+// pipes within the same schedule. The broadcast stays as chosen: the root
+// writing to every receiver measured no faster than the staged schedules.
+func preferLent(k kind, bytes int64, n int, st *state, a Algorithm) Algorithm {
+	if k != kAllGather || st.mapped || !st.netLends || n < 2 || n > helloFullMax || bytes <= st.lay.inline() || bytes > lentMax {
+		return a
+	}
+	return AlgoDirect
+}
+
+// openLent opens a collective among every rank (at most helloFullMax: the
+// full handshake) with a hello that carries this rank's receive buffer
+// address, lending recv (n bytes) to the pairs that lend; writes is
+// openLoan's.
+func (s *sched) openLent(h header, algo Algorithm, recv device.Ptr, n int64, writes func(p int) bool) *loan {
+	h.algo = algo
+	s.need(s.others())
+	if !s.ok() {
+		return &loan{lends: make([]bool, s.st.comm.Size())}
+	}
+	ln := s.lend(recv, n)
+	words := ln.words()
+	s.hello(h, s.others(), s.countTable(nil, words...), int64(8*len(words)), ln.learn)
+	s.openLoan(ln, writes)
+	return ln
+}
+
+// pairwise moves, for r = 1 … n-1, this rank's data for rank me+r and
+// rank me-r's for this one: srcOf(to) gives the source, its element count
+// and, for a lent pair, its byte offset in the peer's receive buffer;
+// dstOf(from) where the piece from that peer goes and its element count.
+// A lent pair's data goes whole by one write (writeLent); the others' piece
+// by piece through the pipes, each piece copied out of the inbox.
+func (s *sched) pairwise(ln *loan, es int64, srcOf func(to int) (src device.Ptr, count, off int64), dstOf func(from int) (dst device.Ptr, count int64)) {
+	me, n := s.st.comm.Rank(), s.st.comm.Size()
+	per := s.piece() / es
+	for r := 1; r < n; r++ {
+		to, from := mod(me+r, n), mod(me-r, n)
+		src, sn, off := srcOf(to)
+		dst, rn := dstOf(from)
+		if ln.takes(to) {
+			s.writeLent(ln, to, off, src, sn*es)
+		}
+		for q := int64(0); q < max(pieces(sn, per), pieces(rn, per)); q++ {
+			lo := q * per
+			if m := min(per, sn-lo); m > 0 && !ln.takes(to) {
+				s.pipeSend(to, src.Add(lo*es), m*es)
+			}
+			if m := min(per, rn-lo); m > 0 && !ln.takes(from) {
+				slot, done := s.pipeRecv(from)
+				s.copy(dst.Add(lo*es), slot, m*es)
+				done()
+			}
+		}
+	}
+}
