@@ -383,8 +383,9 @@ func scaleWork(c *hcomm.Comm, at func(step int)) error {
 	const count = 1031
 	// The broadcast, the all-gather and the reduce-scatter with hcomm's
 	// choice, then forced onto their two-level forms (the broadcast's
-	// root, the last rank, leads no host); the all-to-all with its choice
-	// and forced onto Bruck.
+	// root, the last rank, leads no host), the all-gather also onto
+	// direct; the all-to-all with its choice and forced onto Bruck and
+	// pairwise.
 	forced := func(a collectives.Algorithm) []*collectives.Options {
 		return []*collectives.Options{{}, {Algorithm: a}}
 	}
@@ -407,7 +408,10 @@ func scaleWork(c *hcomm.Comm, at func(step int)) error {
 	if err := check("Reduce", red, sum); err != nil {
 		return err
 	}
-	for _, o := range forced(collectives.AlgoHier) {
+	// Direct over a mix of shm and tcp pairs (several hosts of several
+	// ranks): the tcp pairs write into lent receive buffers, the shm
+	// pairs go through the pipes, in the same call (collectives/lent.go).
+	for _, o := range append(forced(collectives.AlgoHier), &collectives.Options{Algorithm: collectives.AlgoDirect}) {
 		all := make([]int32, n*count)
 		if err := collectives.AllGatherSlice(ctx, c, fill(me, count), all, o); err != nil {
 			return fmt.Errorf("AllGather %v: %w", o.Algorithm, err)
@@ -425,7 +429,7 @@ func scaleWork(c *hcomm.Comm, at func(step int)) error {
 			return err
 		}
 	}
-	for _, o := range forced(collectives.AlgoBruck) {
+	for _, o := range append(forced(collectives.AlgoBruck), &collectives.Options{Algorithm: collectives.AlgoPairwise}) {
 		out := make([]int32, n*count)
 		if err := collectives.AlltoAllSlice(ctx, c, fill(me, n*count), out, o); err != nil {
 			return fmt.Errorf("AlltoAll %v: %w", o.Algorithm, err)
