@@ -249,7 +249,9 @@ func costOf(a Algorithm, sh shape, lc LinkCost) float64 {
 // window), with bytes per rank (for ReduceScatter, the whole input), over
 // links of the mapped or network class, with an HCCL buffer of bufSize
 // bytes; HCCL_ALGO and Options.Algorithm, which override the selector, are
-// not consulted. Bad input is an error, as for Predict.
+// not consulted, nor is the tcp-only preference for the lent direct
+// all-gather (lent.go: a network class that is not tcp, the simulator's,
+// has no lent writes). Bad input is an error, as for Predict.
 func (m CostModel) Choose(collective string, ranks int, bytes, bufSize int64, mapped bool) (Algorithm, error) {
 	k, l, err := predictArgs("Choose", collective, ranks, bytes, bufSize)
 	if err != nil {
