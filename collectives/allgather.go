@@ -167,7 +167,7 @@ func allGather(c *hcomm.Comm, name string, h header, send device.Ptr, sendCount 
 			if !sc.st.mapped && h.kind == kAllGather && !sc.sparse() {
 				// Over tcp (lent.go): every rank's input written straight
 				// to its place in every peer's output.
-				ln := sc.openLent(h, algo, recv, recvBytes, nil)
+				ln := sc.openLent(h, algo, recv, recvBytes, func(p int) bool { return counts[p]*es <= lentMax })
 				sc.copy(out(me), send, sendCount*es)
 				sc.pairwise(ln, es,
 					func(int) (device.Ptr, int64, int64) { return send, sendCount, displs[me] * es },

@@ -99,8 +99,8 @@ func alltoall(c *hcomm.Comm, name string, h header, send device.Ptr, sc_, sd []i
 		// buffer (lent.go); the hello then carries the buffer's address
 		// after the counts.
 		var ln *loan
-		if !windowed && h.kind == kAlltoAll && sc_[0]*es <= lentMax && sched.ok() {
-			ln = sched.lend(recv, extent(rc, rd)*es)
+		if !windowed && sched.ok() {
+			ln = sched.lend(recv, extent(rc, rd)*es, rd)
 		}
 		table := sched.countTable(sc_, ln.words()...)
 		if sched.sparse() {
@@ -109,6 +109,7 @@ func alltoall(c *hcomm.Comm, name string, h header, send device.Ptr, sc_, sd []i
 			// hello with every peer then checks what only a pair can.
 			sched.butterfly(h, nil)
 		}
+		learn := ln.learn(me)
 		sched.hello(h, sched.others(), table, int64(8*(n+len(ln.words()))), func(p int, payload []byte) error {
 			if len(payload) < 8*n {
 				return fmt.Errorf("rank %d's hello carries %d bytes of counts, want %d", p, len(payload), 8*n)
@@ -116,13 +117,13 @@ func alltoall(c *hcomm.Comm, name string, h header, send device.Ptr, sc_, sd []i
 			if got := int64(binary.LittleEndian.Uint64(payload[8*me:])); got != rc[p] {
 				return fmt.Errorf("rank %d sends %d elements to rank %d, which expects %d from it", p, got, me, rc[p])
 			}
-			return ln.learn(p, payload[8*n:])
+			return learn(p, payload[8*n:])
 		})
 		if windowed {
 			sched.lendWindow(sched.others())
 		}
 		if ln != nil {
-			sched.openLoan(ln, nil)
+			sched.openLoan(ln, func(p int) bool { return rc[p]*es <= lentMax })
 		}
 		sched.copy(recv.Add(rd[me]*es), send.Add(sd[me]*es), min(sc_[me], rc[me])*es)
 		if windowed {
@@ -135,12 +136,11 @@ func alltoall(c *hcomm.Comm, name string, h header, send device.Ptr, sc_, sd []i
 			}
 			return nil
 		}
-		// A lent pair's block goes whole to its place (rd[me] is me·count
-		// for AlltoAll); the others' through the pipes.
+		// A lent pair's block goes whole to its place (the peer's
+		// displacement for this rank, from its hello); the others' through
+		// the pipes.
 		sched.pairwise(ln, es,
-			func(to int) (device.Ptr, int64, int64) {
-				return send.Add(sd[to] * es), sc_[to], int64(me) * sc_[to] * es
-			},
+			func(to int) (device.Ptr, int64, int64) { return send.Add(sd[to] * es), sc_[to], 0 },
 			func(from int) (device.Ptr, int64) { return recv.Add(rd[from] * es), rc[from] })
 		return nil
 	})

@@ -172,15 +172,16 @@
 // # Lent receive buffers (tcp)
 //
 // Over tcp, whose receiving end checks every write as it arrives, a
-// pairwise AlltoAll and a direct AllGather (the selector's choice over tcp
-// up to 8 ranks for inputs from above the inline size to 512 KiB) need no
-// window: each rank registers its receive buffer for the call, its hello
-// carries the buffer's address, and each peer writes its block whole to its
-// place there (hcomm.WriteLentWithNotifyNbi), the socket reading straight
-// into it — no pipe slot, no acknowledgement per piece, no copy out of the
-// HCCL buffer. Blocks up to 512 KiB go lent (larger ones measured faster
-// staged); a pair whose channel does not check on receipt (inproc, shm)
-// stays staged within the same call. lent.go has the protocol.
+// pairwise AlltoAll or AlltoAllV and a direct AllGather (the selector's
+// choice over tcp up to 8 ranks for inputs from above the inline size to
+// 512 KiB) need no window: each rank registers its receive buffer for the
+// call, its hello carries the buffer's address (and, for the V form, its
+// displacements), and each peer writes its block whole to its place there
+// (hcomm.WriteLentWithNotifyNbi), the socket reading straight into it — no
+// pipe slot, no acknowledgement per piece, no copy out of the HCCL buffer.
+// Blocks up to 512 KiB go lent (larger ones measured faster staged); a pair
+// whose channel does not check on receipt (inproc, shm) stays staged within
+// the same call. lent.go has the protocol.
 //
 // # Device memory and the host
 //

@@ -47,18 +47,25 @@ var lentWrites, openLoans atomic.Int64
 // learns of the peers'.
 type loan struct {
 	recv  device.Ptr
+	disp  []int64      // this rank's receive displacements (elements), carried in its hello; nil: none
 	lends []bool       // by rank: the pair's channel takes lent writes
 	any   bool         // some pair does
 	at    []device.Ptr // by rank: the peer's receive buffer, from its hello
+	their []int64      // by rank: the peer's displacement for this rank's data, from its hello (with disp)
 	k     []uint64     // by rank: the gather slot whose nDone this rank's write records
 }
 
 // lend sets up the loan of recv (n bytes) for the call: the pairs that lend
 // (their channels are set up: need), and recv's registration when any pair
-// does. Every rank of a call that may lend calls it and openLoan.
-func (s *sched) lend(recv device.Ptr, n int64) *loan {
+// does. disp, when not nil, are this rank's receive displacements, which
+// its hello carries so that each peer finds its place (AlltoAllV). Every
+// rank of a call that may lend calls it and openLoan.
+func (s *sched) lend(recv device.Ptr, n int64, disp []int64) *loan {
 	size := s.st.comm.Size()
-	ln := &loan{recv: recv, lends: make([]bool, size), at: make([]device.Ptr, size), k: make([]uint64, size)}
+	ln := &loan{recv: recv, disp: disp, lends: make([]bool, size), at: make([]device.Ptr, size), k: make([]uint64, size)}
+	if disp != nil {
+		ln.their = make([]int64, size)
+	}
 	for _, p := range s.others() {
 		if ch := s.st.chans[p]; ch != nil && ch.TakesLent() {
 			ln.lends[p], ln.any = true, true
@@ -82,34 +89,55 @@ func (s *sched) lend(recv device.Ptr, n int64) *loan {
 	return ln
 }
 
-// words returns what this rank's hello carries for the loan: the receive
-// buffer's address when some pair lends.
+// words returns what this rank's hello carries for the loan when some pair
+// lends: the receive buffer's address, then the displacements.
 func (ln *loan) words() []uint64 {
 	if ln == nil || !ln.any {
 		return nil
 	}
-	return []uint64{uint64(ln.recv)}
+	w := []uint64{uint64(ln.recv)}
+	for _, d := range ln.disp {
+		w = append(w, uint64(d))
+	}
+	return w
 }
 
-// learn takes peer p's receive buffer address from the part of its hello
-// after the counts.
-func (ln *loan) learn(p int, rest []byte) error {
-	if !ln.takes(p) {
+// learn takes peer p's receive buffer address, and its displacement for
+// this rank, from the part of its hello after the counts. A peer is not
+// trusted with them, but need not be: this rank writes where they say, and
+// the peer's end checks the write against what the peer registered.
+func (ln *loan) learn(me int) func(p int, rest []byte) error {
+	return func(p int, rest []byte) error {
+		if !ln.takes(p) {
+			return nil
+		}
+		need := 8
+		if ln.their != nil {
+			need += 8 * len(ln.their)
+		}
+		if len(rest) < need {
+			return fmt.Errorf("rank %d's hello carries %d bytes of receive buffer address and displacements, want %d (their channel takes lent writes)", p, len(rest), need)
+		}
+		// A null address (a rank that receives nothing may pass none)
+		// fails only a write of some bytes (writeLent).
+		ln.at[p] = device.Ptr(binary.LittleEndian.Uint64(rest))
+		if ln.their != nil {
+			d := int64(binary.LittleEndian.Uint64(rest[8+8*me:]))
+			if d < 0 {
+				return fmt.Errorf("rank %d's hello gives rank %d the displacement %d", p, me, d)
+			}
+			ln.their[p] = d
+		}
 		return nil
 	}
-	if len(rest) < 8 {
-		return fmt.Errorf("rank %d's hello carries no receive buffer address, though their channel takes lent writes", p)
-	}
-	a := device.Ptr(binary.LittleEndian.Uint64(rest))
-	if a == 0 {
-		return fmt.Errorf("rank %d's hello carries a null receive buffer address", p)
-	}
-	ln.at[p] = a
-	return nil
 }
 
 // takes reports whether the pair with p lends.
 func (ln *loan) takes(p int) bool { return ln != nil && ln.lends[p] }
+
+// fits reports whether n bytes between this rank and p go lent: the pair
+// lends and n is at most lentMax.
+func (ln *loan) fits(p int, n int64) bool { return ln.takes(p) && n <= lentMax }
 
 // openLoan takes this call's turn in the gather slots: this rank's own,
 // whose nDone the peers that write into the loan record (the lending pairs
@@ -128,10 +156,11 @@ func (s *sched) openLoan(ln *loan, writes func(p int) bool) {
 	}
 }
 
-// writeLent writes n bytes at src into peer's receive buffer, off bytes in,
-// and records the peer's nDone, in one task: the address is the peer's
+// writeLent writes n bytes at src into peer's receive buffer, off bytes in
+// (plus, with displacements, the peer's displacement for this rank times
+// es), and records the peer's nDone, in one task: the address is the peer's
 // hello's, known when the task runs.
-func (s *sched) writeLent(ln *loan, peer int, off int64, src device.Ptr, n int64) {
+func (s *sched) writeLent(ln *loan, peer int, off, es int64, src device.Ptr, n int64) {
 	k := ln.k[peer]
 	if n == 0 {
 		s.record(peer, nDone+int(k))
@@ -143,6 +172,9 @@ func (s *sched) writeLent(ln *loan, peer int, off int64, src device.Ptr, n int64
 		dst := ln.at[peer]
 		if dst == 0 {
 			return fmt.Errorf("collectives: rank %d has no receive buffer address of rank %d", s.st.comm.Rank(), peer)
+		}
+		if ln.their != nil {
+			dst = dst.Add(ln.their[peer] * es)
 		}
 		// In pieces of at most 256 KiB, one after the other: tcp splits a
 		// longer write over its sockets with a goroutine each, which
@@ -191,17 +223,21 @@ func (s *sched) openLent(h header, algo Algorithm, recv device.Ptr, n int64, wri
 	if !s.ok() {
 		return &loan{lends: make([]bool, s.st.comm.Size())}
 	}
-	ln := s.lend(recv, n)
+	ln := s.lend(recv, n, nil)
 	words := ln.words()
-	s.hello(h, s.others(), s.countTable(nil, words...), int64(8*len(words)), ln.learn)
+	s.hello(h, s.others(), s.countTable(nil, words...), int64(8*len(words)), ln.learn(s.st.comm.Rank()))
 	s.openLoan(ln, writes)
 	return ln
 }
 
 // pairwise moves, for r = 1 … n-1, this rank's data for rank me+r and
 // rank me-r's for this one: srcOf(to) gives the source, its element count
-// and, for a lent pair, its byte offset in the peer's receive buffer;
-// dstOf(from) where the piece from that peer goes and its element count.
+// and, for a lent pair, its byte offset in the peer's receive buffer (to
+// which the peer's displacement for this rank is added when the loan
+// carries displacements); dstOf(from) where the piece from that peer goes
+// and its element count. A pair lends when its channel does and the data
+// is at most lentMax (the counts agree on both ends, or the hello fails
+// the call before any data moves).
 // A lent pair's data goes whole by one write (writeLent); the others' piece
 // by piece through the pipes, each piece copied out of the inbox.
 func (s *sched) pairwise(ln *loan, es int64, srcOf func(to int) (src device.Ptr, count, off int64), dstOf func(from int) (dst device.Ptr, count int64)) {
@@ -211,15 +247,16 @@ func (s *sched) pairwise(ln *loan, es int64, srcOf func(to int) (src device.Ptr,
 		to, from := mod(me+r, n), mod(me-r, n)
 		src, sn, off := srcOf(to)
 		dst, rn := dstOf(from)
-		if ln.takes(to) {
-			s.writeLent(ln, to, off, src, sn*es)
+		lentTo, lentFrom := ln.fits(to, sn*es), ln.fits(from, rn*es)
+		if lentTo {
+			s.writeLent(ln, to, off, es, src, sn*es)
 		}
 		for q := int64(0); q < max(pieces(sn, per), pieces(rn, per)); q++ {
 			lo := q * per
-			if m := min(per, sn-lo); m > 0 && !ln.takes(to) {
+			if m := min(per, sn-lo); m > 0 && !lentTo {
 				s.pipeSend(to, src.Add(lo*es), m*es)
 			}
-			if m := min(per, rn-lo); m > 0 && !ln.takes(from) {
+			if m := min(per, rn-lo); m > 0 && !lentFrom {
 				slot, done := s.pipeRecv(from)
 				s.copy(dst.Add(lo*es), slot, m*es)
 				done()

@@ -10,9 +10,10 @@ import (
 )
 
 // TestLentOverTCP: over tcp the selector's all-to-all (pairwise above the
-// one-shot's size) and all-gather (direct, from above a hello's size up to
-// lentMax) write each rank's block straight into its peers' receive
-// buffers (lent.go). Results exact against the reference, in place and out,
+// one-shot's size), the AlltoAllV (each peer's displacement from its hello)
+// and the all-gather (direct, from above a hello's size up to lentMax)
+// write each rank's block straight into its peers' receive buffers
+// (lent.go). Results exact against the reference, in place and out,
 // with blocks just above the inline size, odd, and larger than a pipe
 // piece, 2 to 4 ranks, calls of the lent and the staged forms (forced ring,
 // blocks past lentMax) back to back on the same communicators; the lent
@@ -33,6 +34,11 @@ func TestLentOverTCP(t *testing.T) {
 					testAllGather(t, comms, m, collectives.AlgoAuto, true)
 					testAllGather(t, comms, m, collectives.AlgoRing, false)
 					testAlltoAll(t, comms, m, collectives.AlgoPairwise)
+					v, _ := collectives.LentWrites()
+					testVCollectives(t, comms, m) // AlltoAllV: blocks of 0 to 1.5 counts, gaps between them
+					if w, _ := collectives.LentWrites(); w == v {
+						t.Fatalf("%v: no lent write in the AlltoAllV", m)
+					}
 				}
 			}
 			after, open := collectives.LentWrites()
