@@ -79,19 +79,7 @@ func writeLent(op string, stop <-chan struct{}, ch *Channel, dst, src device.Ptr
 	if dst == 0 || uint64(dst) > math.MaxUint64-uint64(n) {
 		return c.errorf(op, ch.RemoteRank(), ErrPara, nil, "remote dst [%#x, +%d) is not a range", uintptr(dst), n)
 	}
-	b, err := c.dev.Bytes(src, n)
-	if err != nil {
-		return c.errorf(op, ch.RemoteRank(), ErrPara, err, "local src")
-	}
-	if remoteIdx >= 0 {
-		if err := c.remoteIdxCheck(op, ch, remoteIdx); err != nil {
-			return err
-		}
-	}
-	if err := c.write(stop, ch, dst, b, remoteIdx); err != nil {
-		return c.taskFailed(op, ch.RemoteRank(), err)
-	}
-	return nil
+	return c.writeFrom(op, stop, ch, dst, src, n, remoteIdx)
 }
 
 // Segment is a range of local memory: N bytes from Src.
@@ -172,7 +160,14 @@ func writeNow(op string, stop <-chan struct{}, ch *Channel, dst, src device.Ptr,
 	if err := c.remoteCheck(op, ch, "dst", dst, n); err != nil {
 		return err
 	}
-	b, err := c.dev.Bytes(src, n) // the local check, once
+	return c.writeFrom(op, stop, ch, dst, src, n, remoteIdx)
+}
+
+// writeFrom is the rest of an immediate write once dst is checked (or left
+// to the peer): the local check of src, once, and of the notify index when
+// the write records one (remoteIdx >= 0), then the write.
+func (c *Comm) writeFrom(op string, stop <-chan struct{}, ch *Channel, dst, src device.Ptr, n int64, remoteIdx int) error {
+	b, err := c.dev.Bytes(src, n)
 	if err != nil {
 		return c.errorf(op, ch.RemoteRank(), ErrPara, err, "local src")
 	}
