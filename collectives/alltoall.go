@@ -60,6 +60,12 @@ func alltoall(c *hcomm.Comm, name string, h header, send device.Ptr, sc_, sd []i
 	if err := checkBuf(c, name, "recv", recv, extent(rc, rd)*es); err != nil {
 		return err
 	}
+	// No in-place form (as HCCL's and MPI's without MPI_IN_PLACE): a
+	// peer's block may land in the receive buffer before this rank's block
+	// for another peer has left the same bytes.
+	if sn, rn := extent(sc_, sd)*es, extent(rc, rd)*es; sn > 0 && rn > 0 && send < recv.Add(rn) && recv < send.Add(sn) {
+		return collErr(c, name, hcomm.ErrPara, nil, "send [%#x, +%d) and recv [%#x, +%d) overlap: %s has no in-place form", uintptr(send), sn, uintptr(recv), rn, name)
+	}
 	me, n := c.Rank(), c.Size()
 	if grouping(c) {
 		o := o.copy() // the call as it was made, whatever the caller does to *o before GroupEnd
@@ -97,9 +103,9 @@ func alltoall(c *hcomm.Comm, name string, h header, send device.Ptr, sc_, sd []i
 		sched.need(sched.others()) // before countTable enqueues: a failed setup takes the call back
 		// Over tcp a peer's block goes straight into this rank's receive
 		// buffer (lent.go); the hello then carries the buffer's address
-		// after the counts.
+		// and the receive displacements after the counts, when they fit.
 		var ln *loan
-		if !windowed && sched.ok() {
+		if !windowed && sched.ok() && int64(8*(2*n+1)) <= sched.st.lay.inline() { // the counts, the address, the displacements
 			ln = sched.lend(recv, extent(rc, rd)*es, rd)
 		}
 		table := sched.countTable(sc_, ln.words()...)

@@ -181,7 +181,9 @@
 // pipe slot, no acknowledgement per piece, no copy out of the HCCL buffer.
 // Blocks up to 512 KiB go lent (larger ones measured faster staged); a pair
 // whose channel does not check on receipt (inproc, shm) stays staged within
-// the same call. lent.go has the protocol.
+// the same call. An AlltoAll or AlltoAllV whose send and receive buffers
+// overlap is refused (ErrPara): there is no in-place form. lent.go has the
+// protocol.
 //
 // # Device memory and the host
 //

@@ -1,7 +1,9 @@
 package collectives_test
 
 import (
+	"errors"
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/hcomm-dev/hcomm/collectives"
@@ -49,5 +51,37 @@ func TestLentOverTCP(t *testing.T) {
 				t.Fatalf("%d loans still registered after every stream is done", open)
 			}
 		})
+	}
+}
+
+// TestAlltoAllOverlapRefused: an all-to-all whose send and receive buffers
+// overlap fails at once with ErrPara naming both ranges (there is no
+// in-place form: a peer's block, written into the receive buffer or read
+// from the send buffer by the peer itself, may meet bytes not yet sent).
+func TestAlltoAllOverlapRefused(t *testing.T) {
+	comms := hcommtest.New(t, 2, hcommtest.Inproc)
+	errs := make([]error, 2)
+	for r, c := range comms {
+		dev := c.Device()
+		p, err := dev.Malloc(64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer dev.Free(p)
+		s, err := dev.CreateStream()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Destroy()
+		errs[r] = collectives.AlltoAll(p, 4, hcomm.Float32, p.Add(16), 4, hcomm.Float32, c, s, nil)
+		cs, ds := []int64{2, 2}, []int64{0, 2}
+		if err := collectives.AlltoAllV(p, cs, ds, hcomm.Float32, p, cs, ds, hcomm.Float32, c, s, nil); !errors.Is(err, hcomm.ErrPara) || !strings.Contains(err.Error(), "overlap") {
+			t.Errorf("rank %d: AlltoAllV in place: %v, want ErrPara saying the buffers overlap", r, err)
+		}
+	}
+	for r, err := range errs {
+		if !errors.Is(err, hcomm.ErrPara) || !strings.Contains(err.Error(), "overlap") {
+			t.Errorf("rank %d: AlltoAll with overlapping buffers: %v, want ErrPara saying they overlap", r, err)
+		}
 	}
 }
