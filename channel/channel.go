@@ -159,9 +159,10 @@ type WriteVNotifier interface {
 // arrives (tcp: a write outside it breaks the channel before a byte is
 // stored). Its writes may therefore target memory the peer registered after
 // the channel was made — a receive buffer a collective lends for one call
-// (hcomm.WriteLentWithNotifyNbi) — which the writing end cannot check. A
-// transport that stores into the peer's memory itself (inproc, shm) must
-// check on the writing side and does not implement it.
+// (hcomm.WriteLentWithNotifyNbi) — which the writing end cannot check.
+// inproc implements it too: its copies check the peer's own registry as
+// they run. shm, whose writes go into the peer memory mapped when the
+// channel was made, does not.
 type ReceiverChecker interface {
 	ChecksOnReceipt() bool
 }

@@ -164,10 +164,11 @@ func allGather(c *hcomm.Comm, name string, h header, send device.Ptr, sendCount 
 				}
 				break
 			}
-			if !sc.st.mapped && h.kind == kAllGather && !sc.sparse() {
-				// Over tcp (lent.go): every rank's input written straight
-				// to its place in every peer's output.
-				ln := sc.openLent(h, algo, recv, recvBytes, func(p int) bool { return counts[p]*es <= lentMax })
+			if sc.st.lendsDirect() && h.kind == kAllGather && !sc.sparse() {
+				// Over tcp or in one process (lent.go): every rank's
+				// input written straight to its place in every peer's
+				// output.
+				ln := sc.openLent(h, algo, recv, recvBytes, func(p int) int64 { return counts[p] * es })
 				sc.copy(out(me), send, sendCount*es)
 				sc.pairwise(ln, es,
 					func(int) (device.Ptr, int64, int64) { return send, sendCount, displs[me] * es },

@@ -129,7 +129,7 @@ func alltoall(c *hcomm.Comm, name string, h header, send device.Ptr, sc_, sd []i
 			sched.lendWindow(sched.others())
 		}
 		if ln != nil {
-			sched.openLoan(ln, func(p int) bool { return rc[p]*es <= lentMax })
+			sched.openLoan(ln, func(p int) int64 { return rc[p] * es })
 		}
 		sched.copy(recv.Add(rd[me]*es), send.Add(sd[me]*es), min(sc_[me], rc[me])*es)
 		if windowed {

@@ -169,7 +169,7 @@
 // that disagree get ErrMismatch before any byte is read. `hcomm bench -R 1`
 // measures it; BENCHMARKS.md has the figures.
 //
-// # Lent receive buffers (tcp)
+// # Lent receive buffers (tcp, in process)
 //
 // Over tcp, whose receiving end checks every write as it arrives, a
 // pairwise AlltoAll or AlltoAllV and a direct AllGather (the selector's
@@ -179,11 +179,13 @@
 // displacements), and each peer writes its block whole to its place there
 // (hcomm.WriteLentWithNotifyNbi), the socket reading straight into it — no
 // pipe slot, no acknowledgement per piece, no copy out of the HCCL buffer.
-// Blocks up to 512 KiB go lent (larger ones measured faster staged); a pair
-// whose channel does not check on receipt (inproc, shm) stays staged within
-// the same call. An AlltoAll or AlltoAllV whose send and receive buffers
-// overlap is refused (ErrPara): there is no in-place form. lent.go has the
-// protocol.
+// Blocks up to 512 KiB go lent (larger ones measured faster staged).
+// Between ranks of one process (inproc, whose copies check the peer's
+// registry as they run) the all-to-all's blocks up to 4 MiB go the same
+// way: one copy instead of two. A pair whose channel does not check on
+// receipt (shm) stays staged within the same call. An AlltoAll or AlltoAllV
+// whose send and receive buffers overlap is refused (ErrPara): there is no
+// in-place form. lent.go has the protocol.
 //
 // # Device memory and the host
 //

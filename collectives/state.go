@@ -116,6 +116,7 @@ type state struct {
 	multiHost bool               // ranks span hosts, some with several ranks: the two-level schedule pays
 	mapped    bool               // every peer's memory is mapped (inproc, shm): a read is a memmove
 	netLends  bool               // every peer whose memory is not mapped is over tcp, whose channels take lent writes (lent.go)
+	allInproc bool               // every peer is a rank of this process (inproc): lent writes are copies (lent.go)
 	prepared  bool               // connect has checked the layout and learnt mapped
 	forced    map[kind]Algorithm // HCCL_ALGO
 	costs     CostModel          // the selector's cost model (HCOMM_COST_MODEL over the defaults)
@@ -270,6 +271,7 @@ func (st *state) init1() {
 	st.lay, _ = newLayout(c.Size(), size)
 	st.mapped = true // until prepare finds a peer whose memory is not
 	st.netLends = true
+	st.allInproc = true
 	st.multiHost = multiHost(c)
 	st.noCheck = os.Getenv("HCOMM_COLL_CHECK") == "0"
 	st.strict = c.Config().Deterministic == hcomm.DeterministicStrict
@@ -311,6 +313,7 @@ func (st *state) prepare() error {
 			st.mapped = false
 			st.netLends = st.netLends && tr == hcomm.TransportTCP
 		}
+		st.allInproc = st.allInproc && tr == hcomm.TransportInproc
 	}
 	return nil
 }

@@ -80,9 +80,10 @@ func (ch *Channel) Flagged() bool {
 }
 
 // TakesLent reports whether ch's transport lets its writes target memory
-// the peer registered after the channel was made, checked by the peer as
-// they arrive (channel.ReceiverChecker: tcp), so that WriteLentWithNotifyNbi
-// works on it. Safe for concurrent use.
+// the peer registered after the channel was made, checked against the
+// peer's registered memory as they arrive (channel.ReceiverChecker: tcp,
+// and inproc, whose copies look at the peer's registry as they run), so
+// that WriteLentWithNotifyNbi works on it. Safe for concurrent use.
 func (ch *Channel) TakesLent() bool {
 	rc, ok := ch.tr.(channel.ReceiverChecker)
 	return ok && rc.ChecksOnReceipt()

@@ -46,12 +46,14 @@ func WriteWithNotifyNbi(stop <-chan struct{}, ch *Channel, dst, src device.Ptr, 
 // carries the receive buffer's address). This rank cannot check dst — it
 // knows only the ranges the peer had registered when the channel was made
 // — so the peer's end checks it as the bytes arrive, and a write outside
-// what the peer registered breaks the channel there (ErrProtocol on the
-// peer) instead of touching its memory. Only a transport that checks on
-// receipt takes it (Channel.TakesLent: tcp); others refuse it with
-// ErrNotSupport. The collectives use it over tcp to write a peer's block
-// straight into the peer's receive buffer, which its socket then reads
-// into with no copy out of the HCCL buffer. An hcomm extension.
+// what the peer registered never touches its memory: over tcp it breaks
+// the channel there (ErrProtocol on the peer), in one process (inproc) it
+// fails here. Only a transport that checks on receipt takes it
+// (Channel.TakesLent: tcp, inproc); shm refuses it with ErrNotSupport. The
+// collectives use it to write a peer's block straight into the peer's
+// receive buffer: over tcp its socket reads into it with no copy out of
+// the HCCL buffer, in one process it is one copy instead of two. An hcomm
+// extension.
 func WriteLentWithNotifyNbi(stop <-chan struct{}, ch *Channel, dst, src device.Ptr, n int64, remoteIdx int) error {
 	if remoteIdx < 0 { // writeLent's "no record"
 		return errorOf(ch, "WriteLentWithNotifyNbi", "remote notify index %d is negative", remoteIdx)

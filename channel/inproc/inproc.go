@@ -177,6 +177,12 @@ func (t *Transport) peerBytes(p device.Ptr, n int64) ([]byte, error) {
 	return b, nil
 }
 
+// ChecksOnReceipt reports that every write (and read) is checked against
+// the peer's registered memory as it is when the copy runs — the peer's
+// registry itself, in this process — so that a write may target a range the
+// peer registered after the channel was made (channel.ReceiverChecker).
+func (t *Transport) ChecksOnReceipt() bool { return true }
+
 // Write copies src into the peer's memory at dst.
 func (t *Transport) Write(_ <-chan struct{}, dst device.Ptr, src []byte) error {
 	b, err := t.peerBytes(dst, int64(len(src)))
