@@ -236,9 +236,12 @@ func preferLent(k kind, bytes int64, n int, st *state, a Algorithm) Algorithm {
 	return a
 }
 
-// lendsDirect reports whether the direct all-gather takes its lent form
-// (every rank alike): over tcp, or among the ranks of one process.
-func (st *state) lendsDirect() bool { return !st.mapped || st.allInproc }
+// lendsDirect reports whether the direct all-gather of bytes a rank takes
+// its lent form (every rank alike): over tcp, or among the ranks of one
+// process up to lentCopyMax (above it the gather slots' direct reads).
+func (st *state) lendsDirect(bytes int64) bool {
+	return !st.mapped || st.allInproc && bytes <= lentCopyMax
+}
 
 // openLent opens a collective among every rank (at most helloFullMax: the
 // full handshake) with a hello that carries this rank's receive buffer
