@@ -101,14 +101,16 @@ func alltoall(c *hcomm.Comm, name string, h header, send device.Ptr, sc_, sd []i
 		// The hello carries this rank's send counts, so that each peer checks
 		// them against its receive counts.
 		sched.need(sched.others()) // before countTable enqueues: a failed setup takes the call back
-		// Over tcp a peer's block goes straight into this rank's receive
-		// buffer (lent.go); the hello then carries the buffer's address
-		// and the receive displacements after the counts, when they fit.
+		// Over tcp and in one process a peer's block goes straight into
+		// this rank's receive buffer (lent.go); the hello then carries the
+		// buffer's address and the receive displacements after the counts,
+		// when they fit.
 		var ln *loan
 		if !windowed && sched.ok() && int64(8*(2*n+1)) <= sched.st.lay.inline() { // the counts, the address, the displacements
 			ln = sched.lend(recv, extent(rc, rd)*es, rd)
 		}
-		table := sched.countTable(sc_, ln.words()...)
+		words := ln.words()
+		table := sched.countTable(sc_, words...)
 		if sched.sparse() {
 			// The butterfly first, as every collective above helloFullMax
 			// ranks (so that any mismatch reaches every rank); the counts'
@@ -116,7 +118,7 @@ func alltoall(c *hcomm.Comm, name string, h header, send device.Ptr, sc_, sd []i
 			sched.butterfly(h, nil)
 		}
 		learn := ln.learn(me)
-		sched.hello(h, sched.others(), table, int64(8*(n+len(ln.words()))), func(p int, payload []byte) error {
+		sched.hello(h, sched.others(), table, int64(8*(n+len(words))), func(p int, payload []byte) error {
 			if len(payload) < 8*n {
 				return fmt.Errorf("rank %d's hello carries %d bytes of counts, want %d", p, len(payload), 8*n)
 			}
@@ -152,9 +154,6 @@ func alltoall(c *hcomm.Comm, name string, h header, send device.Ptr, sc_, sd []i
 	})
 }
 
-// countTable copies counts (one int64 per rank, little-endian), and then
-// extra, into this rank's scratch slot by a stream copy, for a hello to
-// carry.
 // alltoAllOneShot: every rank's block for a peer travels inline in its
 // hello to that peer (a payload of its own per peer: helloCall.blockOf), so
 // that the exchange is the handshake itself; once every hello has arrived
@@ -191,6 +190,9 @@ func alltoAllOneShot(sc *sched, h header, send, recv device.Ptr, block int64) {
 	})
 }
 
+// countTable copies counts (one int64 per rank, little-endian), and then
+// extra, into this rank's scratch slot by a stream copy, for a hello to
+// carry.
 func (s *sched) countTable(counts []int64, extra ...uint64) device.Ptr {
 	p := s.mySlot(s.st.lay.scratchOff())
 	b := make([]byte, 8*(len(counts)+len(extra)))

@@ -224,10 +224,11 @@ const lentCopyMax = 4 << 20
 // forwarding, no staging). st.netLends is the same on every rank (every
 // unmapped peer is tcp, or not), so all ranks choose alike; a pair whose
 // channel does not lend (shm between ranks of one host) goes through the
-// pipes within the same schedule. The broadcast stays as chosen: the root
+// pipes within the same schedule. A two-level choice (hosts) stays, and so
+// does the broadcast: the root
 // writing to every receiver measured no faster than the staged schedules.
 func preferLent(k kind, bytes int64, n int, st *state, a Algorithm) Algorithm {
-	if k != kAllGather || n < 2 || n > helloFullMax || bytes <= st.lay.inline() {
+	if k != kAllGather || a == AlgoHier || n < 2 || n > helloFullMax || bytes <= st.lay.inline() {
 		return a
 	}
 	if !st.mapped && st.netLends && bytes <= lentMax || st.allInproc && bytes <= lentCopyMax {

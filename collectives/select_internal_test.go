@@ -212,3 +212,45 @@ func TestHelloPollDefault(t *testing.T) {
 		}
 	}
 }
+
+// TestPreferLent: the all-gather takes the direct schedule (its lent form)
+// over tcp from above the inline size up to lentMax, and among the ranks of
+// one process up to lentCopyMax; not over shm, not above the bounds or at
+// the inline size, not above helloFullMax ranks, not in place of a
+// two-level choice, and no other collective.
+func TestPreferLent(t *testing.T) {
+	l, err := newLayout(4, 256<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := l.inline()
+	tcp := &state{lay: l, netLends: true}
+	proc := &state{lay: l, mapped: true, allInproc: true, netLends: true}
+	shm := &state{lay: l, mapped: true, netLends: true}
+	for _, tc := range []struct {
+		name  string
+		st    *state
+		k     kind
+		n     int
+		bytes int64
+		in    Algorithm
+		want  Algorithm
+	}{
+		{"tcp above inline", tcp, kAllGather, 4, in + 1, AlgoRing, AlgoDirect},
+		{"tcp at lentMax", tcp, kAllGather, 4, lentMax, AlgoRing, AlgoDirect},
+		{"tcp past lentMax", tcp, kAllGather, 4, lentMax + 1, AlgoRing, AlgoRing},
+		{"tcp at inline", tcp, kAllGather, 4, in, AlgoOneShot, AlgoOneShot},
+		{"tcp, 9 ranks", tcp, kAllGather, 9, in + 1, AlgoRing, AlgoRing},
+		{"tcp, two levels", tcp, kAllGather, 4, in + 1, AlgoHier, AlgoHier},
+		{"tcp broadcast", tcp, kBroadcast, 4, in + 1, AlgoTree, AlgoTree},
+		{"tcp all-to-all", tcp, kAlltoAll, 4, in + 1, AlgoPairwise, AlgoPairwise},
+		{"tcp but some peers elsewhere", &state{lay: l}, kAllGather, 4, in + 1, AlgoRing, AlgoRing},
+		{"in process, 4 MiB", proc, kAllGather, 2, lentCopyMax, AlgoRing, AlgoDirect},
+		{"in process, past 4 MiB", proc, kAllGather, 2, lentCopyMax + 1, AlgoRing, AlgoRing},
+		{"shm", shm, kAllGather, 4, in + 1, AlgoRing, AlgoRing},
+	} {
+		if got := preferLent(tc.k, tc.bytes, tc.n, tc.st, tc.in); got != tc.want {
+			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
