@@ -666,6 +666,19 @@ func (x *helloCall) verify() error {
 	return nil
 }
 
+// sameHello reports whether the header b is mine but for the sender's rank,
+// which must be p: seven words compared (the from field, bytes 40-43, is
+// the low half of the sixth).
+func sameHello(b, mine []byte, p int) bool {
+	const from = 40
+	le := binary.LittleEndian
+	_, _ = b[headerSize-1], mine[headerSize-1]
+	return le.Uint64(b[0:]) == le.Uint64(mine[0:]) && le.Uint64(b[8:]) == le.Uint64(mine[8:]) &&
+		le.Uint64(b[16:]) == le.Uint64(mine[16:]) && le.Uint64(b[24:]) == le.Uint64(mine[24:]) &&
+		le.Uint64(b[32:]) == le.Uint64(mine[32:]) && le.Uint64(b[48:]) == le.Uint64(mine[48:]) &&
+		le.Uint32(b[from+4:]) == le.Uint32(mine[from+4:]) && le.Uint32(b[from:]) == uint32(p)
+}
+
 // checkHello checks the hello in peer p's slot b (a header, then n bytes of
 // payload) against this rank's call h, whose header is mine, and, when extra
 // is not nil, the payload with it.
@@ -674,8 +687,7 @@ func (st *state) checkHello(h header, mine, b []byte, p int, extra func(p int, p
 	// but for the sender's rank. Anything else is decoded and compared
 	// field by field (same ignores what the call does not use, such as a
 	// broadcast's reduce op).
-	if [40]byte(b[:40]) == [40]byte(mine[:40]) && [headerSize - 44]byte(b[44:headerSize]) == [headerSize - 44]byte(mine[44:headerSize]) &&
-		binary.LittleEndian.Uint32(b[40:]) == uint32(p) && extra == nil {
+	if extra == nil && sameHello(b, mine, p) {
 		return nil
 	}
 	me, comm := int(h.from), st.comm

@@ -45,10 +45,17 @@ type laneCall struct {
 	next  int           // peers (st.others) whose hellos have arrived
 	poll  time.Duration // the inline poll's bound; 0: look once
 	opSeq uint64
+	// number: first (or laneAllReduce, for a call it queues) numbers the
+	// call with CountOp; false when BeginOp has (metrics or TRACE on).
+	number bool
+	// slots: every rank's hello (header and payload) of this call, this
+	// rank's own included, found by finish.
+	slots [helloFullMax][]byte
 	// pending: first left the waits for the peers' hellos to rest.
 	pending bool
 
 	firstFn, restFn, runFn func(stop <-chan struct{}) error // bound once
+	payloadFn              func(r int) []byte
 }
 
 // How the lane's calls ran (state.laneRuns, for tests): all in the
@@ -66,7 +73,7 @@ const lanePolls = 64
 
 func newLaneCall(st *state) *laneCall {
 	x := &laneCall{st: st}
-	x.firstFn, x.restFn, x.runFn = x.first, x.rest, x.run
+	x.firstFn, x.restFn, x.runFn, x.payloadFn = x.first, x.rest, x.run, x.payload
 	return x
 }
 
@@ -127,12 +134,14 @@ func laneAllReduce(c *hcomm.Comm, s *device.Stream, o *Options, send, recv devic
 		// wait a moment for them, as launchHello does.
 		spin.Until(max(x.poll, helloPoll), func() bool { return s.Pending() == 0 })
 	}
-	opSeq, counted := c.CountOp(name, algoOneShot)
+	// The call is numbered (CountOp) once its hello is out, while it waits
+	// for the peers' anyway; with metrics or TRACE on, BeginOp numbers it
+	// now and times it with tasks of its own.
 	endOp := noEnd
-	if !counted { // metrics or TRACE: BeginOp times the call with tasks of its own
-		opSeq, endOp = c.BeginOp(t, name, algoOneShot)
+	x.opSeq, x.number = 0, !c.TimesOps()
+	if !x.number {
+		x.opSeq, endOp = c.BeginOp(t, name, algoOneShot)
 	}
-	x.opSeq = opSeq
 	ran, err := s.RunInline(name, x.firstFn)
 	if !ran && err != nil { // the stream is unusable: nothing ran
 		st.seq--
@@ -146,9 +155,10 @@ func laneAllReduce(c *hcomm.Comm, s *device.Stream, o *Options, send, recv devic
 	// would be: its Synchronize reports it.
 	err = nil
 	switch {
-	case !ran: // busy: the whole hello as a queued task
+	case !ran: // busy: the whole hello as a queued task, numbered now (in issue order)
 		st.laneRuns[laneQueued]++
 		st.lane = nil
+		x.countOp()
 		err = s.Launch(name, x.runFn)
 	case x.pending:
 		st.laneRuns[lanePending]++
@@ -176,19 +186,44 @@ var algoOneShot = AlgoOneShot.String()
 // noEnd is the end of a collective CountOp numbered.
 func noEnd() error { return nil }
 
+// laneFit remembers a call the lane fits: what laneFits found for its
+// bytes and algorithm holds while the state is prepared and unbroken, since
+// everything else it looks at (the channels, the layout, the selector's
+// inputs) is set once when the state is prepared.
+type laneFit struct {
+	n    int64
+	algo Algorithm
+	ok   bool
+}
+
 // laneReady reports whether a call of kind k with n bytes per rank on s,
-// algo asked for by its Options, can take the lane (st.mu held): the
-// one-shot schedule is the one asked for or the one the selector picks, every channel it needs is there, and nothing asks
-// for the schedule's machinery (an open group is checked by the caller).
+// algo asked for by its Options, can take the lane (st.mu held; the lane
+// serves one kind, and an open group is checked by the caller).
 func (st *state) laneReady(s *device.Stream, k kind, n int64, algo Algorithm) bool {
-	c := st.comm
-	size := c.Size()
 	switch {
-	case st.err != nil, !st.prepared, st.noLane, size < 2, size > helloFullMax, st.ll, !st.hello.Mapped(),
-		n > st.lay.inline(), testIssue != nil, testJitter != nil:
+	case st.err != nil, testIssue != nil, testJitter != nil:
 		return false
 	case st.lastStream != s, st.threads[s] == nil:
 		return false // the first call on s, or after one on another stream: begin orders them
+	}
+	if f := st.laneFit; f.ok && f.n == n && f.algo == algo {
+		return true
+	}
+	if !st.laneFits(k, n, algo) {
+		return false
+	}
+	st.laneFit = laneFit{n: n, algo: algo, ok: true}
+	return true
+}
+
+// laneFits reports whether the one-shot schedule is the one asked for or the
+// one the selector picks for n bytes, every channel it needs is there, and
+// nothing asks for the schedule's machinery.
+func (st *state) laneFits(k kind, n int64, algo Algorithm) bool {
+	c := st.comm
+	size := c.Size()
+	if !st.prepared || st.noLane || size < 2 || size > helloFullMax || st.ll || !st.hello.Mapped() || n > st.lay.inline() {
+		return false
 	}
 	if algo == AlgoAuto {
 		algo = st.forced[k]
@@ -310,6 +345,7 @@ func (x *laneCall) first(stop <-chan struct{}) error {
 	if err := x.post(stop); err != nil {
 		return err
 	}
+	x.countOp()
 	// A peer making the same call answers within a cache line's round
 	// trip: a tight poll first, before the polls that yield.
 	for i := 0; i < lanePolls && !x.seen(); i++ {
@@ -326,6 +362,14 @@ func (x *laneCall) first(stop <-chan struct{}) error {
 		return nil
 	}
 	return x.finish()
+}
+
+// countOp numbers the call with CountOp, once, unless BeginOp has.
+func (x *laneCall) countOp() {
+	if x.number {
+		x.opSeq, _ = x.st.comm.CountOp(kAllReduce.String(), algoOneShot)
+		x.number = false
+	}
 }
 
 // rest (a queued task behind first) waits for the hellos first did not
@@ -357,18 +401,16 @@ func (x *laneCall) run(stop <-chan struct{}) error {
 func (x *laneCall) finish() error {
 	st := x.st
 	hb := st.hello.Bytes()
-	me := int(x.h.from)
-	slot := func(r int) []byte {
-		off := st.lay.helloOff(r, x.par[r])
-		if r == me {
-			off = st.lay.helloOff(me, 0)
-		}
-		return hb[off : off+headerSize+x.n]
-	}
-	mine := slot(me)
-	if !st.noCheck {
-		for _, p := range st.others {
-			if err := st.checkHello(x.h, mine, slot(p), p, nil, x.n); err != nil {
+	me, size := int(x.h.from), st.comm.Size()
+	end := headerSize + x.n
+	off := st.lay.helloOff(me, 0)
+	mine := hb[off : off+end]
+	x.slots[me] = mine
+	for _, p := range st.others {
+		off := st.lay.helloOff(p, x.par[p])
+		x.slots[p] = hb[off : off+end]
+		if !st.noCheck {
+			if err := st.checkHello(x.h, mine, x.slots[p], p, nil, x.n); err != nil {
 				return err
 			}
 		}
@@ -376,8 +418,11 @@ func (x *laneCall) finish() error {
 	if x.count == 0 {
 		return nil
 	}
-	return reduceRanks(x.out, st.comm.Size(), x.count, x.h.dt, x.h.op, func(r int) []byte { return slot(r)[headerSize:] })
+	return reduceRanks(x.out, size, x.count, x.h.dt, x.h.op, x.payloadFn)
 }
+
+// payload returns rank r's payload of the call finish checked.
+func (x *laneCall) payload(r int) []byte { return x.slots[r][headerSize:] }
 
 // reduceRanks sets dst to the n ranks' inputs combined in rank order
 // (in(r) is rank r's, count elements of dt): every rank that reduces the

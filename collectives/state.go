@@ -151,6 +151,7 @@ type state struct {
 	group     *group                    // c's group state (group.go), looked up once by the lane
 	noLane    bool                      // HCOMM_LANE=0: every call through its schedule, to measure the lane
 	remote    bool                      // a peer of the lane is in another process (lane.go)
+	laneFit   laneFit                   // the last call the lane was found to fit (laneReady)
 
 	own      *device.Stream // the stream of the host-slice layer
 	staging  device.Ptr     // the host-slice layer's device copy of the data

@@ -225,3 +225,80 @@ func TestDestroyWaitsForInlineTask(t *testing.T) {
 	defer cancel()
 	wantCode(t, s.Synchronize(ctx), device.ErrInvalidHandle)
 }
+
+// An inline task that succeeds ends without the stream's lock
+// (finishInline): a Synchronize from another goroutine, a task queued
+// behind it and an event recorded behind it must still see its end, every
+// time. One goroutine runs short tasks inline back to back while another
+// launches tasks behind them and synchronizes; some inline tasks outlast the
+// waiters' spin, so that they sleep and must be woken. Every wait must end
+// within its bound and every task run once, in order.
+func TestRunInlineEndSeenByWaiters(t *testing.T) {
+	d := open(t, 0)
+	s := stream(t, d)
+	const inlineRuns, launches = 3000, 300
+	var mu sync.Mutex
+	var order []int // +i: inline task i, -i: launched task i
+	note := func(v int) {
+		mu.Lock()
+		order = append(order, v)
+		mu.Unlock()
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 1; i <= inlineRuns; i++ {
+			ran, err := s.RunInline("inline", func(<-chan struct{}) error {
+				note(i)
+				if i%4 == 0 { // outlast the waiters' spin, so that they sleep
+					time.Sleep(300 * time.Microsecond)
+				}
+				return nil
+			})
+			if err != nil {
+				t.Errorf("RunInline: %v", err)
+				return
+			}
+			if !ran { // a launched task is pending: wait for the stream, as a caller would
+				if err := s.SynchronizeWithTimeout(5 * time.Second); err != nil {
+					t.Errorf("Synchronize behind launched tasks: %v", err)
+					return
+				}
+				i--
+			}
+		}
+	}()
+	for i := 1; i <= launches; i++ {
+		// A Synchronize alone waits for the inline task in progress, if
+		// any: only its end can wake it.
+		if err := s.SynchronizeWithTimeout(5 * time.Second); err != nil {
+			t.Fatalf("before launch %d: %v", i, err)
+		}
+		if err := s.Launch("launched", func(<-chan struct{}) error { note(-i); return nil }); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.SynchronizeWithTimeout(5 * time.Second); err != nil { // ms: a lost wake would end here
+			t.Fatalf("launch %d: %v", i, err)
+		}
+	}
+	<-done
+	if err := s.SynchronizeWithTimeout(5 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	nextIn, nextOut := 1, 1
+	for _, v := range order {
+		switch {
+		case v > 0 && v == nextIn:
+			nextIn++
+		case v < 0 && -v == nextOut:
+			nextOut++
+		default:
+			t.Fatalf("task %d ran out of order (next inline %d, next launched %d)", v, nextIn, nextOut)
+		}
+	}
+	if nextIn != inlineRuns+1 || nextOut != launches+1 {
+		t.Fatalf("ran %d inline and %d launched tasks, want %d and %d", nextIn-1, nextOut-1, inlineRuns, launches)
+	}
+}

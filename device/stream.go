@@ -37,7 +37,7 @@ type Stream struct {
 	stop      chan struct{} // closed when the running task must give up
 	stopErr   error
 	waiters   []*progressWaiter
-	inline    atomic.Bool // a task runs in its caller's goroutine (RunInline); set under mu
+	nwait     atomic.Int32 // len(waiters), for the lock-free end of an inline task
 	destroyed bool
 	cbs       sync.WaitGroup // non-blocking callbacks still running
 
@@ -210,13 +210,13 @@ func (s *Stream) RunInline(name string, fn func(stop <-chan struct{}) error) (ra
 		s.mu.Unlock()
 		return false, s.errf(name, ErrInvalidHandle, "stream is destroyed")
 	}
-	if s.inline.Load() || s.err != nil || s.completed.Load() != s.submitted {
+	// An inline task in progress counts as submitted and not completed.
+	if s.err != nil || s.completed.Load() != s.submitted {
 		s.mu.Unlock()
 		return false, nil
 	}
 	s.submitted++
 	t := task{seq: s.submitted, name: name, run: fn, inline: true}
-	s.inline.Store(true)
 	s.nall.Store(t.seq)
 	stop := s.stop
 	s.mu.Unlock()
@@ -293,11 +293,14 @@ func (s *Stream) loop() {
 	var popped uint64
 	for {
 		s.mu.Lock()
-		if s.head < len(s.q) && s.inline.Load() {
-			// A task runs in its caller's goroutine (RunInline): the
-			// queued ones wait for its end, which wakes this loop.
+		if s.head < len(s.q) && s.q[s.head].seq > s.completed.Load()+1 {
+			// The task before the front one is not complete, and this
+			// loop runs the queued ones itself: it runs in its caller's
+			// goroutine (RunInline). The queued ones wait for its end,
+			// which wakes this loop.
+			before := s.q[s.head].seq - 1
 			s.mu.Unlock()
-			if !spin.Until(spin.Default, func() bool { return !s.inline.Load() }) {
+			if !spin.Until(spin.Default, func() bool { return s.completed.Load() >= before }) {
 				<-s.wake
 			}
 			continue
@@ -353,6 +356,10 @@ func (s *Stream) runTask(t *task, stop <-chan struct{}) (err error) {
 // finish counts t as completed, failed with err when not nil, and returns
 // the error the stream keeps for it.
 func (s *Stream) finish(t *task, err error) error {
+	if t.inline && err == nil {
+		s.finishInline(t)
+		return nil
+	}
 	if err != nil {
 		var e *Error
 		if !errors.As(err, &e) {
@@ -365,37 +372,62 @@ func (s *Stream) finish(t *task, err error) error {
 	}
 	// The worker waits for the end of an inline task before it starts the
 	// tasks queued behind it: wake it when there are some.
-	wake := false
-	if t.inline {
-		s.inline.Store(false)
-		wake = s.head < len(s.q)
-	}
-	c := s.completed.Add(1)
-	if len(s.waiters) > 0 {
-		keep := s.waiters[:0]
-		for _, w := range s.waiters {
-			if w.target <= c {
-				close(w.ch)
-			} else {
-				keep = append(keep, w)
-			}
-		}
-		for i := len(keep); i < len(s.waiters); i++ {
-			s.waiters[i] = nil
-		}
-		s.waiters = keep
-	}
+	wake := t.inline && s.head < len(s.q)
+	s.release(s.completed.Add(1))
 	s.mu.Unlock()
 	if wake {
-		select {
-		case s.wake <- struct{}{}:
-		default:
-		}
+		s.wakeWorker()
 	}
 	if err != nil {
 		s.dev.raise(s, t.seq, err)
 	}
 	return err
+}
+
+// finishInline counts the inline task t, which succeeded, as completed
+// without taking s.mu (a small collective run inline ends here every call).
+// Whoever waits for it registers first and looks at completed second
+// (awaitProgress, the worker with a task queued behind t), and this stores
+// completed first and looks for them second, all sequentially consistent:
+// either they see t completed or this sees them.
+func (s *Stream) finishInline(t *task) {
+	s.completed.Add(1)
+	if s.nwait.Load() > 0 {
+		s.mu.Lock()
+		s.release(s.completed.Load())
+		s.mu.Unlock()
+	}
+	if s.nsub.Load() > t.seq {
+		s.wakeWorker()
+	}
+}
+
+// release ends the waits for progress up to c (s.mu held).
+func (s *Stream) release(c uint64) {
+	if len(s.waiters) == 0 {
+		return
+	}
+	keep := s.waiters[:0]
+	for _, w := range s.waiters {
+		if w.target <= c {
+			close(w.ch)
+		} else {
+			keep = append(keep, w)
+		}
+	}
+	for i := len(keep); i < len(s.waiters); i++ {
+		s.waiters[i] = nil
+	}
+	s.waiters = keep
+	s.nwait.Store(int32(len(keep)))
+}
+
+// wakeWorker wakes the worker if it sleeps.
+func (s *Stream) wakeWorker() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
 }
 
 // awaitResult says why awaitProgress returned.
@@ -415,11 +447,16 @@ func (s *Stream) awaitProgress(target uint64, spinFor time.Duration, stop, done 
 	}
 	w := &progressWaiter{target: target, ch: make(chan struct{})}
 	s.mu.Lock()
+	// Registered before completed is looked at: an inline task's lock-free
+	// end (finishInline) either is seen here or sees the waiter.
+	s.waiters = append(s.waiters, w)
+	s.nwait.Store(int32(len(s.waiters)))
 	if s.completed.Load() >= target {
+		s.waiters = s.waiters[:len(s.waiters)-1]
+		s.nwait.Store(int32(len(s.waiters)))
 		s.mu.Unlock()
 		return reached
 	}
-	s.waiters = append(s.waiters, w)
 	s.mu.Unlock()
 	var r awaitResult
 	select {
@@ -434,6 +471,7 @@ func (s *Stream) awaitProgress(target uint64, spinFor time.Duration, stop, done 
 	for i, x := range s.waiters {
 		if x == w {
 			s.waiters = append(s.waiters[:i], s.waiters[i+1:]...)
+			s.nwait.Store(int32(len(s.waiters)))
 			break
 		}
 	}

@@ -73,7 +73,7 @@ func (c *Comm) opOf(t *Thread) opTag {
 // with tasks of its own, it numbers nothing and reports false: the caller
 // uses BeginOp. Safe for concurrent use.
 func (c *Comm) CountOp(op, algo string) (seq uint64, ok bool) {
-	if c.cfg.metrics != nil || c.logEnabled(LevelTrace) {
+	if c.TimesOps() {
 		return 0, false
 	}
 	st := &c.ops
@@ -83,6 +83,14 @@ func (c *Comm) CountOp(op, algo string) (seq uint64, ok bool) {
 	seq = st.seq
 	st.mu.Unlock()
 	return seq, true
+}
+
+// TimesOps reports whether metrics or TRACE logging are on, so that a
+// collective must be opened with BeginOp (CountOp would number nothing): a
+// library that numbers its collectives with CountOp asks first, and may then
+// number a call once its first message is out, while it waits anyway.
+func (c *Comm) TimesOps() bool {
+	return c.cfg.metrics != nil || c.logEnabled(LevelTrace)
 }
 
 // BeginOp tells the communicator that the work enqueued on t from now until

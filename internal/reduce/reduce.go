@@ -83,6 +83,76 @@ const (
 	pathChunked             // the Go loops through copied chunks (as on big-endian machines)
 )
 
+// smallBytes bounds the reductions reduceSmall takes: below the vector
+// kernels' 32 bytes, where the portable kernels would run anyway.
+const smallBytes = 32
+
+// reduceSmall reduces a few elements of the common types with loops typed
+// at compile time, reporting whether it did: for the 16 bytes of a small
+// all-reduce, looking a kernel up and calling it through a function value
+// costs several times the work. It computes what the portable kernels
+// compute, bit for bit but for a NaN's payload, as the vector kernels do
+// (TestReduceSmall).
+func reduceSmall(dst, a, b []byte, count int, dt DataType, op Op) bool {
+	switch dt {
+	case Float32:
+		smallFloats(view[float32](dst, count), view[float32](a, count), view[float32](b, count), op)
+	case Float64:
+		smallFloats(view[float64](dst, count), view[float64](a, count), view[float64](b, count), op)
+	case Int32:
+		smallInts(view[int32](dst, count), view[int32](a, count), view[int32](b, count), op)
+	case Int64:
+		smallInts(view[int64](dst, count), view[int64](a, count), view[int64](b, count), op)
+	default:
+		return false
+	}
+	return true
+}
+
+func smallFloats[T float](d, x, y []T, op Op) {
+	x, y = x[:len(d)], y[:len(d)]
+	switch op {
+	case Sum:
+		for i := range d {
+			d[i] = x[i] + y[i]
+		}
+	case Prod:
+		for i := range d {
+			d[i] = x[i] * y[i]
+		}
+	case Max:
+		for i := range d {
+			d[i] = fmax(x[i], y[i])
+		}
+	case Min:
+		for i := range d {
+			d[i] = fmin(x[i], y[i])
+		}
+	}
+}
+
+func smallInts[T integer](d, x, y []T, op Op) {
+	x, y = x[:len(d)], y[:len(d)]
+	switch op {
+	case Sum:
+		for i := range d {
+			d[i] = x[i] + y[i]
+		}
+	case Prod:
+		for i := range d {
+			d[i] = x[i] * y[i]
+		}
+	case Max:
+		for i := range d {
+			d[i] = max(x[i], y[i])
+		}
+	case Min:
+		for i := range d {
+			d[i] = min(x[i], y[i])
+		}
+	}
+}
+
 // reduce3 does the work of Reduce3 on validated arguments.
 func reduce3(dst, a, b []byte, count int, dt DataType, op Op, p path) {
 	if count == 0 {
@@ -92,6 +162,9 @@ func reduce3(dst, a, b []byte, count int, dt DataType, op Op, p path) {
 	n := count * es
 	dst, a, b = dst[:n:n], a[:n:n], b[:n:n]
 	chunked := p == pathChunked
+	if directView && !chunked && n < smallBytes && reduceSmall(dst, a, b, count, dt, op) {
+		return
+	}
 	if p == pathAccel {
 		lo, hi := accelerate(dst, a, b, dt, op)
 		if lo < hi {

@@ -802,3 +802,56 @@ func TestSmallReduceDoesNotAllocate(t *testing.T) {
 		}
 	}
 }
+
+// TestReduceSmall checks reduceSmall against the portable kernels bit for
+// bit (NaN payloads aside), at every count it takes, with NaNs, infinities and both zeros among
+// the floats, and that it refuses the types it leaves to them.
+func TestReduceSmall(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	special := map[DataType][]uint64{
+		Float32: {0, 1 << 31, 0x7fc00000, 0xffc00001, 0x7f800000, 0xff800000, 0x3f800000},
+		Float64: {0, 1 << 63, 0x7ff8000000000000, 0xfff8000000000001, 0x7ff0000000000000, 0x3ff0000000000000},
+	}
+	for _, dt := range DataTypes() {
+		es := dt.Size()
+		for _, op := range Ops() {
+			for count := 1; count*es < smallBytes; count++ {
+				for trial := 0; trial < 20; trial++ {
+					a, b := make([]byte, count*es), make([]byte, count*es)
+					fill(rng, dt, a, count)
+					fill(rng, dt, b, count)
+					if sp := special[dt]; sp != nil {
+						for i := 0; i < count; i++ {
+							if rng.IntN(3) == 0 {
+								putBits(a[i*es:], es, sp[rng.IntN(len(sp))])
+							}
+							if rng.IntN(3) == 0 {
+								putBits(b[i*es:], es, sp[rng.IntN(len(sp))])
+							}
+						}
+					}
+					got, want := make([]byte, count*es), make([]byte, count*es)
+					if !reduceSmall(got, a, b, count, dt, op) {
+						switch dt {
+						case Float32, Float64, Int32, Int64:
+							t.Fatalf("reduceSmall refused %v %v", dt, op)
+						}
+						continue
+					}
+					reduceGeneric(want, a, b, count, dt, op, false)
+					if _, ok := sameBits(dt, got, want, count); !ok {
+						t.Fatalf("%v %v count %d: a %x b %x: got %x, the kernels %x", dt, op, count, a, b, got, want)
+					}
+				}
+			}
+		}
+	}
+}
+
+func putBits(b []byte, es int, v uint64) {
+	if es == 4 {
+		binary.LittleEndian.PutUint32(b, uint32(v))
+	} else {
+		binary.LittleEndian.PutUint64(b, v)
+	}
+}
