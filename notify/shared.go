@@ -1,7 +1,6 @@
 package notify
 
 import (
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -38,29 +37,33 @@ const (
 // sharedWord is the backing of a NewShared notify.
 type sharedWord struct {
 	word *uint32
-	// use is held for reading by every operation that touches the word and
-	// for writing by Detach, after which the word is never touched again.
-	use      sync.RWMutex
-	detached bool
+	// detached: the notify no longer looks at the word for its state
+	// (Detach). Nothing waits for the calls already past this check: the
+	// word stays addressable as long as the notify is reachable (see
+	// NewShared), so a call that raced with Detach touches it once more,
+	// harmlessly. A lock here would cost every poll two atomics more.
+	detached atomic.Bool
 	// local says the recorder is a goroutine of this process (SetLocal).
 	local bool
 }
 
 // do runs fn on the word unless the notify is detached.
 func (sh *sharedWord) do(fn func(*uint32)) {
-	sh.use.RLock()
-	if !sh.detached {
+	if !sh.detached.Load() {
 		fn(sh.word)
 	}
-	sh.use.RUnlock()
 }
 
 // NewShared returns a notify whose state is the 32-bit word at word, which
 // lives in memory shared with another process (a page both have mapped).
 // That process records it with Signal; this one waits on it, and may also
 // Set, Reset, Break it like any notify. The word must be zero (reset) or a
-// state a previous notify left there, 4-byte aligned, and stay mapped until
-// Detach returns. name says whose notify it is, as for New. Giving each word
+// state a previous notify left there, 4-byte aligned, and stay addressable
+// for as long as the notify is reachable: after Detach the notify no longer
+// looks at it, but a call that was already in progress may touch it once
+// more, so the owner of the memory does not unmap it at Detach — it
+// replaces it with private memory and unmaps that once the notifies are
+// gone (channel/shm's retire). name says whose notify it is, as for New. Giving each word
 // a cache line of its own keeps waits on one notify from slowing the records
 // of its neighbours.
 func NewShared(name string, word *uint32) *Notify {
@@ -82,18 +85,17 @@ func (n *Notify) SetLocal(local bool) {
 func (n *Notify) Shared() bool { return n.sh != nil }
 
 // Detach breaks the notify with err (see Break) and, for a shared notify,
-// waits until no call is touching its word; after it returns the word may be
-// unmapped, and the notify behaves as a broken notify that is never
-// recorded again. The transport that owns the shared memory calls it before
-// unmapping. Idempotent; on a notify from New it is Break.
+// stops it looking at its word: from then on it behaves as a broken notify
+// that is never recorded again. Its waits end (Break wakes them) without
+// being waited for here, so the word must stay addressable until the notify
+// is unreachable (NewShared). The transport that owns the
+// shared memory calls it when it closes. Idempotent; on a notify from New it
+// is Break.
 func (n *Notify) Detach(err error) {
 	n.Break(err)
-	if n.sh == nil {
-		return
+	if n.sh != nil {
+		n.sh.detached.Store(true)
 	}
-	n.sh.use.Lock()
-	n.sh.detached = true
-	n.sh.use.Unlock()
 }
 
 // Signal records the shared notify whose word is at word (a NewShared
@@ -138,10 +140,8 @@ func tryResetWord(w *uint32) bool {
 // it with a futex until a record, Break, stop or the timeout.
 func (n *Notify) awaitShared(s *device.Stream, timeout time.Duration, stop <-chan struct{}) error {
 	sh := n.sh
-	sh.use.RLock()
-	defer sh.use.RUnlock()
 	w := sh.word
-	if sh.detached {
+	if sh.detached.Load() {
 		return n.failErr(s, n.Broken())
 	}
 	if spinShared(w, sh.local) {
@@ -152,8 +152,10 @@ func (n *Notify) awaitShared(s *device.Stream, timeout time.Duration, stop <-cha
 		deadline = time.Now().Add(timeout)
 	}
 	// The kicker wakes this wait's futex sleep when stop closes. It starts
-	// with the first sleep and is stopped and waited for before the word
-	// may be unmapped (Detach waits for this function).
+	// with the first sleep and is stopped and waited for when the wait
+	// ends. A wait that Detach (Break) ends sees the broken state at its next
+	// look: a sleep on a word that has been retired meanwhile returns at
+	// once, since private memory does not hold the value it slept on.
 	var kickerDone, kickerExited chan struct{}
 	defer func() {
 		if kickerDone != nil {

@@ -178,8 +178,11 @@ func TestSharedAbortAndBreakWakeASleepingWait(t *testing.T) {
 	}
 }
 
-// TestDetachLetsTheWordGo: after Detach the notify never touches its word
-// (which is unmapped here: a touch would crash the test).
+// TestDetachLetsTheWordGo: Detach ends the pending wait without waiting
+// for it, and once the calls in progress have ended the notify never
+// touches its word again: a value left there does not read as a record and
+// is not changed, and after the word is unmapped (a touch would crash the
+// test) every call still fails as the detached notify's.
 func TestDetachLetsTheWordGo(t *testing.T) {
 	fd, _ := unix.MemfdCreate("detach", unix.MFD_CLOEXEC)
 	unix.Ftruncate(fd, 4096)
@@ -191,16 +194,15 @@ func TestDetachLetsTheWordGo(t *testing.T) {
 	n := notify.NewShared("n", word(m, 0))
 	s, _ := setup(t)
 	n.Wait(s, time.Minute)
-	time.Sleep(20 * time.Millisecond)
+	time.Sleep(20 * time.Millisecond) // asleep on the futex
 	closed := errors.New("channel closed")
 	n.Detach(closed)
 	n.Detach(closed)
-	if err := unix.Munmap(m); err != nil {
-		t.Fatal(err)
-	}
 	if err := s.SynchronizeWithTimeout(5 * time.Second); !errors.Is(err, closed) {
 		t.Fatalf("pending wait: %v", err)
 	}
+	const left = 0x5a5a0001 // "set", with other bits: a detached notify must ignore it
+	atomic.StoreUint32(word(m, 0), left)
 	n.Set()
 	n.Reset()
 	if n.IsSet() || n.TryReset() {
@@ -208,6 +210,19 @@ func TestDetachLetsTheWordGo(t *testing.T) {
 	}
 	if err := n.WaitNow(context.Background()); !errors.Is(err, closed) {
 		t.Fatalf("wait after Detach: %v", err)
+	}
+	if v := atomic.LoadUint32(word(m, 0)); v != left {
+		t.Fatalf("the detached notify changed its word to %#x", v)
+	}
+	if err := unix.Munmap(m); err != nil {
+		t.Fatal(err)
+	}
+	n.Set()
+	if n.IsSet() || n.TryReset() {
+		t.Fatal("a detached notify reads as set")
+	}
+	if err := n.WaitNow(context.Background()); !errors.Is(err, closed) {
+		t.Fatalf("wait after unmapping: %v", err)
 	}
 }
 

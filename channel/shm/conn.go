@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -106,6 +107,46 @@ func (t *Transport) closeOwnFD() {
 		unix.Close(t.ownFD)
 		t.ownFD = -1
 	}
+}
+
+// retire gives up the notify page m, whose words the notifies ns are: the
+// shared memory goes at once (m is mapped over with private memory, so the
+// memfd is no longer held here), but the addresses stay valid until every
+// one of ns is unreachable, and only then are they unmapped. A notify's
+// calls do not lock out Detach (notify.NewShared): one that raced with the
+// close may touch its word once more, and finds private memory there
+// instead of a hole.
+func retire(m []byte, ns []*notify.Notify) {
+	addr, n := unsafe.Pointer(&m[0]), uintptr(len(m))
+	if _, err := unix.MmapPtr(-1, 0, addr, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_FIXED); err != nil {
+		// Cannot happen for a range this process mapped; if it did, the
+		// memory stays mapped (and shared) rather than become a hole.
+		return
+	}
+	left := &retired{addr: addr, n: n}
+	left.refs.Store(int32(len(ns)))
+	for _, x := range ns {
+		runtime.AddCleanup(x, func(r *retired) {
+			if r.refs.Add(-1) == 0 {
+				unix.MunmapPtr(r.addr, r.n)
+				unmapped.Add(1)
+			}
+		}, left)
+	}
+	if len(ns) == 0 {
+		unix.MunmapPtr(addr, n)
+	}
+}
+
+// unmapped counts the retired pages unmapped (for tests).
+var unmapped atomic.Int64
+
+// retired is a notify page mapped over with private memory, waiting for
+// its notifies to be gone.
+type retired struct {
+	addr unsafe.Pointer
+	n    uintptr
+	refs atomic.Int32
 }
 
 func wordAt(page []byte, i int) *uint32 {
@@ -502,10 +543,11 @@ func (t *Transport) release(why error) {
 		}
 	}
 	t.mems = nil
-	for _, p := range [][]byte{t.peerPage, t.ownPage} {
-		if p != nil {
-			unix.Munmap(p)
-		}
+	if t.peerPage != nil {
+		unix.Munmap(t.peerPage)
+	}
+	if t.ownPage != nil {
+		retire(t.ownPage, t.notifies)
 	}
 	t.peerPage, t.ownPage = nil, nil
 	t.closeOwnFD()

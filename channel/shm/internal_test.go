@@ -6,16 +6,21 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"net"
+	"os"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/hcomm-dev/hcomm/channel"
 	"github.com/hcomm-dev/hcomm/device"
+	"github.com/hcomm-dev/hcomm/notify"
 )
 
 // memExchange connects two Exchanges in one process.
@@ -288,3 +293,103 @@ func TestPeerNeverDials(t *testing.T) {
 }
 
 var _ channel.WriteNotifier = (*Transport)(nil)
+
+// TestNotifyRacingClose: calls on this end's notifies that run while the
+// transport closes never fault — the notify page is mapped over with
+// private memory, not unmapped (retire) — and fail as the closed channel's
+// once they see it.
+func TestNotifyRacingClose(t *testing.T) {
+	for round := 0; round < 20; round++ {
+		a, b := newSide(t, 4096), newSide(t, 4096)
+		pair(t, a, b, 4096)
+		if a.err != nil || b.err != nil {
+			t.Fatal(a.err, b.err)
+		}
+		ns := a.conn.Notifies
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		for _, n := range ns {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					n.Set()
+					n.IsSet()
+					n.TryReset()
+					n.Reset()
+				}
+			}()
+		}
+		time.Sleep(time.Millisecond)
+		if err := a.conn.Transport.Close(); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Millisecond) // the hammering goes on past the close
+		close(stop)
+		wg.Wait()
+		for _, n := range ns {
+			if err := n.WaitNow(context.Background()); !errors.Is(err, channel.ErrClosed) {
+				t.Fatalf("wait after Close = %v", err)
+			}
+		}
+		b.conn.Transport.Close()
+	}
+}
+
+// TestRetire: a retired notify page lets its memory file go at once, stays
+// addressable (private memory) while its notifies live, and is unmapped
+// once they are collected.
+func TestRetire(t *testing.T) {
+	fd, err := unix.MemfdCreate("hcomm-retire-test", unix.MFD_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unix.Ftruncate(fd, int64(pageSize))
+	m, err := unix.Mmap(fd, 0, pageSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	unix.Close(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := uintptr(unsafe.Pointer(&m[0]))
+	mapping := func() string { // the /proc/self/maps line holding addr
+		raw, _ := os.ReadFile("/proc/self/maps")
+		for _, l := range strings.Split(string(raw), "\n") {
+			var lo, hi uintptr
+			if _, err := fmt.Sscanf(l, "%x-%x", &lo, &hi); err == nil && addr >= lo && addr < hi {
+				return l
+			}
+		}
+		return ""
+	}
+	if l := mapping(); !strings.Contains(l, "hcomm-retire-test") {
+		t.Fatalf("the page is mapped as %q, want the memory file", l)
+	}
+	func() {
+		ns := []*notify.Notify{notify.NewShared("a", wordAt(m, 0)), notify.NewShared("b", wordAt(m, 1))}
+		before := unmapped.Load()
+		retire(m, ns)
+		if l := mapping(); l == "" || strings.Contains(l, "hcomm-retire-test") {
+			t.Fatalf("retired page mapped as %q, want private memory", l)
+		}
+		ns[0].Set() // not detached here: the private word takes it
+		if !ns[0].IsSet() || ns[1].IsSet() {
+			t.Fatal("the retired page's words do not hold what was stored")
+		}
+		runtime.KeepAlive(ns)
+		if unmapped.Load() != before {
+			t.Fatal("unmapped while its notifies live")
+		}
+	}()
+	for deadline := time.Now().Add(10 * time.Second); unmapped.Load() == 0 && time.Now().Before(deadline); {
+		runtime.GC()
+		time.Sleep(5 * time.Millisecond)
+	}
+	if unmapped.Load() == 0 {
+		t.Fatal("the retired page was not unmapped after its notifies were collected")
+	}
+}
