@@ -56,6 +56,12 @@
 // with FUTEX_WAIT, so ranks that outnumber the cores still make progress; see notify.NewShared for the word's layout. Fence is a
 // memory barrier only: a write is complete at the peer when the copy returns.
 //
+// A notify's calls take no lock against Close (a poll would pay two atomics
+// more for it), so a call racing with Close may touch its word once after
+// the channel is gone: Close therefore does not unmap this end's notify
+// page but maps private memory over it — the memory file is let go at once
+// — and the page's addresses are unmapped when its notifies are garbage.
+//
 // # When a process dies
 //
 // The kernel closes a dead process's socket; the watcher goroutine of each
