@@ -139,14 +139,16 @@ func minFloats[T float](d, x, y []T) {
 	}
 }
 
-func fmax[T float](p, q T) T {
+// fmax and fmin are max and min with a NaN operand giving a NaN (p+q). For
+// an integer type the NaN test is never true and they are max and min.
+func fmax[T element](p, q T) T {
 	if p != p || q != q {
 		return p + q
 	}
 	return max(p, q)
 }
 
-func fmin[T float](p, q T) T {
+func fmin[T element](p, q T) T {
 	if p != p || q != q {
 		return p + q
 	}

@@ -96,20 +96,20 @@ const smallBytes = 32
 func reduceSmall(dst, a, b []byte, count int, dt DataType, op Op) bool {
 	switch dt {
 	case Float32:
-		smallFloats(view[float32](dst, count), view[float32](a, count), view[float32](b, count), op)
+		smallSlices(view[float32](dst, count), view[float32](a, count), view[float32](b, count), op)
 	case Float64:
-		smallFloats(view[float64](dst, count), view[float64](a, count), view[float64](b, count), op)
+		smallSlices(view[float64](dst, count), view[float64](a, count), view[float64](b, count), op)
 	case Int32:
-		smallInts(view[int32](dst, count), view[int32](a, count), view[int32](b, count), op)
+		smallSlices(view[int32](dst, count), view[int32](a, count), view[int32](b, count), op)
 	case Int64:
-		smallInts(view[int64](dst, count), view[int64](a, count), view[int64](b, count), op)
+		smallSlices(view[int64](dst, count), view[int64](a, count), view[int64](b, count), op)
 	default:
 		return false
 	}
 	return true
 }
 
-func smallFloats[T float](d, x, y []T, op Op) {
+func smallSlices[T element](d, x, y []T, op Op) {
 	x, y = x[:len(d)], y[:len(d)]
 	switch op {
 	case Sum:
@@ -127,28 +127,6 @@ func smallFloats[T float](d, x, y []T, op Op) {
 	case Min:
 		for i := range d {
 			d[i] = fmin(x[i], y[i])
-		}
-	}
-}
-
-func smallInts[T integer](d, x, y []T, op Op) {
-	x, y = x[:len(d)], y[:len(d)]
-	switch op {
-	case Sum:
-		for i := range d {
-			d[i] = x[i] + y[i]
-		}
-	case Prod:
-		for i := range d {
-			d[i] = x[i] * y[i]
-		}
-	case Max:
-		for i := range d {
-			d[i] = max(x[i], y[i])
-		}
-	case Min:
-		for i := range d {
-			d[i] = min(x[i], y[i])
 		}
 	}
 }
