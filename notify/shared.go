@@ -63,9 +63,9 @@ func (sh *sharedWord) do(fn func(*uint32)) {
 // looks at it, but a call that was already in progress may touch it once
 // more, so the owner of the memory does not unmap it at Detach — it
 // replaces it with private memory and unmaps that once the notifies are
-// gone (channel/shm's retire). name says whose notify it is, as for New. Giving each word
-// a cache line of its own keeps waits on one notify from slowing the records
-// of its neighbours.
+// gone (channel/shm's retire). name says whose notify it is, as for New.
+// Giving each word a cache line of its own keeps waits on one notify from
+// slowing the records of its neighbours.
 func NewShared(name string, word *uint32) *Notify {
 	return &Notify{name: name, sh: &sharedWord{word: word}}
 }
@@ -88,9 +88,8 @@ func (n *Notify) Shared() bool { return n.sh != nil }
 // stops it looking at its word: from then on it behaves as a broken notify
 // that is never recorded again. Its waits end (Break wakes them) without
 // being waited for here, so the word must stay addressable until the notify
-// is unreachable (NewShared). The transport that owns the
-// shared memory calls it when it closes. Idempotent; on a notify from New it
-// is Break.
+// is unreachable (NewShared). The transport that owns the shared memory
+// calls it when it closes. Idempotent; on a notify from New it is Break.
 func (n *Notify) Detach(err error) {
 	n.Break(err)
 	if n.sh != nil {
