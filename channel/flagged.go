@@ -11,7 +11,9 @@ import (
 
 // FlagWriter is implemented by a transport that stores into the peer's
 // memory itself, mapped in this process (inproc, shm): the data plane of a
-// low-latency protocol in the spirit of NCCL's LL. Data travels in 8-byte
+// low-latency protocol in the spirit of NCCL's LL, in two forms: lines
+// (WriteLine: up to 56 bytes and a flag word in one cache line, see LineSize)
+// and flagged words. As flagged words, data travels in 8-byte
 // words, 4 bytes of data beside a 4-byte flag, each word one atomic store,
 // so that a receiver polling its own memory (TakeFlagged) sees a word's data
 // as soon as it sees the word's flag: the data and the signal that it has
@@ -31,6 +33,81 @@ type FlagWriter interface {
 	// aligned, and [dst, dst+2*len(src)) inside the peer's registered
 	// memory. It does not wait for anything; stop is not watched.
 	WriteFlagged(stop <-chan struct{}, dst device.Ptr, src []byte, flag uint32) error
+
+	// WriteLine stores src (at most LineData bytes) into the peer's line
+	// at dst (PutLine): dst 8-byte aligned, the LineSize bytes at dst
+	// inside the peer's registered memory. It does not wait; stop is not
+	// watched.
+	WriteLine(stop <-chan struct{}, dst device.Ptr, src []byte, flag uint32) error
+
+	// PrepareLine checks the line at dst once (as WriteLine does) and
+	// returns a LinePut that stores into it without the checks.
+	PrepareLine(dst device.Ptr) (LinePut, error)
+}
+
+// LinePut is a line of the peer's memory prepared by PrepareLine.
+type LinePut interface {
+	// Put stores src (at most LineData bytes) into the line, then the
+	// line's flag word (PutLine). It fails once either end of the channel
+	// is closed.
+	Put(src []byte, flag uint32) error
+}
+
+// A line is the other form of flagged data, for a message that fits a
+// cache line: LineSize bytes, the first 8 a flag word, the rest
+// (LineData) data. A writer copies the data in with plain stores and then
+// stores the flag word with one atomic store; a reader that loads the flag
+// word atomically and finds the flag it waits for reads the data after it
+// and sees what was written before the flag (the atomics order the
+// stores before them for whoever observes them, on every architecture Go
+// runs on). The data and its signal then cost one cache line's transfer
+// when the line is 64-byte aligned, and one atomic store, where flagged
+// words (PutFlagged) cost an atomic store per 4 bytes. As with flagged
+// words, a sender must not rewrite a line the receiver has not taken.
+const (
+	LineSize = 64
+	LineData = LineSize - 8
+)
+
+// lineTag is the flag word's high half: a word of zeroed or foreign memory
+// does not pass for a flag.
+const lineTag = 0x4c494e45 // "LINE"
+
+// lineWord is the flag word that carries flag.
+func lineWord(flag uint32) uint64 { return lineTag<<32 | uint64(flag) }
+
+// CheckLine checks the arguments of a line write of n bytes of data to dst:
+// n at most LineData, dst 8-byte aligned.
+func CheckLine(dst device.Ptr, n int) error {
+	if n < 0 || n > LineData {
+		return fmt.Errorf("line write of %d bytes: a line carries at most %d", n, LineData)
+	}
+	if dst%8 != 0 {
+		return fmt.Errorf("line write to %#x: want an 8-byte aligned address", uintptr(dst))
+	}
+	return nil
+}
+
+// PutLine stores src (at most LineData bytes) into line[8:], then flag into
+// the line's first word with one atomic store. line must be LineSize bytes,
+// 8-byte aligned in memory.
+func PutLine(line, src []byte, flag uint32) {
+	_ = line[LineSize-1]
+	copy(line[8:LineSize], src)
+	atomic.StoreUint64((*uint64)(unsafe.Pointer(&line[0])), lineWord(flag))
+}
+
+// TakeLine polls a line stored by a peer's PutLine: when its flag word
+// carries flag, it copies len(dst) (at most LineData) bytes of its data into
+// dst and reports true; otherwise it reports false without touching dst. It
+// never waits. line must be LineSize bytes, 8-byte aligned in memory.
+func TakeLine(dst, line []byte, flag uint32) bool {
+	_ = line[LineSize-1]
+	if atomic.LoadUint64((*uint64)(unsafe.Pointer(&line[0]))) != lineWord(flag) {
+		return false
+	}
+	copy(dst, line[8:LineSize])
+	return true
 }
 
 // FlaggedLen returns the bytes n bytes of data (a multiple of 4) take as

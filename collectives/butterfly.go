@@ -319,7 +319,7 @@ func (x *bfCall) exchange(stop <-chan struct{}) error {
 		if !stp.recv {
 			continue
 		}
-		if err := s.awaitHello(stop, p, stp.par, stp.flag, opTag{x.h.kind, x.opSeq, x.h.algo}); err != nil {
+		if err := st.awaitHello(stop, p, stp.par, stp.flag, opTag{x.h.kind, x.opSeq, x.h.algo}); err != nil {
 			return err
 		}
 		off := lay.helloOff(p, stp.par)

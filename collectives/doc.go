@@ -33,10 +33,11 @@
 // all-reduce costs each rank one task and two allocations (its state is
 // recycled). Set HCOMM_COLL_CHECK=0 to skip the comparison (the exchange
 // stays: it is what makes slot reuse safe); BENCHMARKS.md gives its cost.
-// Between ranks of one host (inproc, shm; up to helloFullMax ranks) the
-// header travels as flagged words instead of a write and a notify (ll.go:
-// WriteFlaggedNbi, polled in place, with a wake word for a receiver that
-// sleeps) with HCOMM_LL=1 — off by default: it measured no faster here.
+// Between ranks of one host (inproc, shm; up to helloFullMax ranks) a hello
+// travels as a line instead of a write and a notify (ll.go: a flag word and
+// 56 bytes in one cache line — a small call's header packed with its
+// payload — polled in place, with a wake word for a receiver that sleeps);
+// HCOMM_LL=0 turns it off.
 //
 // A small all-reduce whose call finds everything in place takes the lane
 // (lane.go): the one-shot hello without a schedule, its writes prepared once

@@ -534,7 +534,7 @@ func (x *helloCall) send(stop <-chan struct{}) error {
 func (x *helloCall) finish(stop <-chan struct{}) error {
 	st := x.s.st
 	for _, p := range x.peers[x.next:] {
-		if err := x.s.awaitHello(stop, p, x.par[p], x.flagOf(p), opTag{x.h.kind, x.opSeq, x.h.algo}); err != nil { // ll.go
+		if err := st.awaitHello(stop, p, x.par[p], x.flagOf(p), opTag{x.h.kind, x.opSeq, x.h.algo}); err != nil { // ll.go
 			return err
 		}
 		// The peer's hello has landed in device memory: make it visible

@@ -3,6 +3,7 @@ package collectives
 import (
 	"time"
 
+	"github.com/hcomm-dev/hcomm/channel"
 	"github.com/hcomm-dev/hcomm/device"
 	"github.com/hcomm-dev/hcomm/hcomm"
 	"github.com/hcomm-dev/hcomm/internal/reduce"
@@ -42,6 +43,8 @@ type laneCall struct {
 	count int64
 	n     int64 // bytes of payload
 	par   [helloFullMax]uint64
+	flag  [helloFullMax]uint32 // the hellos' line flags, when the pairs' hellos are lines (st.ll; ll.go)
+	line  [channel.LineData]byte
 	next  int           // peers (st.others) whose hellos have arrived
 	poll  time.Duration // the inline poll's bound; 0: look once
 	opSeq uint64
@@ -118,6 +121,7 @@ func laneAllReduce(c *hcomm.Comm, s *device.Stream, o *Options, send, recv devic
 	x.in, x.out, x.count, x.n, x.next, x.pending = in, out, count, n, 0, false
 	for _, p := range st.others {
 		x.par[p] = st.hellos[p] % 2
+		x.flag[p] = st.helloFlag(p, st.hellos[p])
 		st.hellos[p]++
 	}
 	x.poll = st.helloPoll
@@ -222,7 +226,7 @@ func (st *state) laneReady(s *device.Stream, k kind, n int64, algo Algorithm) bo
 func (st *state) laneFits(k kind, n int64, algo Algorithm) bool {
 	c := st.comm
 	size := c.Size()
-	if !st.prepared || st.noLane || size < 2 || size > helloFullMax || st.ll || !st.hello.Mapped() || n > st.lay.inline() {
+	if !st.prepared || st.noLane || size < 2 || size > helloFullMax || !st.hello.Mapped() || n > st.lay.inline() {
 		return false
 	}
 	if algo == AlgoAuto {
@@ -246,8 +250,10 @@ func (st *state) laneFits(k kind, n int64, algo Algorithm) bool {
 }
 
 // post writes this rank's hello — the header, then the payload — into its
-// own slot and from there into every peer's, recording the peer's hello
-// notify (a write prepared once per peer and parity: laneWrite).
+// own slot and from there into every peer's: as a line when the pairs'
+// hellos are lines (ll.go; every peer of the lane's is mapped), else
+// recording the peer's hello notify (a write prepared once per peer and
+// parity: laneWrite).
 func (x *laneCall) post(stop <-chan struct{}) error {
 	st := x.st
 	me := int(x.h.from)
@@ -255,6 +261,24 @@ func (x *laneCall) post(stop <-chan struct{}) error {
 	b := st.hello.Bytes()[off : off+headerSize+x.n]
 	x.h.encode(b)
 	copy(b[headerSize:], x.in)
+	if st.ll {
+		compact := packLine(x.line[:], b[:headerSize], x.in)
+		if !compact {
+			copy(x.line[:], b[:headerSize])
+		}
+		for _, p := range st.others {
+			if !compact && x.n > 0 {
+				dst := st.peerBuf[p].Add(st.lay.helloOff(me, x.par[p]) + headerSize)
+				if err := hcomm.WriteNbi(stop, st.chans[p], dst, st.buf.Add(off+headerSize), x.n); err != nil {
+					return err
+				}
+			}
+			if err := st.putLine(stop, p, x.par[p], x.flag[p], x.line[:]); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 	for _, p := range st.others {
 		w, err := st.laneWrite(p, x.par[p])
 		if err != nil {
@@ -317,6 +341,13 @@ func (x *laneCall) seen() bool {
 	st := x.st
 	for x.next < len(st.others) {
 		p := st.others[x.next]
+		if st.ll {
+			if !st.takeFlagged(p, x.par[p], x.flag[p]) {
+				return false
+			}
+			x.next++
+			continue
+		}
 		idx := nHello + int(x.par[p])
 		if !hcomm.ChannelNotifyPeek(st.chans[p], idx) {
 			// Not yet (a peer lost meanwhile breaks the notify, and the
@@ -378,7 +409,7 @@ func (x *laneCall) rest(stop <-chan struct{}) error {
 	st := x.st
 	for ; x.next < len(st.others); x.next++ {
 		p := st.others[x.next]
-		if err := hcomm.CollectiveNotifyWait(stop, st.chans[p], nHello+int(x.par[p]), 0, kAllReduce.String(), x.opSeq, algoOneShot); err != nil {
+		if err := st.awaitHello(stop, p, x.par[p], x.flag[p], opTag{kAllReduce, x.opSeq, AlgoOneShot}); err != nil {
 			return err
 		}
 		if err := st.hello.Fetch(st.lay.helloOff(p, x.par[p]), headerSize+x.n); err != nil {

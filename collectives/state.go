@@ -30,7 +30,7 @@ const (
 // layout is how a rank's HCCL buffer is cut up; every rank computes the same.
 //
 //	[hello slots: n ranks x 2 parities x helloSlot]  a header, then inline payload
-//	[flagged slots: n ranks x 2 parities x llSlot]   the low-latency hello's header words and wake word (ll.go)
+//	[flagged slots: n ranks x 2 parities x llSlot]   the low-latency hello's line and wake word (ll.go)
 //	[inbox slots: n sources x 2 x piece]  pipes: a peer writes a piece, this rank consumes it
 //	[gather slots: 2 x piece]             this rank publishes a piece, peers read it
 //	[scratch: 1 piece]                    partial results between ring steps
@@ -111,7 +111,7 @@ type state struct {
 	readers   [2][]int           // the ranks that read this rank's gather slot k last
 	others    []int              // every rank but this one (sched.others)
 	noCheck   bool               // skip the handshake's check (HCOMM_COLL_CHECK=0), for measuring its cost
-	ll        bool               // hellos between ranks of one host may travel as flagged words (ll.go; HCOMM_LL)
+	ll        bool               // hellos between ranks of one host travel as lines (ll.go; HCOMM_LL=0 turns it off)
 	strict    bool               // HCCL_DETERMINISTIC=strict: reductions in rank order (ordered.go)
 	multiHost bool               // ranks span hosts, some with several ranks: the two-level schedule pays
 	mapped    bool               // every peer's memory is mapped (inproc, shm): a read is a memmove
@@ -147,6 +147,7 @@ type state struct {
 	laneIn    laneView                  // the lane's send buffer, checked once for a run of calls
 	laneOut   laneView                  // its recv buffer
 	lanePosts [][2]*hcomm.PreparedWrite // this rank's hello into each peer's slot of each parity
+	linePuts  [][2]*hcomm.PreparedLine  // this rank's hello line into each peer's flagged slot of each parity (ll.go)
 	laneRuns  [3]int                    // the lane's calls by how they ran (laneInline, …)
 	group     *group                    // c's group state (group.go), looked up once by the lane
 	noLane    bool                      // HCOMM_LANE=0: every call through its schedule, to measure the lane

@@ -219,6 +219,88 @@ func WriteFlaggedNbi(stop <-chan struct{}, ch *Channel, dst, src device.Ptr, n i
 	return nil
 }
 
+// WriteLineNbi stores n bytes (at most channel.LineData, 56) from local src
+// into the line of the peer's memory at dst, now: the data with plain
+// stores, then the line's first word — flag — with one atomic store
+// (channel.PutLine), so that the peer, polling its own memory with
+// channel.TakeLine for flag, sees the data without a notify: a message and
+// its signal in one cache line when dst is 64-byte aligned. dst must be
+// 8-byte aligned and the channel.LineSize bytes at dst inside the peer's
+// registered memory; a transport without flagged writes (tcp: see
+// Channel.Flagged) is an ErrNotSupport error. It does not wait: the
+// caller's protocol must keep the peer's line from being rewritten before
+// the peer has taken it.
+func WriteLineNbi(stop <-chan struct{}, ch *Channel, dst, src device.Ptr, n int64, flag uint32) error {
+	const op = "WriteLineNbi"
+	c, fw, err := lineChannel(op, ch, dst, n)
+	if err != nil {
+		return err
+	}
+	b, err := c.dev.Bytes(src, n)
+	if err != nil {
+		return c.errorf(op, ch.RemoteRank(), ErrPara, err, "local src")
+	}
+	if err := c.moved(ch, metrics.Write, n, fw.WriteLine(stop, dst, b, flag)); err != nil {
+		return c.taskFailed(op, ch.RemoteRank(), err)
+	}
+	return nil
+}
+
+// lineChannel checks a line write of n bytes to the peer's dst.
+func lineChannel(op string, ch *Channel, dst device.Ptr, n int64) (*Comm, channel.FlagWriter, error) {
+	c, err := chanComm(op, ch)
+	if err != nil {
+		return nil, nil, err
+	}
+	fw, ok := ch.tr.(channel.FlagWriter)
+	if !ok {
+		return nil, nil, c.errorf(op, ch.RemoteRank(), ErrNotSupport, nil, "the %s channel to rank %d has no line writes (inproc and shm have)", ch.Transport(), ch.RemoteRank())
+	}
+	if n < 0 || n > channel.LineData || dst%8 != 0 {
+		return nil, nil, c.errorf(op, ch.RemoteRank(), ErrPara, nil, "line write of %d bytes to %#x: want at most %d bytes and an 8-byte aligned address", n, uintptr(dst), channel.LineData)
+	}
+	if err := c.remoteCheck(op, ch, "dst", dst, channel.LineSize); err != nil {
+		return nil, nil, err
+	}
+	return c, fw, nil
+}
+
+// PreparedLine is WriteLineNbi checked once, for a line a protocol stores
+// into call after call (the low-latency hello's). Each Put checks only that
+// the communicator and the channel are usable. An hcomm extension.
+type PreparedLine struct {
+	ch  *Channel
+	put channel.LinePut
+}
+
+// PrepareLine checks a line write to the peer's dst as WriteLineNbi does.
+func PrepareLine(ch *Channel, dst device.Ptr) (*PreparedLine, error) {
+	const op = "PrepareLine"
+	c, fw, err := lineChannel(op, ch, dst, 0)
+	if err != nil {
+		return nil, err
+	}
+	put, err := fw.PrepareLine(dst)
+	if err != nil {
+		return nil, c.taskFailed(op, ch.RemoteRank(), err)
+	}
+	return &PreparedLine{ch: ch, put: put}, nil
+}
+
+// Put stores src (at most channel.LineData bytes) into the prepared line,
+// then flag, now.
+func (l *PreparedLine) Put(src []byte, flag uint32) error {
+	const op = "PreparedLine.Put"
+	c, err := chanComm(op, l.ch)
+	if err != nil {
+		return err
+	}
+	if err := c.moved(l.ch, metrics.Write, int64(len(src)), l.put.Put(src, flag)); err != nil {
+		return c.taskFailed(op, l.ch.RemoteRank(), err)
+	}
+	return nil
+}
+
 // ReadNbi reads n bytes from the peer's src into local dst, now
 // (HcommReadNbi).
 func ReadNbi(stop <-chan struct{}, ch *Channel, dst, src device.Ptr, n int64) error {

@@ -251,6 +251,105 @@ func TestWriteFlaggedNbi(t *testing.T) {
 	}
 }
 
+// WriteLineNbi and a PreparedLine store a line into the peer's memory where
+// the transport maps it (inproc, shm), which the peer sees whole with
+// channel.TakeLine and no notify, round after round with other lengths and
+// flags; a line of more than channel.LineData bytes, an unaligned address
+// or a line past the peer's HCCL buffer is ErrPara, a transport without
+// lines (tcp) ErrNotSupport, and once the channel is destroyed Put fails
+// instead of storing.
+func TestWriteLineNbi(t *testing.T) {
+	for _, tr := range hcomm.Transports() {
+		t.Run(tr, func(t *testing.T) {
+			p := newPair(t, &hcomm.Config{BufferSize: 32 << 10, Name: "line", Transport: tr})
+			remote, _, err := p.comms[0].ChannelGetHcclBuffer(p.ch[0])
+			if err != nil {
+				t.Fatal(err)
+			}
+			dst := remote.Add(8 << 10)
+			if !p.ch[0].Flagged() {
+				if err := hcomm.WriteLineNbi(nil, p.ch[0], dst, p.buf[0], 16, 7); !errors.Is(err, hcomm.ErrNotSupport) {
+					t.Fatalf("on %s, which has no lines: %v, want ErrNotSupport", tr, err)
+				}
+				if _, err := hcomm.PrepareLine(p.ch[0], dst); !errors.Is(err, hcomm.ErrNotSupport) {
+					t.Fatalf("PrepareLine on %s: %v, want ErrNotSupport", tr, err)
+				}
+				return
+			}
+			line, err := p.comms[1].Device().Bytes(p.buf[1].Add(8<<10), channel.LineSize)
+			if err != nil {
+				t.Fatal(err)
+			}
+			take := func(flag uint32, n int) []byte {
+				t.Helper()
+				got := make([]byte, n)
+				deadline := time.Now().Add(10 * time.Second)
+				for !channel.TakeLine(got, line, flag) {
+					if time.Now().After(deadline) {
+						t.Fatalf("flag %d: the line never showed", flag)
+					}
+				}
+				if channel.TakeLine(got, line, flag+1) {
+					t.Fatalf("flag %d: the line passes for flag %d too", flag, flag+1)
+				}
+				return got
+			}
+			for flag, n := range []int64{16, 0, channel.LineData, 1} {
+				fill(t, p.comms[0], p.buf[0], n, byte(40+flag))
+				if err := hcomm.WriteLineNbi(nil, p.ch[0], dst, p.buf[0], n, uint32(flag+1)); err != nil {
+					t.Fatal(err)
+				}
+				if got, want := take(uint32(flag+1), int(n)), bytes.Repeat([]byte{byte(40 + flag)}, int(n)); !bytes.Equal(got, want) {
+					t.Fatalf("flag %d: took %v, want %v", flag+1, got, want)
+				}
+			}
+			pl, err := hcomm.PrepareLine(p.ch[0], dst)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for flag := uint32(10); flag < 13; flag++ {
+				src := bytes.Repeat([]byte{byte(flag)}, int(flag))
+				if err := pl.Put(src, flag); err != nil {
+					t.Fatal(err)
+				}
+				if got := take(flag, len(src)); !bytes.Equal(got, src) {
+					t.Fatalf("Put flag %d: took %v, want %v", flag, got, src)
+				}
+			}
+			if err := pl.Put(make([]byte, channel.LineData+1), 20); err == nil {
+				t.Error("a Put of a line and a byte was not refused")
+			}
+			for _, c := range []struct {
+				what string
+				dst  device.Ptr
+				n    int64
+			}{
+				{"57 bytes", dst, channel.LineData + 1},
+				{"an unaligned address", dst + 4, 8},
+				{"a line past the HCCL buffer", remote.Add(p.size - 32), 8},
+			} {
+				if err := hcomm.WriteLineNbi(nil, p.ch[0], c.dst, p.buf[0], c.n, 9); !errors.Is(err, hcomm.ErrPara) {
+					t.Errorf("%s: %v, want ErrPara", c.what, err)
+				}
+				if c.n <= channel.LineData {
+					if _, err := hcomm.PrepareLine(p.ch[0], c.dst); !errors.Is(err, hcomm.ErrPara) {
+						t.Errorf("PrepareLine, %s: %v, want ErrPara", c.what, err)
+					}
+				}
+			}
+			if err := p.comms[0].ChannelDestroy([]*hcomm.Channel{p.ch[0]}); err != nil {
+				t.Fatal(err)
+			}
+			if err := pl.Put([]byte{1}, 30); err == nil {
+				t.Error("a Put on a destroyed channel did not fail")
+			}
+			if channel.TakeLine(make([]byte, 1), line, 30) {
+				t.Error("a Put on a destroyed channel stored its line")
+			}
+		})
+	}
+}
+
 // A PreparedWrite, checked once, writes and records like WriteWithNotifyNbi
 // on every transport, round after round with different lengths; what the
 // one-time check refuses (a range past the peer's HCCL buffer, a notify it

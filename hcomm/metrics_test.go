@@ -128,7 +128,7 @@ func TestMetricsAfterAllReduce(t *testing.T) {
 	if min := float64(3 * 2 * n * 4 / 3); moved < min || moved > 100*n*4 {
 		t.Errorf("%g bytes moved, want between %g and %d", moved, min, 100*n*4)
 	}
-	// That all-reduce's handshake between goroutines is flagged words, no
+	// That all-reduce's handshake between goroutines is a line, no
 	// notify (collectives/ll.go); a ring's pipes wait on notifies.
 	hcommtest.Each(t, comms, func(t testing.TB, c *hcomm.Comm) {
 		in := make([]float32, n)

@@ -103,4 +103,5 @@ var cases = []struct {
 	{"Close", testClose},
 	{"PeerLoss", testPeerLoss},
 	{"Flagged", testFlagged},
+	{"Line", testLine},
 }

@@ -117,6 +117,14 @@ func (b *brokenTransport) WriteFlagged(stop <-chan struct{}, dst device.Ptr, src
 	return b.Transport.(channel.FlagWriter).WriteFlagged(stop, dst, src, flag)
 }
 
+func (b *brokenTransport) WriteLine(stop <-chan struct{}, dst device.Ptr, src []byte, flag uint32) error {
+	return b.Transport.(channel.FlagWriter).WriteLine(stop, dst, src, flag)
+}
+
+func (b *brokenTransport) PrepareLine(dst device.Ptr) (channel.LinePut, error) {
+	return b.Transport.(channel.FlagWriter).PrepareLine(dst)
+}
+
 func (b *brokenTransport) Write(stop <-chan struct{}, dst device.Ptr, src []byte) error {
 	if b.write != nil {
 		return b.write(dst, src)

@@ -213,6 +213,58 @@ func (t *Transport) WriteFlagged(_ <-chan struct{}, dst device.Ptr, src []byte, 
 	return nil
 }
 
+// WriteLine stores src into the line at the peer's dst (channel.PutLine):
+// plain stores of the data, then one atomic store of the flag word.
+func (t *Transport) WriteLine(_ <-chan struct{}, dst device.Ptr, src []byte, flag uint32) error {
+	b, err := t.lineBytes(dst, len(src))
+	if err != nil {
+		return err
+	}
+	channel.PutLine(b, src, flag)
+	return nil
+}
+
+// PrepareLine checks the line at the peer's dst once (channel.FlagWriter).
+func (t *Transport) PrepareLine(dst device.Ptr) (channel.LinePut, error) {
+	b, err := t.lineBytes(dst, 0)
+	if err != nil {
+		return nil, err
+	}
+	return &linePut{t: t, b: b}, nil
+}
+
+// lineBytes checks a line write of n bytes to dst and returns the line.
+func (t *Transport) lineBytes(dst device.Ptr, n int) ([]byte, error) {
+	if err := channel.CheckLine(dst, n); err != nil {
+		return nil, err
+	}
+	b, err := t.peerBytes(dst, channel.LineSize)
+	if err != nil {
+		return nil, err
+	}
+	if !channel.Aligned8(b) {
+		return nil, fmt.Errorf("rank %d's memory at %#x is not 8-byte aligned in this process", t.peer.Rank, uintptr(dst))
+	}
+	return b, nil
+}
+
+// linePut is a line of the peer's memory, checked once.
+type linePut struct {
+	t *Transport
+	b []byte
+}
+
+func (l *linePut) Put(src []byte, flag uint32) error {
+	if err := l.t.usable(); err != nil {
+		return err
+	}
+	if len(src) > channel.LineData {
+		return fmt.Errorf("line write of %d bytes: a line carries at most %d", len(src), channel.LineData)
+	}
+	channel.PutLine(l.b, src, flag)
+	return nil
+}
+
 var _ channel.Poster = (*Transport)(nil)
 
 // PreparePost checks the range and the notify once (channel.Poster).

@@ -373,6 +373,67 @@ func (t *Transport) WriteFlagged(_ <-chan struct{}, dst device.Ptr, src []byte, 
 	return nil
 }
 
+// WriteLine stores src into the line at the peer's dst (channel.PutLine):
+// plain stores into the shared mapping, then one atomic store of the flag
+// word, which the peer polls in its own.
+func (t *Transport) WriteLine(_ <-chan struct{}, dst device.Ptr, src []byte, flag uint32) error {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	b, err := t.lineBytes("WriteLine", dst, len(src))
+	if err != nil {
+		return err
+	}
+	channel.PutLine(b, src, flag)
+	return nil
+}
+
+// PrepareLine checks the line at the peer's dst once (channel.FlagWriter).
+// Each Put takes the mapping lock and checks the channel, as a Post does.
+func (t *Transport) PrepareLine(dst device.Ptr) (channel.LinePut, error) {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	b, err := t.lineBytes("PrepareLine", dst, 0)
+	if err != nil {
+		return nil, err
+	}
+	return &linePut{t: t, b: b}, nil
+}
+
+// lineBytes checks a line write of n bytes to dst and returns the line (mu
+// held for reading).
+func (t *Transport) lineBytes(op string, dst device.Ptr, n int) ([]byte, error) {
+	if err := channel.CheckLine(dst, n); err != nil {
+		return nil, fmt.Errorf("shm %s on %s (rank %d -> rank %d): %w", op, t.name, t.rank, t.peer, err)
+	}
+	b, err := t.peerBytes(op, dst, channel.LineSize)
+	if err != nil {
+		return nil, err
+	}
+	if !channel.Aligned8(b) {
+		return nil, fmt.Errorf("shm %s on %s (rank %d -> rank %d): the mapping of %#x is not 8-byte aligned", op, t.name, t.rank, t.peer, uintptr(dst))
+	}
+	return b, nil
+}
+
+// linePut is a line of the peer's mapped memory, checked once.
+type linePut struct {
+	t *Transport
+	b []byte
+}
+
+func (l *linePut) Put(src []byte, flag uint32) error {
+	l.t.mu.RLock()
+	defer l.t.mu.RUnlock()
+	if err := l.t.usable("Put"); err != nil {
+		return err
+	}
+	if len(src) > channel.LineData {
+		return fmt.Errorf("shm Put on %s: a line carries at most %d bytes, not %d", l.t.name, channel.LineData, len(src))
+	}
+	channel.PutLine(l.b, src, flag)
+	return nil
+}
+
 // Read copies the peer's memory at src into dst.
 func (t *Transport) Read(_ <-chan struct{}, dst []byte, src device.Ptr) error {
 	t.mu.RLock()

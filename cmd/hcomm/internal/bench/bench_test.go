@@ -383,7 +383,9 @@ func TestMetricsAddr(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		body = string(b)
 	}}
-	code, out, errs := bench(t, h, "allreduce", "-g", "2", "-b", "1K", "-e", "1K", "-n", "3", "-w", "1", "--metrics-addr", "127.0.0.1:0")
+	// 1 MiB: a schedule whose pipes wait on notifies (a small call's
+	// hello between ranks of one process is a line, without a notify).
+	code, out, errs := bench(t, h, "allreduce", "-g", "2", "-b", "1M", "-e", "1M", "-n", "3", "-w", "1", "--metrics-addr", "127.0.0.1:0")
 	if code != 0 {
 		t.Fatalf("exit %d\n%s%s", code, out, errs)
 	}
