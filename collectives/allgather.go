@@ -112,7 +112,13 @@ func allGather(c *hcomm.Comm, name string, h header, send device.Ptr, sendCount 
 		switch algo {
 		case AlgoOneShot:
 			h.algo = algo
-			at := sc.hello(h, sc.others(), send, sendCount*es, nil)
+			// The input goes from send straight into every peer's hello
+			// slot or line (the same payload for each: blockOf), not
+			// through this rank's own slot first: a copy less per call.
+			x := &helloCall{}
+			x.bind()
+			x.blockOf = func(int) device.Ptr { return send }
+			at := sc.helloWith(x, h, sc.others(), send, sendCount*es, nil, nil)
 			for p := 0; p < c.Size(); p++ {
 				if p == me {
 					sc.copy(out(p), send, sendCount*es)

@@ -218,7 +218,22 @@ func (s *sched) sendHello(stop <-chan struct{}, p int, par uint64, flag uint32, 
 	off := int64(src - st.buf)
 	hdr := hb[off : off+headerSize]
 	var line [channel.LineData]byte
-	if n > lineInline || payload != src.Add(headerSize) || !packLine(line[:], hdr, hb[off+headerSize:off+headerSize+n]) {
+	packed := false
+	if n <= lineInline {
+		in := hb[off+headerSize : off+headerSize+n]
+		if payload != src.Add(headerSize) {
+			// A payload of its own for p (the all-to-all's block), in
+			// this rank's memory, which the host sees in place (the
+			// hellos are lines only where it does).
+			b, err := st.comm.Device().Bytes(payload, n)
+			if err != nil {
+				return err
+			}
+			in = b
+		}
+		packed = packLine(line[:], hdr, in)
+	}
+	if !packed {
 		if n > 0 {
 			if err := hcomm.WriteNbi(stop, st.chans[p], dst.Add(headerSize), payload, n); err != nil {
 				return err
