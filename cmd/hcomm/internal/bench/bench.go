@@ -69,7 +69,7 @@ type Options struct {
 	MetricsAddr string
 	MinBW       float64        // HCOMM_TESTS_MIN_BW; 0 = no bound
 	Bidir       bool           // p2p: both directions at once
-	LL          bool           // -ll 1: p2p's small sizes as flagged words over inproc and shm
+	LL          bool           // -ll 1: p2p's small sizes as lines over inproc and shm
 	Protocol    hcomm.Protocol // p2p: the channels' protocol (picks the transport)
 	Register    bool           // -R 1: the buffers are symmetric windows (collectives.RegisterWindow)
 	JSONFile    string         // -J: also write nccl-tests' JSON report to this file (json.go)
@@ -199,7 +199,7 @@ func Parse(args []string, stderr io.Writer, getenv func(string) string) (Options
 	fs.StringVar(&o.Plot, "plot", "", "write an SVG plot of busbw against size to this file")
 	fs.StringVar(&o.MetricsAddr, "metrics-addr", "", "serve Prometheus /metrics on host:port during the run")
 	fs.BoolVar(&o.Bidir, "bidir", false, "p2p: measure both directions of each pair at once")
-	ll := fs.Int("ll", 0, "p2p: 1 sends sizes up to 4 KiB (multiples of 4) as flagged words over channels that have them (inproc, shm: the LL protocol, WriteFlaggedNbi), 0 as a write and a notify like the larger ones")
+	ll := fs.Int("ll", 1, "p2p: 1 sends sizes up to 56 bytes as one line (data and flag in one cache line) over channels that have them (inproc, shm: the LL protocol, PreparedLine), 0 as a write and a notify like the larger ones")
 	fs.StringVar(&o.JSONFile, "J", "", "also write the report as nccl-tests 2.19's JSON to this file (a .json name; an existing file is kept and FILE.0, FILE.1, … written instead)")
 	perIter := fs.Int("I", 0, "1 times every iteration of the collectives (device events) and adds, per placement, the slowest rank's min, max and p99 iteration time (i_min, i_max, i_p99, µs) and their coefficient of variation (i_cv%, stdev/mean); the JSON report gets every iteration's time")
 	fs.IntVar(&o.PerIterSkip, "K", 0, "with -I 1: leading iterations left out of the per-iteration statistics")

@@ -241,18 +241,26 @@ func TestP2P(t *testing.T) {
 			}
 		}
 	}
-	// Around the flagged words' bounds (-ll 1: up to 4096 bytes, multiples
-	// of 4; 4094 and 4098 go as write + notify), one way and both, and
-	// without -ll 1: every byte checked.
-	for _, extra := range [][]string{{"-ll", "1"}, {"-ll", "1", "--bidir"}, nil} {
-		args := append([]string{"p2p", "-g", "2", "-b", "4092", "-e", "4100", "-i", "2", "-n", "50", "-w", "5"}, extra...)
+	// Around the line's bound (-ll 1, the default: up to 56 bytes; 57 and
+	// more go as write + notify), one way and both, and with -ll 0: every
+	// byte checked, a corrupted line's byte counted.
+	for _, extra := range [][]string{nil, {"--bidir"}, {"-ll", "0"}} {
+		args := append([]string{"p2p", "-g", "2", "-b", "1", "-e", "60", "-i", "1", "-n", "50", "-w", "5"}, extra...)
 		code, out, errs := bench(t, Hooks{}, args...)
 		if code != 0 || !strings.Contains(out, "# Out of bounds values : 0 OK") {
 			t.Fatalf("%v: exit %d\n%s%s", extra, code, out, errs)
 		}
-		if ll := strings.Contains(out, "travel as flagged words"); ll != (len(extra) > 0) {
-			t.Errorf("%v: the report says flagged words: %v", extra, ll)
+		if ll := strings.Contains(out, "travel as one line"); ll != (len(extra) == 0 || extra[0] != "-ll") {
+			t.Errorf("%v: the report says lines: %v", extra, ll)
 		}
+	}
+	lh := Hooks{Corrupt: func(rank int, _ bool, out []byte) {
+		if rank == 1 && len(out) > 20 {
+			out[20]++
+		}
+	}}
+	if code, out, _ := bench(t, lh, "p2p", "-g", "2", "-b", "32", "-e", "32", "-n", "1", "-w", "0"); code == 0 || !strings.Contains(out, "# Out of bounds values : 1 FAILED") {
+		t.Errorf("exit %d; a corrupted line must fail:\n%s", code, out)
 	}
 	if code, _, errs := bench(t, Hooks{}, "p2p", "-ll", "2"); code != 2 || !strings.Contains(errs, "-ll 2: want 0 or 1") {
 		t.Errorf("-ll 2: exit %d, %s", code, errs)

@@ -74,34 +74,39 @@ type p2pRun struct {
 	src     device.Ptr // the bytes this rank writes
 	chans   []*hcomm.Channel
 	dsts    []device.Ptr // the peer's benchmark buffer, by rank
-	// The flagged area after the benchmark buffer (p2pLLArea bytes at
-	// llOff): two parities of words, then the answer word. ll is this
-	// rank's view of it; nil when small sizes go as write + notify.
+	// The line area after the benchmark buffer (p2pLLArea bytes at llOff):
+	// two parities' data lines, then the answer line. ll is this rank's
+	// view of it; nil when small sizes go as write + notify.
 	llOff    int64
 	ll       []byte
-	recvData []byte // the pair's size of the benchmark buffer, host view: where flagged words are taken to
+	recvData []byte // the pair's size of the benchmark buffer, host view: where lines are taken to
+	// lines: the pair's prepared lines into the peer's line area (the two
+	// parities' data lines, then the answer line); srcData is the source
+	// buffer's host view.
+	lines   [3]*hcomm.PreparedLine
+	srcData []byte
 }
 
-// The LL protocol of the small sizes (-ll 1). Over a channel that stores into the
-// peer's memory itself (channel.FlagWriter: inproc, shm), a size of at most
-// p2pLLMax bytes (a multiple of 4) travels as flagged words
-// (hcomm.WriteFlaggedNbi): data and the signal that it landed in one store
-// per 4 bytes, polled by the receiver in its own memory, and the answer is
-// one flagged word — no notify, as NCCL's LL carries small messages. The
-// words alternate between two parities, since with --bidir a side may write
-// its next message before the peer has taken the last; the flag is the
+// The LL protocol of the small sizes (-ll 1, the default). Over a channel
+// that stores into the peer's memory itself (channel.FlagWriter: inproc,
+// shm), a size of at most channel.LineData (56) bytes travels as one line
+// (hcomm.PreparedLine: the data and a flag word in one cache line, the flag
+// stored last), polled by the receiver in its own memory, and the answer is
+// a line of no data — no notify, as NCCL's LL carries small messages: a
+// hand-off is one cache line's transfer, as pingpong's is. The data lines
+// alternate between two parities, since with --bidir a side may write its
+// next message before the peer has taken the last; the flag is the
 // iteration's number, and the area is cleared after every pair so that a
-// word from another pair never passes for this one's.
-const (
-	p2pLLMax  = 4 << 10
-	p2pLLArea = 2*2*p2pLLMax + 8
-)
+// line from another pair never passes for this one's. (Flagged words — 4
+// bytes beside a 4-byte flag — carried sizes up to 4 KiB here before: from
+// 64 bytes up they measured 3–60 times slower than a write and a notify.)
+const p2pLLArea = 3 * channel.LineSize
 
-// llWords returns the offset in the flagged area of parity par's words.
-func llWords(par int) int64 { return int64(par) * 2 * p2pLLMax }
+// llWords returns the offset in the line area of parity par's data line.
+func llWords(par int) int64 { return int64(par) * channel.LineSize }
 
-// llAnswer is the offset in the flagged area of the answer word.
-const llAnswer = 2 * 2 * p2pLLMax
+// llAnswer is the offset in the line area of the answer line.
+const llAnswer = 2 * channel.LineSize
 
 // setupP2P registers this rank's benchmark buffer, acquires a channel to
 // every other rank, and fills the source buffer. release frees
@@ -227,7 +232,7 @@ func (s *p2pRun) describe(ctx context.Context, o Options, rep *report) error {
 	}
 	rep.printf("# p2p channels: protocol %v, transport %s\n", o.Protocol, strings.Join(list, ", "))
 	if s.ll != nil && (used["inproc"] || used["shm"]) {
-		rep.printf("# sizes up to %d bytes (multiples of 4) over inproc and shm travel as flagged words (LL, -ll 1)\n", p2pLLMax)
+		rep.printf("# sizes up to %d bytes over inproc and shm travel as one line, the flag beside the data (LL, -ll 1)\n", channel.LineData)
 	}
 	rep.printf("#\n")
 	return nil
@@ -287,8 +292,8 @@ func (s *p2pRun) measure(ctx context.Context, o Options, pairs []p2pPair, size i
 // with -c 1 on a receiving rank, the bytes that arrived wrong.
 //
 // The transfers are the data plane's immediate calls (WriteWithNotifyNbi,
-// ChannelNotifyWait; with -ll 1, for small sizes over inproc and shm,
-// WriteFlaggedNbi, polled in place: llIter), made by this goroutine: a round trip costs what
+// ChannelNotifyWait; with -ll 1, for small sizes over inproc and shm, a
+// PreparedLine, polled in place: llIter), made by this goroutine: a round trip costs what
 // the link and the transport cost, and no hand-off to a stream's goroutine
 // (a queued write, record and wait each travel through the thread's stream).
 func (s *p2pRun) measurePair(ctx context.Context, o Options, p p2pPair, size int64) (float64, int64, error) {
@@ -307,10 +312,20 @@ func (s *p2pRun) measurePair(ctx context.Context, o Options, p p2pPair, size int
 			return 0, 0, err
 		}
 		s.recvData = recvData
-		defer clear(s.ll) // every word of this pair taken: see p2pLLArea
+		defer clear(s.ll) // every line of this pair taken: see p2pLLArea
+		for i, off := range []int64{llWords(0), llWords(1), llAnswer} {
+			l, err := hcomm.PrepareLine(ch, dst.Add(s.llOff+off))
+			if err != nil {
+				return 0, 0, err
+			}
+			s.lines[i] = l
+		}
+		if s.srcData, err = s.dev.Bytes(s.src, size); err != nil {
+			return 0, 0, err
+		}
 		k := 0
 		iter = func() error {
-			err := s.llIter(stop, ch, dst, size, k, sender, me == p.b || o.Bidir, o.Bidir)
+			err := s.llIter(stop, ch, k, sender, me == p.b || o.Bidir, o.Bidir)
 			k++
 			return err
 		}
@@ -371,34 +386,33 @@ func (s *p2pRun) notifyIter(stop <-chan struct{}, ch *hcomm.Channel, dst device.
 	}
 }
 
-// flagged reports whether size travels as flagged words on ch (p2pLLArea).
+// flagged reports whether size travels as a line on ch (p2pLLArea).
 func (s *p2pRun) flagged(ch *hcomm.Channel, size int64) bool {
-	return s.ll != nil && size > 0 && size <= p2pLLMax && size%4 == 0 && ch.Flagged()
+	return s.ll != nil && size > 0 && size <= channel.LineData && ch.Flagged()
 }
 
-// llIter is iteration k of a pair in flagged words: the sender's words into
-// the peer's area (parity k%2), the receiver's wait for them, and, one way,
-// its answering word.
-func (s *p2pRun) llIter(stop <-chan struct{}, ch *hcomm.Channel, dst device.Ptr, size int64, k int, sender, receiver, bidir bool) error {
+// llIter is iteration k of a pair in lines: the sender's line into the
+// peer's area (parity k%2), the receiver's wait for it, and, one way, its
+// answering line.
+func (s *p2pRun) llIter(stop <-chan struct{}, ch *hcomm.Channel, k int, sender, receiver, bidir bool) error {
 	flag, par := uint32(k+1), k%2
 	if sender {
-		if err := hcomm.WriteFlaggedNbi(stop, ch, dst.Add(s.llOff+llWords(par)), s.src, size, flag); err != nil {
+		if err := s.lines[par].Put(s.srcData, flag); err != nil {
 			return err
 		}
 	}
 	if receiver {
-		w := s.ll[llWords(par) : llWords(par)+2*size]
-		if err := llWait(stop, ch, s.c.Config().ExecTimeout, func() bool { return channel.TakeFlagged(s.recvData, w, flag) }); err != nil {
+		l := s.ll[llWords(par) : llWords(par)+channel.LineSize]
+		if err := llWait(stop, ch, s.c.Config().ExecTimeout, func() bool { return channel.TakeLine(s.recvData, l, flag) }); err != nil {
 			return err
 		}
 		if bidir {
 			return nil
 		}
-		return hcomm.WriteFlaggedNbi(stop, ch, dst.Add(s.llOff+llAnswer), s.src, 4, flag)
+		return s.lines[2].Put(nil, flag)
 	}
-	var got [4]byte
-	w := s.ll[llAnswer : llAnswer+8]
-	return llWait(stop, ch, s.c.Config().ExecTimeout, func() bool { return channel.TakeFlagged(got[:], w, flag) })
+	l := s.ll[llAnswer : llAnswer+channel.LineSize]
+	return llWait(stop, ch, s.c.Config().ExecTimeout, func() bool { return channel.TakeLine(nil, l, flag) })
 }
 
 // llWait polls take until it reports true: tightly, then yielding the
