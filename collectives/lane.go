@@ -51,9 +51,14 @@ type laneCall struct {
 	// number: first (or laneAllReduce, for a call it queues) numbers the
 	// call with CountOp; false when BeginOp has (metrics or TRACE on).
 	number bool
-	// slots: every rank's hello (header and payload) of this call, this
-	// rank's own included, found by finish.
-	slots [helloFullMax][]byte
+	// pay: every rank's payload of this call, this rank's own included,
+	// found by finish.
+	pay [helloFullMax][]byte
+	// packed: the call's hello is a compact line (ll.go), x.line; the
+	// peers' lines are taken into got, where finish compares and reduces
+	// them without unpacking them.
+	packed bool
+	got    [helloFullMax][channel.LineData]byte
 	// pending: first left the waits for the peers' hellos to rest.
 	pending bool
 
@@ -109,7 +114,7 @@ func laneAllReduce(c *hcomm.Comm, s *device.Stream, o *Options, send, recv devic
 	if err != nil {
 		return true, err
 	}
-	t := st.threads[s]
+	t := st.lastThread // laneReady: s is lastStream
 	x := st.lane
 	if x == nil {
 		x = newLaneCall(st)
@@ -174,7 +179,7 @@ func laneAllReduce(c *hcomm.Comm, s *device.Stream, o *Options, send, recv devic
 	if err == nil {
 		err = endOp()
 	}
-	st.lastStream, st.lastSmall = s, true
+	st.lastStream, st.lastThread, st.lastSmall = s, t, true
 	if err != nil {
 		// A failed launch leaves the peers waiting for this rank's part:
 		// the communicator's collectives are out of step.
@@ -207,7 +212,7 @@ func (st *state) laneReady(s *device.Stream, k kind, n int64, algo Algorithm) bo
 	switch {
 	case st.err != nil, testIssue != nil, testJitter != nil:
 		return false
-	case st.lastStream != s, st.threads[s] == nil:
+	case st.lastStream != s, st.lastThread == nil:
 		return false // the first call on s, or after one on another stream: begin orders them
 	}
 	if f := st.laneFit; f.ok && f.n == n && f.algo == algo {
@@ -258,16 +263,20 @@ func (x *laneCall) post(stop <-chan struct{}) error {
 	st := x.st
 	me := int(x.h.from)
 	off := st.lay.helloOff(me, 0)
-	b := st.hello.Bytes()[off : off+headerSize+x.n]
-	x.h.encode(b)
-	copy(b[headerSize:], x.in)
-	if st.ll {
-		compact := packLine(x.line[:], b[:headerSize], x.in)
-		if !compact {
+	x.packed = st.ll && packHeader(x.line[:], x.h, x.in)
+	if !x.packed {
+		// The header and payload in this rank's slot, which finish checks
+		// against and the writes (or the full line) go from.
+		b := st.hello.Bytes()[off : off+headerSize+x.n]
+		x.h.encode(b)
+		copy(b[headerSize:], x.in)
+		if st.ll {
 			copy(x.line[:], b[:headerSize])
 		}
+	}
+	if st.ll {
 		for _, p := range st.others {
-			if !compact && x.n > 0 {
+			if !x.packed && x.n > 0 {
 				dst := st.peerBuf[p].Add(st.lay.helloOff(me, x.par[p]) + headerSize)
 				if err := hcomm.WriteNbi(stop, st.chans[p], dst, st.buf.Add(off+headerSize), x.n); err != nil {
 					return err
@@ -341,6 +350,13 @@ func (x *laneCall) seen() bool {
 	st := x.st
 	for x.next < len(st.others) {
 		p := st.others[x.next]
+		if x.packed {
+			if !channel.TakeLine(x.got[p][:], st.peerLine(p, x.par[p]), x.flag[p]) {
+				return false
+			}
+			x.next++
+			continue
+		}
 		if st.ll {
 			if !st.takeFlagged(p, x.par[p], x.flag[p]) {
 				return false
@@ -412,6 +428,10 @@ func (x *laneCall) rest(stop <-chan struct{}) error {
 		if err := st.awaitHello(stop, p, x.par[p], x.flag[p], opTag{kAllReduce, x.opSeq, AlgoOneShot}); err != nil {
 			return err
 		}
+		// The line stays as it came until this rank's next hello to p.
+		if x.packed && !channel.TakeLine(x.got[p][:], st.peerLine(p, x.par[p]), x.flag[p]) {
+			return collErr(st.comm, "AllReduce", hcomm.ErrInternal, nil, "rank %d's hello line went between its arrival and its reading", p)
+		}
 		if err := st.hello.Fetch(st.lay.helloOff(p, x.par[p]), headerSize+x.n); err != nil {
 			return err
 		}
@@ -431,19 +451,35 @@ func (x *laneCall) run(stop <-chan struct{}) error {
 // rank order, into recv.
 func (x *laneCall) finish() error {
 	st := x.st
-	hb := st.hello.Bytes()
 	me, size := int(x.h.from), st.comm.Size()
-	end := headerSize + x.n
-	off := st.lay.helloOff(me, 0)
-	mine := hb[off : off+end]
-	x.slots[me] = mine
-	for _, p := range st.others {
-		off := st.lay.helloOff(p, x.par[p])
-		x.slots[p] = hb[off : off+end]
-		if !st.noCheck {
-			if err := st.checkHello(x.h, mine, x.slots[p], p, nil, x.n); err != nil {
-				return err
+	if x.packed {
+		// This rank's payload as the line carries it: a copy, which an
+		// in-place call's reduction may overwrite recv under.
+		x.pay[me] = x.line[lineHeader : lineHeader+x.n]
+		for _, p := range st.others {
+			if !st.noCheck && !sameLine(x.line[:], x.got[p][:], p) {
+				if err := x.mismatch(p); err != nil {
+					return err
+				}
+				continue
 			}
+			x.pay[p] = x.got[p][lineHeader : lineHeader+x.n]
+		}
+	} else {
+		hb := st.hello.Bytes()
+		end := headerSize + x.n
+		off := st.lay.helloOff(me, 0)
+		mine := hb[off : off+end]
+		x.pay[me] = mine[headerSize:]
+		for _, p := range st.others {
+			off := st.lay.helloOff(p, x.par[p])
+			theirs := hb[off : off+end]
+			if !st.noCheck {
+				if err := st.checkHello(x.h, mine, theirs, p, nil, x.n); err != nil {
+					return err
+				}
+			}
+			x.pay[p] = theirs[headerSize:]
 		}
 	}
 	if x.count == 0 {
@@ -452,8 +488,29 @@ func (x *laneCall) finish() error {
 	return reduceRanks(x.out, size, x.count, x.h.dt, x.h.op, x.payloadFn)
 }
 
+// mismatch checks peer p's line that differs from this rank's as the
+// hello's check does, from the slots: this rank's header encoded into its
+// own, p's line unpacked into p's, for the error that names what differs.
+// Should the check pass after all, p's payload is the one unpacked.
+func (x *laneCall) mismatch(p int) error {
+	st := x.st
+	hb := st.hello.Bytes()
+	end := headerSize + x.n
+	off := st.lay.helloOff(int(x.h.from), 0)
+	mine := hb[off : off+end]
+	x.h.encode(mine)
+	poff := st.lay.helloOff(p, x.par[p])
+	theirs := hb[poff : poff+st.lay.helloSlot]
+	unpackLine(theirs, x.got[p][:])
+	if err := st.checkHello(x.h, mine, theirs[:end], p, nil, x.n); err != nil {
+		return err
+	}
+	x.pay[p] = theirs[headerSize:end]
+	return nil
+}
+
 // payload returns rank r's payload of the call finish checked.
-func (x *laneCall) payload(r int) []byte { return x.slots[r][headerSize:] }
+func (x *laneCall) payload(r int) []byte { return x.pay[r] }
 
 // reduceRanks sets dst to the n ranks' inputs combined in rank order
 // (in(r) is rank r's, count elements of dt): every rank that reduces the

@@ -3,6 +3,7 @@ package collectives
 import (
 	"encoding/binary"
 	"errors"
+	"math"
 	"os"
 
 	"github.com/hcomm-dev/hcomm/channel"
@@ -106,25 +107,41 @@ func (st *state) helloFlag(peer int, count uint64) uint32 {
 // data (line, channel.LineData bytes), reporting false — line untouched —
 // when they do not fit one.
 func packLine(line, hdr, payload []byte) bool {
-	_, _ = line[channel.LineData-1], hdr[headerSize-1]
-	if len(payload) > lineInline || hdr[9]&flagWindow != 0 {
+	h, err := decodeHeader(hdr)
+	return err == nil && packHeader(line, h, payload)
+}
+
+// packHeader is packLine from the header itself.
+func packHeader(line []byte, h header, payload []byte) bool {
+	_ = line[channel.LineData-1]
+	if len(payload) > lineInline || h.flags&flagWindow != 0 || h.extra != 0 || h.win != 0 ||
+		h.count < 0 || h.count > math.MaxUint32 || h.root != int32(int16(h.root)) ||
+		h.from < 0 || h.from > 255 || h.size < 0 || h.size > 255 {
 		return false
 	}
 	le := binary.LittleEndian
-	root, from, size := int32(le.Uint32(hdr[12:])), le.Uint32(hdr[40:]), le.Uint32(hdr[44:])
-	if le.Uint64(hdr[32:]) != 0 || le.Uint32(hdr[48:]) != 0 || le.Uint32(hdr[20:]) != 0 ||
-		root != int32(int16(root)) || from > 255 || size > 255 {
-		return false
-	}
 	line[0] = lineCompact
-	copy(line[1:6], hdr[5:10]) // kind, dt, op, algo, flags
-	line[6], line[7] = byte(from), byte(size)
-	copy(line[8:16], hdr[24:32]) // seq
-	le.PutUint16(line[16:], uint16(int16(root)))
+	line[1], line[2], line[3], line[4], line[5] = byte(h.kind), byte(h.dt), byte(h.op), byte(h.algo), h.flags
+	line[6], line[7] = byte(h.from), byte(h.size)
+	le.PutUint64(line[8:], h.seq)
+	le.PutUint16(line[16:], uint16(int16(h.root)))
 	line[18], line[19] = byte(len(payload)), 0
-	copy(line[20:24], hdr[16:20]) // count's low half (the high one is 0)
+	le.PutUint32(line[20:], uint32(h.count))
 	copy(line[lineHeader:], payload)
 	return true
+}
+
+// sameLine reports whether a peer's compact line (from rank from) carries the
+// call whose compact line is mine: every packed field equal but the sender.
+// Equal lines mean equal headers (header.encode's bytes are a function of
+// the packed fields), which is what the hello's check would find.
+func sameLine(mine, theirs []byte, from int) bool {
+	_, _ = mine[lineHeader-1], theirs[lineHeader-1]
+	le := binary.LittleEndian
+	const notFrom = ^(uint64(0xff) << 48) // byte 6 of the first word
+	return theirs[0] == lineCompact && theirs[6] == byte(from) &&
+		le.Uint64(mine)&notFrom == le.Uint64(theirs)&notFrom &&
+		le.Uint64(mine[8:]) == le.Uint64(theirs[8:]) && le.Uint64(mine[16:]) == le.Uint64(theirs[16:])
 }
 
 // unpackLine expands a line's data into a hello slot: the header (encoded
@@ -242,6 +259,13 @@ func (s *sched) sendHello(stop <-chan struct{}, p int, par uint64, flag uint32, 
 		copy(line[:], hdr)
 	}
 	return st.putLine(stop, p, par, flag, line[:])
+}
+
+// peerLine is the line in this rank's memory that peer p's hellos of parity
+// par arrive in.
+func (st *state) peerLine(p int, par uint64) []byte {
+	fl := st.lay.flaggedOff(p, par)
+	return st.hello.Bytes()[fl : fl+channel.LineSize]
 }
 
 // takeFlagged reports whether peer's hello line of parity par has arrived,

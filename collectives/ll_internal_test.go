@@ -146,3 +146,39 @@ func TestPackLine(t *testing.T) {
 		t.Errorf("a line saying 255 bytes wrote past its payload: %x", slot[headerSize+lineInline:])
 	}
 }
+
+// sameLine: a peer's compact line of the same call from rank from matches
+// this rank's; one byte changed anywhere in the packed header — or the
+// sender not the one expected, or a full line — does not.
+func TestSameLine(t *testing.T) {
+	h := header{kind: kAllReduce, dt: hcomm.Float32, op: hcomm.Sum, flags: flagOp, algo: AlgoOneShot, count: 4, seq: 99, from: 0, size: 3}
+	var mine, theirs [channel.LineData]byte
+	if !packHeader(mine[:], h, make([]byte, 16)) {
+		t.Fatal("did not pack")
+	}
+	h.from = 2
+	if !packHeader(theirs[:], h, []byte("sixteen bytes!!!")) {
+		t.Fatal("did not pack")
+	}
+	if !sameLine(mine[:], theirs[:], 2) {
+		t.Fatal("the same call from rank 2 does not match")
+	}
+	if sameLine(mine[:], theirs[:], 1) {
+		t.Error("a line from rank 2 passes for rank 1's")
+	}
+	for i := 0; i < lineHeader; i++ {
+		if i == 6 {
+			continue
+		}
+		other := theirs
+		other[i] ^= 0x10
+		if sameLine(mine[:], other[:], 2) {
+			t.Errorf("byte %d changed: still the same call", i)
+		}
+	}
+	var full [channel.LineData]byte
+	h.encode(full[:])
+	if sameLine(mine[:], full[:], 2) {
+		t.Error("a full line passes for a compact one")
+	}
+}

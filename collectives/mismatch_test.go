@@ -287,3 +287,30 @@ func timeoutSaysWhere(t *testing.T, comms []*hcomm.Comm) {
 		}
 	}
 }
+
+// A mismatch between small all-reduces that take the lane, whose hellos
+// between ranks of one host are compact lines compared as they come
+// (lane.go, ll.go): another count, reduce op or data type — or a count that
+// needs the full form — is an ErrMismatch on every rank naming what
+// differs, as between schedules, never a reduction of what does not match.
+func TestMismatchInALine(t *testing.T) {
+	allreduce := func(count int64, dt hcomm.DataType, op hcomm.ReduceOp) mismatchCall {
+		return func(c *hcomm.Comm, s *device.Stream, buf device.Ptr) error {
+			return collectives.AllReduce(buf, buf, count, dt, op, c, s, nil)
+		}
+	}
+	first := allreduce(4, hcomm.Float32, hcomm.Sum) // on the same stream: the next call takes the lane
+	for _, tc := range []mismatchCase{
+		{"count", allreduce(5, hcomm.Float32, hcomm.Sum), allreduce(4, hcomm.Float32, hcomm.Sum), "count 5"},
+		{"op", allreduce(4, hcomm.Float32, hcomm.Max), allreduce(4, hcomm.Float32, hcomm.Sum), "max"},
+		{"dtype", allreduce(4, hcomm.Int32, hcomm.Sum), allreduce(4, hcomm.Float32, hcomm.Sum), "int32"},
+		{"full-form", allreduce(64, hcomm.Float32, hcomm.Sum), allreduce(4, hcomm.Float32, hcomm.Sum), "count 64"},
+	} {
+		for _, tr := range []hcommtest.Transport{hcommtest.Inproc, hcommtest.Shm} {
+			t.Run(tc.name+"/"+tr.String(), func(t *testing.T) {
+				comms := hcommtest.Options{Config: &hcomm.Config{ExecTimeout: 20 * time.Second}}.New(t, 3, tr)
+				runMismatchAfter(t, comms, 1, tc, true, first)
+			})
+		}
+	}
+}

@@ -139,6 +139,7 @@ type state struct {
 
 	last       *device.Event // the previous collective's completion
 	lastStream *device.Stream
+	lastThread *hcomm.Thread // lastStream's thread (threads[lastStream]), for the lane
 	lastSmall  bool          // the previous collective was one hello (launchHello may wait for it)
 	helloPoll  time.Duration // HCOMM_HELLO_POLL: the inline poll's bound; negative: no inline hello
 	pollSet    bool          // HCOMM_HELLO_POLL is set: callers poll for tcp peers too (overNetwork)
@@ -473,7 +474,7 @@ func (st *state) begin(s *device.Stream) (*hcomm.Thread, error) {
 
 // end notes the stream the collective ran on, for the next begin.
 func (st *state) end(s *device.Stream) error {
-	st.lastStream = s
+	st.lastStream, st.lastThread = s, st.threads[s]
 	return nil
 }
 
