@@ -22,10 +22,15 @@ import (
 // the same stream, no group open, no algorithm forced but oneshot), the
 // caller encodes the header into its own slot, writes it to every peer, and
 // polls for the peers' hellos as launchHello does, in the stream's next task
-// run in its own goroutine.
+// run in its own goroutine. Between ranks of one host, where hellos are
+// lines (ll.go), a call whose header and input pack into one (up to 32
+// bytes) is packed once and stored into every peer's line; the peers' lines
+// are compared with this rank's as they come (sameLine: equal packed fields
+// are equal headers; only a line that differs is unpacked, for the check's
+// error) and their payloads reduced where they lie.
 //
 // On the wire nothing differs from the one-shot schedule: the same header,
-// sequence number, slots, parities and notifies. So whether a call takes
+// sequence number, slots, lines, parities and notifies. So whether a call takes
 // the lane is this rank's business alone: a rank in the lane and a rank in
 // the schedule meet, and a mismatch between them (another count, another
 // collective) is caught by the header check as between two schedules. A call
