@@ -118,8 +118,9 @@ func BenchmarkHelloCheck(b *testing.B) {
 	}
 }
 
-// The all-gather reads from a window directly whatever the rank count; staged,
-// two ranks take the ring.
+// The all-gather reads from a window directly whatever the rank count;
+// staged, two mapped ranks read each other's published pieces (direct) up to
+// 1 MiB a rank and take the ring above; over tcp, the ring.
 func TestChooseAllGatherWindowed(t *testing.T) {
 	l, err := newLayout(2, 64<<20)
 	if err != nil {
@@ -127,6 +128,17 @@ func TestChooseAllGatherWindowed(t *testing.T) {
 	}
 	if a := choose(kAllGather, 64<<20, 2, l, DefaultCostModel(), true, false, false); a != AlgoRing {
 		t.Errorf("2 ranks, staged: %v, want ring", a)
+	}
+	for _, n := range []int64{l.inline() + 1, 512 << 10, 1 << 20} {
+		if a := choose(kAllGather, n, 2, l, DefaultCostModel(), true, false, false); a != AlgoDirect {
+			t.Errorf("2 mapped ranks, staged, %d bytes a rank: %v, want direct", n, a)
+		}
+		if a := choose(kAllGather, n, 2, l, DefaultCostModel(), false, false, false); a != AlgoRing {
+			t.Errorf("2 ranks over tcp, staged, %d bytes a rank: %v, want ring", n, a)
+		}
+	}
+	if a := choose(kAllGather, 1<<20+1, 2, l, DefaultCostModel(), true, false, false); a != AlgoRing {
+		t.Errorf("2 mapped ranks, staged, 1 MiB and a byte a rank: %v, want ring", a)
 	}
 	if a := choose(kAllGather, 64<<20, 2, l, DefaultCostModel(), true, false, true); a != AlgoDirect {
 		t.Errorf("2 ranks, windowed: %v, want direct", a)

@@ -97,7 +97,12 @@ var tuning = []tuneRow{
 	// with no publish step (sitting 5: 1 MiB ring 4.88, direct 4.25; 8 MiB
 	// 4.75 against 4.45). More, mapped: reading each owner's piece beats
 	// forwarding it n-1 times (4 ranks: 1 MiB direct 3.96, ring 3.04).
-	// Network: the ring, every link carrying the data once.
+	// Network: the ring, every link carrying the data once. Two ranks over
+	// shm up to 1 MiB a rank: reading the peer's published pieces (direct)
+	// beats the ring's write and copy (stop 18: 256 KiB and 1 MiB of
+	// output, direct 39 and 96 µs against the ring's 54 and 184; 4 MiB 440
+	// against 428; 64 MiB 11.7 ms against 7.7).
+	{k: kAllGather, class: linkMapped, minRanks: 2, maxRanks: 2, upTo: 1 << 20, algo: AlgoDirect, measured: "stop 18, AllGather shm 2 ranks, direct against ring (BENCHMARKS.md)"},
 	{k: kAllGather, class: linkMapped, minRanks: 2, maxRanks: 2, algo: AlgoRing, measured: "sitting 5, AllGather 2 ranks; stop 12"},
 	{k: kAllGather, class: linkMapped, minRanks: 3, algo: AlgoDirect, measured: "sitting 5, AllGather 4 ranks; stop 12"},
 	{k: kAllGather, class: linkNetwork, minRanks: 2, algo: AlgoRing, measured: "as select.go had it: direct over tcp is a read round trip per piece; not re-measured"},
