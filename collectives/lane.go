@@ -80,6 +80,37 @@ const (
 	laneQueued
 )
 
+// lanePoll is how long a call of the lane polls for its peers' hellos in
+// its caller's goroutine (0: it looks once); slices says the caller is the
+// host-slice layer, which waits for the call anyway.
+func (st *state) lanePoll(slices bool) time.Duration {
+	switch {
+	case slices:
+		return slicePoll
+	case st.helloPoll == 0:
+		return helloPoll
+	case st.helloPoll < 0 && !st.pollSet && st.ll:
+		// More processes here than cores, and the hellos are lines: the
+		// caller polls, yielding the core between looks.
+		return laneYieldPoll
+	case st.helloPoll < 0:
+		return 0
+	}
+	return st.helloPoll
+}
+
+// laneYieldPoll bounds the lane's inline poll when the processes on this
+// host outnumber its cores and the hellos are lines (ll.go), where the
+// schedules' hellos do not poll at all (envHelloPoll): the poll gives the
+// core away between looks (sched_yield), so a peer that needs it runs, and a
+// call whose peers answer within the bound ends in its caller's goroutine
+// instead of a stream task's. Measured with 4 shm processes on 2 cores, 16 B
+// (BENCHMARKS.md, stop 18): 11.5 µs without the poll, 8.1–8.5 polling up to
+// 5–20 µs, 7.9 up to 50 (Open MPI 7.5); the schedules' hellos (a 64 KiB
+// all-reduce, a 4 KiB all-gather) measured no faster or slower polling, so
+// they keep to envHelloPoll.
+const laneYieldPoll = spin.Default
+
 // lanePolls is how many times first looks for the peers' hellos without
 // yielding the processor (a few hundred nanoseconds) before its polls yield.
 const lanePolls = 64
@@ -134,15 +165,7 @@ func laneAllReduce(c *hcomm.Comm, s *device.Stream, o *Options, send, recv devic
 		x.flag[p] = st.helloFlag(p, st.hellos[p])
 		st.hellos[p]++
 	}
-	x.poll = st.helloPoll
-	if x.poll == 0 {
-		x.poll = helloPoll
-	} else if x.poll < 0 {
-		x.poll = 0 // no inline poll: look once
-	}
-	if s == st.own {
-		x.poll = slicePoll // the host-slice layer: its caller waits anyway
-	}
+	x.poll = st.lanePoll(s == st.own)
 	if p := s.Pending(); p > 0 && st.lastSmall {
 		// The small collectives before this one are still on the stream:
 		// wait a moment for them, as launchHello does.

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"testing"
+	"time"
 
 	"github.com/hcomm-dev/hcomm/channel"
 	"github.com/hcomm-dev/hcomm/hcomm"
@@ -180,5 +181,32 @@ func TestSameLine(t *testing.T) {
 	h.encode(full[:])
 	if sameLine(mine[:], full[:], 2) {
 		t.Error("a full line passes for a compact one")
+	}
+}
+
+// The lane's inline poll: HCOMM_HELLO_POLL's bound when set, helloPoll by
+// default; with more processes here than cores (envHelloPoll's -1 when
+// unset) it looks once — unless the hellos are lines, whose poll yields the
+// core between looks (laneYieldPoll); HCOMM_HELLO_POLL=off looks once
+// whatever the hellos; the host-slice layer polls for slicePoll.
+func TestLanePoll(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		poll    time.Duration
+		set, ll bool
+		slices  bool
+		want    time.Duration
+	}{
+		{"default", 0, false, true, false, helloPoll},
+		{"set", 20 * time.Microsecond, true, true, false, 20 * time.Microsecond},
+		{"oversubscribed, lines", -1, false, true, false, laneYieldPoll},
+		{"oversubscribed, notifies", -1, false, false, false, 0},
+		{"off", -1, true, true, false, 0},
+		{"slices", -1, true, true, true, slicePoll},
+	} {
+		st := &state{helloPoll: c.poll, pollSet: c.set, ll: c.ll}
+		if got := st.lanePoll(c.slices); got != c.want {
+			t.Errorf("%s: %v, want %v", c.name, got, c.want)
+		}
 	}
 }
