@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -301,4 +302,67 @@ func awaitRecord(ctx context.Context, c *channel.Conn, poll bool) error {
 		return nil
 	}
 	return c.Notifies[0].WaitNow(ctx)
+}
+
+// TestDrainStopsAfterAShortRead: a message that came whole is one read. A
+// read that returns less than it asked for took everything the kernel held,
+// and what comes later raises the network poller's edge, so the drain
+// applies what came and stops instead of reading again to hear EAGAIN (a
+// system call, and the socket's lock, per message).
+func TestDrainStopsAfterAShortRead(t *testing.T) {
+	rp := connectRaw(t, Options{Spin: time.Second})
+	c := rp.c1.Transport.(*conn)
+	s := c.socks[0]
+	if s.rc == nil {
+		t.Skip("no descriptor access: reads block on the background reader")
+	}
+	mine := rp.r1.bytes(t)
+	for round := 0; round < 3; round++ {
+		// Hold the receive token: neither the background reader nor a
+		// poller reads while the frames arrive.
+		s.rtok.Lock()
+		msg := []byte{byte('a' + round), 'b', 'c'}
+		rp.send(t, frameWrite, 0, 0, 0, uint64(rp.r1.buf.Addr)+128, 0, msg)
+		rp.send(t, frameNotify, 0, 0, 0, 0, 0, []byte{0, 0, 0, 0, 0, 0, 0, byte(2*round + 1)}) // the ordering vector: the frames before it
+		deadline := time.Now().Add(5 * time.Second)
+		for !rawReadableN(t, s, 2*headerLen+len(msg)+8) {
+			if time.Now().After(deadline) {
+				s.rtok.Unlock()
+				t.Fatal("the frames did not arrive")
+			}
+			time.Sleep(100 * time.Microsecond)
+		}
+		reads := 0
+		orig := s.readFn
+		s.readFn = func(fd uintptr) { reads++; orig(fd) }
+		_, err := c.drain(s)
+		s.readFn = orig
+		s.rtok.Unlock()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if reads != 1 {
+			t.Errorf("round %d: %d reads for two frames that came whole, want 1", round, reads)
+		}
+		if !rp.c1.Notifies[0].TryReset() {
+			t.Errorf("round %d: the notify was not recorded", round)
+		}
+		if string(mine[128:131]) != string(msg) {
+			t.Errorf("round %d: memory holds %q, want %q", round, mine[128:131], msg)
+		}
+	}
+}
+
+// rawReadableN reports whether socket s holds at least n bytes, looking with
+// a peek that leaves them there.
+func rawReadableN(t *testing.T, s *sock, n int) bool {
+	t.Helper()
+	buf := make([]byte, n)
+	got := 0
+	if err := s.rc.Control(func(fd uintptr) {
+		got, _, _ = syscall.Recvfrom(int(fd), buf, syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return got >= n
 }

@@ -26,7 +26,9 @@ import (
 //
 // The receive token (sock.rtok) makes the two take turns: only its holder
 // reads the socket, and every holder reads until the kernel has nothing
-// more (EAGAIN) before it lets go. So no byte is left unread in the kernel
+// more before it lets go — a read that returns EAGAIN, or one that returns
+// less than it asked for (it took all the kernel held: a message that came
+// whole is one read, not two). So no byte is left unread in the kernel
 // without the network poller seeing its arrival after the last read: the
 // reader, woken by that arrival, takes the token (waiting for a poller to
 // finish) and reads it, or finds it read. A frame half-read by one holder is

@@ -342,6 +342,7 @@ var errWouldBlock = errors.New("tcp: no bytes to read now")
 // error (sticky: every later drain returns it). The caller holds s.rtok.
 func (c *conn) drain(s *sock) (bool, error) {
 	r := &s.rx
+	short := false
 	for {
 		if r.done {
 			return true, nil
@@ -362,6 +363,9 @@ func (c *conn) drain(s *sock) (bool, error) {
 				return true, nil
 			}
 		}
+		if short {
+			return false, nil
+		}
 		// The buffer is empty: read more, straight into a long payload's
 		// destination when it has one.
 		p, direct := r.buf, false
@@ -381,6 +385,14 @@ func (c *conn) drain(s *sock) (bool, error) {
 			}
 		case n > 0:
 			r.end = n
+			// A short read took all the kernel held: what arrives next
+			// raises the network poller's edge after it, so the
+			// background reader will see it (progress.go). Apply what
+			// came and stop: a message that came whole is one read, not
+			// a second one to hear EAGAIN. (Stopping only at a frame's
+			// end, and reading on within a long payload, measured the
+			// same at 1 MiB.)
+			short = n < len(p) && s.rc != nil
 		case err == errWouldBlock:
 			return false, nil
 		case err == nil:
