@@ -144,6 +144,17 @@ type WriteNotifier interface {
 	WriteWithNotify(stop <-chan struct{}, dst device.Ptr, src []byte, idx int) error
 }
 
+// StreamWriter is implemented by a transport whose write is a memory copy
+// that can skip the cache (inproc): WriteStream is Write for bytes the peer
+// does not read again soon — a collective's output, written in place into
+// the peer's receive buffer (hcomm.WriteLentNbi) — stored with
+// non-temporal stores (internal/memcopy), which neither read the
+// destination's lines first nor evict what the cache holds. A write the
+// peer reads right after (a pipe slot) must not stream.
+type StreamWriter interface {
+	WriteStream(stop <-chan struct{}, dst device.Ptr, src []byte) error
+}
+
 // WriteVNotifier is implemented by a transport that writes a source in
 // pieces — a header here, a payload there — to one range of the peer's
 // memory and records a notify after it more cheaply than one write per

@@ -170,11 +170,17 @@ func allGather(c *hcomm.Comm, name string, h header, send device.Ptr, sendCount 
 				}
 				break
 			}
-			if sc.st.lendsDirect(sendCount*es) && h.kind == kAllGather && !sc.sparse() {
+			if sc.st.lendsDirect() && h.kind == kAllGather && !sc.sparse() {
 				// Over tcp or in one process (lent.go): every rank's
 				// input written straight to its place in every peer's
 				// output.
 				ln := sc.openLent(h, algo, recv, recvBytes, func(p int) int64 { return counts[p] * es })
+				if sc.st.allInproc && sc.ok() {
+					// Every pair's write a copy: each piece of the input
+					// to every place before the next piece.
+					sc.writeLentSpread(ln, sc.others(), displs[me]*es, es, send, sendCount*es, out(me))
+					break
+				}
 				sc.copy(out(me), send, sendCount*es)
 				sc.pairwise(ln, es,
 					func(int) (device.Ptr, int64, int64) { return send, sendCount, displs[me] * es },

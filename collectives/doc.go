@@ -182,8 +182,12 @@
 // pipe slot, no acknowledgement per piece, no copy out of the HCCL buffer.
 // Blocks up to 512 KiB go lent (larger ones measured faster staged).
 // Between ranks of one process (inproc, whose copies check the peer's
-// registry as they run) the all-to-all's blocks up to 4 MiB go the same
-// way: one copy instead of two. A pair whose channel does not check on
+// registry as they run) the all-to-all's blocks and the all-gather's inputs
+// go the same way at every size: one copy instead of two, streamed past the
+// cache (channel.StreamWriter: the copy neither reads the destination's
+// lines first nor evicts what the cache holds), and the all-gather writes
+// each piece of its input to every peer before the next piece, so that the
+// input comes from memory once. A pair whose channel does not check on
 // receipt (shm) stays staged within the same call. An AlltoAll or AlltoAllV
 // whose send and receive buffers overlap is refused (ErrPara): there is no
 // in-place form. lent.go has the protocol.

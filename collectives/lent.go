@@ -7,6 +7,7 @@ import (
 
 	"github.com/hcomm-dev/hcomm/device"
 	"github.com/hcomm-dev/hcomm/hcomm"
+	"github.com/hcomm-dev/hcomm/internal/memcopy"
 )
 
 // Loans: a receive buffer written by the peers in place (tcp, in process).
@@ -142,10 +143,10 @@ func (ln *loan) learn(me int) func(p int, rest []byte) error {
 func (ln *loan) takes(p int) bool { return ln != nil && ln.lends[p] }
 
 // fits reports whether n bytes between this rank and p go lent: the pair
-// lends, and n is at most lentMax, or lentCopyMax where the lent write is a
-// memory copy (inproc).
+// lends, and n is at most lentMax, or the lent write is a memory copy
+// (inproc: any size, see lentCopy).
 func (ln *loan) fits(p int, n int64) bool {
-	return ln.takes(p) && (n <= lentMax || ln.copies[p] && n <= lentCopyMax)
+	return ln.takes(p) && (n <= lentMax || ln.copies[p])
 }
 
 // openLoan takes this call's turn in the gather slots: this rank's own,
@@ -199,6 +200,64 @@ func (s *sched) writeLent(ln *loan, peer int, off, es int64, src device.Ptr, n i
 	})
 }
 
+// writeLentSpread is writeLent of one input to every peer in peers at once,
+// for pairs whose lent write is a memory copy (in process), with this
+// rank's own copy into own: piece by piece, each piece written to every
+// place before the next, so that the input is read from memory once and
+// the other reads of a piece find it in the cache (an all-gather; writeLent
+// peer after peer reads the whole input once a peer).
+func (s *sched) writeLentSpread(ln *loan, peers []int, off, es int64, src device.Ptr, n int64, own device.Ptr) {
+	if n == 0 {
+		for _, p := range peers {
+			s.record(p, nDone+int(ln.k[p]))
+		}
+		return
+	}
+	chs := make([]*hcomm.Channel, len(peers))
+	for i, p := range peers {
+		chs[i] = s.ch(p)
+	}
+	dev, me, per := s.st.comm.Device(), s.st.comm.Rank(), min(s.piece(), 256<<10)
+	s.launchStop("collective lent write", func(stop <-chan struct{}) error {
+		lentWrites.Add(1)
+		dsts := make([]device.Ptr, len(peers))
+		for i, p := range peers {
+			if dsts[i] = ln.at[p]; dsts[i] == 0 {
+				return fmt.Errorf("collectives: rank %d has no receive buffer address of rank %d", me, p)
+			}
+			if ln.their != nil {
+				dsts[i] = dsts[i].Add(ln.their[p] * es)
+			}
+		}
+		from, err := dev.Bytes(src, n)
+		if err != nil {
+			return err
+		}
+		mine, err := dev.Bytes(own, n)
+		if err != nil {
+			return err
+		}
+		for lo := int64(0); lo < n; lo += per {
+			m := min(per, n-lo)
+			if own != src {
+				memcopy.Stream(mine[lo:lo+m], from[lo:lo+m])
+			}
+			for i, p := range peers {
+				var err error
+				if lo+m < n {
+					err = hcomm.WriteLentNbi(stop, chs[i], dsts[i].Add(off+lo), src.Add(lo), m)
+				} else {
+					err = hcomm.WriteLentWithNotifyNbi(stop, chs[i], dsts[i].Add(off+lo), src.Add(lo), m, nDone+int(ln.k[p]))
+				}
+				if err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	})
+}
+
 // lentMax bounds the bytes one lent write carries (an all-to-all block,
 // an all-gather input). Measured over tcp here (BENCHMARKS.md, stop 16),
 // 2 and 4 ranks: blocks of 64 KiB to 512 KiB ran 1.3–1.7× faster lent
@@ -206,19 +265,21 @@ func (s *sched) writeLent(ln *loan, peer int, off, es int64, src device.Ptr, n i
 // (the pipes keep both directions' pieces going at once).
 const lentMax = 512 << 10
 
-// lentCopyMax is lentMax for a pair whose lent write is a memory copy
-// (inproc: the peer's registry checks it as the copy runs). Measured here,
-// 2 and 4 ranks in one process: one copy instead of two ran 1.2–1.5×
-// faster up to 2 MiB blocks (1 MiB all-to-all among 2 ranks 72–136 µs
-// against 99–145; 8 MiB among 4, 2 MiB blocks, 2047–2545 against
-// 2454–3369), and no faster at 16 MiB blocks (17–22 ms against 18–19),
-// where both are bound by the same memory traffic: the staged copy's
-// second pass reads its slot from the cache.
-const lentCopyMax = 4 << 20
+// lentCopy: between ranks of one process a lent write is a memory copy, of
+// any size, streamed past the cache (channel.StreamWriter): the peer's
+// receive buffer is the collective's output. Measured here, 4 ranks in one
+// process, 64 MiB (16 MiB blocks and inputs), busbw, three runs each:
+// all-to-all 1.96–2.12 GB/s staged against 3.55–3.58 lent (at
+// BenchmarkAlltoAllFloor, the copies alone), all-gather 2.76–3.36 against
+// 3.46–4.08; 2 ranks, 16 MiB all-gather 2.66–4.72 against 10.6–11.0. Before
+// the lent copy streamed it was bounded at 4 MiB: a plain copy reads every
+// destination line before it writes it, and one such copy measured no
+// faster than the pipes' two from 16 MiB blocks up (17–22 ms against
+// 18–19), the pipes' second pass reading its slot from the cache.
 
 // preferLent turns the selector's choice for an all-gather over tcp (or
 // among the ranks of one process), up to helloFullMax ranks, with inputs
-// larger than a hello carries and up to lentMax (lentCopyMax in process),
+// larger than a hello carries and up to lentMax (any size in process),
 // into the direct schedule, whose lent form writes each rank's
 // input straight to its place in every peer's output (one write a peer, no
 // forwarding, no staging). st.netLends is the same on every rank (every
@@ -231,17 +292,17 @@ func preferLent(k kind, bytes int64, n int, st *state, a Algorithm) Algorithm {
 	if k != kAllGather || a == AlgoHier || n < 2 || n > helloFullMax || bytes <= st.lay.inline() {
 		return a
 	}
-	if !st.mapped && st.netLends && bytes <= lentMax || st.allInproc && bytes <= lentCopyMax {
+	if !st.mapped && st.netLends && bytes <= lentMax || st.allInproc {
 		return AlgoDirect
 	}
 	return a
 }
 
-// lendsDirect reports whether the direct all-gather of bytes a rank takes
+// lendsDirect reports whether the direct all-gather takes
 // its lent form (every rank alike): over tcp, or among the ranks of one
-// process up to lentCopyMax (above it the gather slots' direct reads).
-func (st *state) lendsDirect(bytes int64) bool {
-	return !st.mapped || st.allInproc && bytes <= lentCopyMax
+// process.
+func (st *state) lendsDirect() bool {
+	return !st.mapped || st.allInproc
 }
 
 // openLent opens a collective among every rank (at most helloFullMax: the

@@ -59,6 +59,39 @@ func TestLentOverTCP(t *testing.T) {
 	}
 }
 
+// TestLentInProcessAnySize: between the ranks of one process the
+// all-gather and the all-to-all write every block straight into the peers'
+// receive buffers at any size, streamed past the cache (the lent copy was
+// bounded at 4 MiB before it streamed): blocks and inputs of 4 MiB and a few
+// odd elements more, 2 and 3 ranks, out of place and in place, exact
+// against the reference; the lent writes are counted, and every loan is
+// taken back.
+func TestLentInProcessAnySize(t *testing.T) {
+	for _, n := range []int{2, 3} {
+		t.Run(fmt.Sprintf("ranks=%d", n), func(t *testing.T) {
+			comms := hcommtest.Options{Config: &hcomm.Config{BufferSize: 1 << 20}}.New(t, n, hcommtest.Inproc)
+			_, open0 := collectives.LentWrites()
+			for _, dt := range []hcomm.DataType{hcomm.Float32, hcomm.Int8} {
+				m := matrixCase{dt: dt, op: hcomm.Sum, count: (4<<20)/int64(dt.Size()) + 7, inline: 1 << 40}
+				for _, f := range []func(){
+					func() { testAllGather(t, comms, m, collectives.AlgoAuto, false) },
+					func() { testAllGather(t, comms, m, collectives.AlgoAuto, true) },
+					func() { testAlltoAll(t, comms, m, collectives.AlgoAuto) },
+				} {
+					w0, _ := collectives.LentWrites()
+					f()
+					if w, _ := collectives.LentWrites(); w == w0 {
+						t.Fatalf("%v: staged, not lent", m)
+					}
+				}
+			}
+			if _, open := collectives.LentWrites(); open != open0 {
+				t.Fatalf("%d loans still registered after every stream is done", open-open0)
+			}
+		})
+	}
+}
+
 // TestAlltoAllOverlapRefused: an all-to-all whose send and receive buffers
 // overlap fails at once with ErrPara naming both ranges (there is no
 // in-place form: a peer's block, written into the receive buffer or read

@@ -227,7 +227,7 @@ func TestHelloPollDefault(t *testing.T) {
 
 // TestPreferLent: the all-gather takes the direct schedule (its lent form)
 // over tcp from above the inline size up to lentMax, and among the ranks of
-// one process up to lentCopyMax; not over shm, not above the bounds or at
+// one process at any size above it; not over shm, not above lentMax over tcp or at
 // the inline size, not above helloFullMax ranks, not in place of a
 // two-level choice, and no other collective.
 func TestPreferLent(t *testing.T) {
@@ -257,8 +257,10 @@ func TestPreferLent(t *testing.T) {
 		{"tcp broadcast", tcp, kBroadcast, 4, in + 1, AlgoTree, AlgoTree},
 		{"tcp all-to-all", tcp, kAlltoAll, 4, in + 1, AlgoPairwise, AlgoPairwise},
 		{"tcp but some peers elsewhere", &state{lay: l}, kAllGather, 4, in + 1, AlgoRing, AlgoRing},
-		{"in process, 4 MiB", proc, kAllGather, 2, lentCopyMax, AlgoRing, AlgoDirect},
-		{"in process, past 4 MiB", proc, kAllGather, 2, lentCopyMax + 1, AlgoRing, AlgoRing},
+		{"in process, 4 MiB", proc, kAllGather, 2, 4 << 20, AlgoRing, AlgoDirect},
+		{"in process, 64 MiB", proc, kAllGather, 4, 64 << 20, AlgoRing, AlgoDirect},
+		{"in process, at inline", proc, kAllGather, 2, in, AlgoOneShot, AlgoOneShot},
+		{"in process, 9 ranks", proc, kAllGather, 9, 64 << 20, AlgoRing, AlgoRing},
 		{"shm", shm, kAllGather, 4, in + 1, AlgoRing, AlgoRing},
 	} {
 		if got := preferLent(tc.k, tc.bytes, tc.n, tc.st, tc.in); got != tc.want {

@@ -268,6 +268,22 @@ func (c *Comm) prepRecord(op string, ch *Channel, remoteIdx int) (func(stop <-ch
 // immediate, followed by a record of the peer's notify remoteIdx when that
 // is not negative.
 func (c *Comm) write(stop <-chan struct{}, ch *Channel, dst device.Ptr, src []byte, remoteIdx int) error {
+	return c.writeHow(stop, ch, dst, src, remoteIdx, false)
+}
+
+// writeHow is write; with stream, a transport that copies memory
+// (channel.StreamWriter) stores the bytes past the cache: the peer's
+// output, not read again soon.
+func (c *Comm) writeHow(stop <-chan struct{}, ch *Channel, dst device.Ptr, src []byte, remoteIdx int, stream bool) error {
+	if sw, ok := ch.tr.(channel.StreamWriter); ok && stream && len(src) > 0 {
+		if err := c.moved(ch, metrics.Write, int64(len(src)), sw.WriteStream(stop, dst, src)); err != nil {
+			return err
+		}
+		if remoteIdx < 0 {
+			return nil
+		}
+		return ch.tr.NotifyRecord(stop, remoteIdx)
+	}
 	if wn, ok := ch.tr.(channel.WriteNotifier); ok && len(src) > 0 && remoteIdx >= 0 {
 		return c.moved(ch, metrics.Write, int64(len(src)), wn.WriteWithNotify(stop, dst, src, remoteIdx))
 	}

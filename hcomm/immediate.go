@@ -81,7 +81,9 @@ func writeLent(op string, stop <-chan struct{}, ch *Channel, dst, src device.Ptr
 	if dst == 0 || uint64(dst) > math.MaxUint64-uint64(n) {
 		return c.errorf(op, ch.RemoteRank(), ErrPara, nil, "remote dst [%#x, +%d) is not a range", uintptr(dst), n)
 	}
-	return c.writeFrom(op, stop, ch, dst, src, n, remoteIdx)
+	// A lent write fills the peer's receive buffer, the collective's
+	// output: streamed past the cache where the transport copies memory.
+	return c.writeFrom(op, stop, ch, dst, src, n, remoteIdx, true)
 }
 
 // Segment is a range of local memory: N bytes from Src.
@@ -162,13 +164,14 @@ func writeNow(op string, stop <-chan struct{}, ch *Channel, dst, src device.Ptr,
 	if err := c.remoteCheck(op, ch, "dst", dst, n); err != nil {
 		return err
 	}
-	return c.writeFrom(op, stop, ch, dst, src, n, remoteIdx)
+	return c.writeFrom(op, stop, ch, dst, src, n, remoteIdx, false)
 }
 
 // writeFrom is the rest of an immediate write once dst is checked (or left
 // to the peer): the local check of src, once, and of the notify index when
-// the write records one (remoteIdx >= 0), then the write.
-func (c *Comm) writeFrom(op string, stop <-chan struct{}, ch *Channel, dst, src device.Ptr, n int64, remoteIdx int) error {
+// the write records one (remoteIdx >= 0), then the write (with stream, past
+// the cache where the transport copies memory: channel.StreamWriter).
+func (c *Comm) writeFrom(op string, stop <-chan struct{}, ch *Channel, dst, src device.Ptr, n int64, remoteIdx int, stream bool) error {
 	b, err := c.dev.Bytes(src, n)
 	if err != nil {
 		return c.errorf(op, ch.RemoteRank(), ErrPara, err, "local src")
@@ -178,7 +181,7 @@ func (c *Comm) writeFrom(op string, stop <-chan struct{}, ch *Channel, dst, src 
 			return err
 		}
 	}
-	if err := c.write(stop, ch, dst, b, remoteIdx); err != nil {
+	if err := c.writeHow(stop, ch, dst, b, remoteIdx, stream); err != nil {
 		return c.taskFailed(op, ch.RemoteRank(), err)
 	}
 	return nil

@@ -193,6 +193,19 @@ func (t *Transport) Write(_ <-chan struct{}, dst device.Ptr, src []byte) error {
 	return nil
 }
 
+var _ channel.StreamWriter = (*Transport)(nil)
+
+// WriteStream copies src into the peer's memory at dst with streaming
+// stores (channel.StreamWriter): for a collective's output.
+func (t *Transport) WriteStream(_ <-chan struct{}, dst device.Ptr, src []byte) error {
+	b, err := t.peerBytes(dst, int64(len(src)))
+	if err != nil {
+		return err
+	}
+	memcopy.Stream(b, src)
+	return nil
+}
+
 var _ channel.FlagWriter = (*Transport)(nil)
 
 // WriteFlagged stores src into the peer's memory at dst as flagged words

@@ -99,3 +99,63 @@ func TestDialerOtherFabric(t *testing.T) {
 		}
 	}
 }
+
+// TestWriteStream: a streamed write (channel.StreamWriter, the lent writes
+// of collectives) lands byte for byte, past the streaming threshold and
+// with an unaligned head and tail, in memory the peer registered after the
+// channel was made; a range the peer did not register is refused with an
+// error naming it, and nothing is written.
+func TestWriteStream(t *testing.T) {
+	e0, e1 := newEnd(t, 0, 1), newEnd(t, 1, 0)
+	d := NewDialer(NewFabric())
+	conns, errs := connectPair(t, d, d, e0, e1)
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d: %v", r, err)
+		}
+	}
+	t.Cleanup(func() { conns[0].Transport.Close(); conns[1].Transport.Close() })
+	const size = 512 << 10
+	area, err := e1.dev.Malloc(size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e1.reg.Add(channel.Mem{Tag: "lent", Addr: area, Size: size})
+	sw, ok := conns[0].Transport.(channel.StreamWriter)
+	if !ok {
+		t.Fatal("inproc does not stream")
+	}
+	mem, err := e1.dev.Bytes(area, size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ off, n int64 }{{0, 100}, {3, 200<<10 + 5}, {64, 256 << 10}, {size - 70<<10 - 1, 70<<10 + 1}} {
+		clear(mem)
+		src := make([]byte, tc.n)
+		for i := range src {
+			src[i] = byte(i*7 + int(tc.off))
+		}
+		if err := sw.WriteStream(nil, area.Add(tc.off), src); err != nil {
+			t.Fatalf("%d bytes at %d: %v", tc.n, tc.off, err)
+		}
+		for i, b := range mem {
+			want := byte(0)
+			if j := int64(i) - tc.off; j >= 0 && j < tc.n {
+				want = src[j]
+			}
+			if b != want {
+				t.Fatalf("%d bytes at %d: byte %d is %d, want %d", tc.n, tc.off, i, b, want)
+			}
+		}
+	}
+	clear(mem)
+	err = sw.WriteStream(nil, area.Add(size-100), make([]byte, 200))
+	if err == nil || !strings.Contains(err.Error(), "not in its registered memory") {
+		t.Fatalf("a write past the registered range: %v, want a refusal naming it", err)
+	}
+	for i, b := range mem {
+		if b != 0 {
+			t.Fatalf("the refused write stored byte %d", i)
+		}
+	}
+}
