@@ -229,6 +229,9 @@ func allGatherDirect(sc *sched, send device.Ptr, out func(p int) device.Ptr, cou
 	st := sc.st
 	me, n := st.comm.Rank(), st.comm.Size()
 	per := sc.piece() / es
+	if st.mapped {
+		per = st.lay.gpiece / es // the gather slots' pieces (gatherPiece)
+	}
 	var rounds int64
 	for _, x := range counts {
 		rounds = max(rounds, pieces(x, per))

@@ -123,3 +123,21 @@ func TestAlltoAllOverlapRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestAllGatherGatherPieces: between processes of a host (shm) the direct
+// all-gather publishes its input in gather slots twice the pipeline's piece
+// (gatherPiece): inputs of one, two and a half, and an odd number of bytes
+// more than three slots, out of place and in place, 3 ranks, exact against
+// the reference, calls of the ring in between on the same communicators.
+func TestAllGatherGatherPieces(t *testing.T) {
+	comms := hcommtest.Options{Config: &hcomm.Config{BufferSize: 8 << 20}}.New(t, 3, hcommtest.Shm)
+	const gpiece = 1 << 20 // 2 × 512 KiB: the 8 MiB buffer has room (TestLayoutGatherPiece)
+	for _, bytes := range []int64{gpiece, 5 * gpiece / 2, 3*gpiece + 13} {
+		for _, dt := range []hcomm.DataType{hcomm.Int8, hcomm.Float32} {
+			m := matrixCase{dt: dt, op: hcomm.Sum, count: bytes / int64(dt.Size()), inline: 1 << 40}
+			testAllGather(t, comms, m, collectives.AlgoDirect, false)
+			testAllGather(t, comms, m, collectives.AlgoRing, false)
+			testAllGather(t, comms, m, collectives.AlgoDirect, true)
+		}
+	}
+}

@@ -268,3 +268,44 @@ func TestPreferLent(t *testing.T) {
 		}
 	}
 }
+
+// TestLayoutGatherPiece: the layout's regions never overlap nor pass the
+// buffer, for every rank count and buffer size tried; a gather slot is twice
+// the pipeline's piece where the buffer has room (gatherPiece: the default
+// buffer has), and the piece where it has not.
+func TestLayoutGatherPiece(t *testing.T) {
+	for _, n := range []int{2, 3, 4, 8, 16, 64} {
+		for _, size := range []int64{64 << 10, 200 << 10, 1 << 20, 5<<20 + 4096, 16 << 20, 200 << 20} {
+			l, err := newLayout(n, size)
+			if err != nil {
+				continue // too small for n ranks: refused, nothing laid out
+			}
+			if l.gpiece != l.piece && l.gpiece != 2*l.piece {
+				t.Fatalf("n=%d size=%d: gather slots of %d bytes, pieces of %d", n, size, l.gpiece, l.piece)
+			}
+			if end := l.inboxSlotOff(n-1, 1) + l.piece; end > l.gatherSlotOff(0) {
+				t.Fatalf("n=%d size=%d: the inbox slots end at %d, past the first gather slot at %d", n, size, end, l.gatherSlotOff(0))
+			}
+			if end := l.gatherSlotOff(1) + l.gpiece; end > l.scratchOff() {
+				t.Fatalf("n=%d size=%d: the gather slots end at %d, past the scratch slot at %d", n, size, end, l.scratchOff())
+			}
+			if end := l.scratchOff() + l.piece; end > size {
+				t.Fatalf("n=%d size=%d: the scratch slot ends at %d, past the buffer", n, size, end)
+			}
+		}
+	}
+	l, err := newLayout(4, 200<<20) // HCCL_BUFFSIZE's default
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.gpiece != 2*l.piece {
+		t.Fatalf("default buffer: gather slots of %d bytes, want twice the piece (%d)", l.gpiece, l.piece)
+	}
+	l, err = newLayout(4, 200<<10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.gpiece != l.piece || l.gatherSlotOff(1)+l.gpiece > l.scratchOff() {
+		t.Fatalf("small buffer: gather slots of %d bytes, pieces of %d", l.gpiece, l.piece)
+	}
+}
