@@ -275,7 +275,7 @@ func (c *Comm) write(stop <-chan struct{}, ch *Channel, dst device.Ptr, src []by
 // (channel.StreamWriter) stores the bytes past the cache: the peer's
 // output, not read again soon.
 func (c *Comm) writeHow(stop <-chan struct{}, ch *Channel, dst device.Ptr, src []byte, remoteIdx int, stream bool) error {
-	if sw, ok := ch.tr.(channel.StreamWriter); ok && stream && len(src) > 0 {
+	if sw, ok := ch.tr.(channel.StreamWriter); stream && ok && len(src) > 0 {
 		if err := c.moved(ch, metrics.Write, int64(len(src)), sw.WriteStream(stop, dst, src)); err != nil {
 			return err
 		}
