@@ -84,6 +84,11 @@ func broadcastOneShot(sc *sched, h header, buf device.Ptr, bytes int64, root int
 func broadcastDirect(sc *sched, buf device.Ptr, bytes int64, root int) {
 	me := sc.st.comm.Rank()
 	per := sc.piece()
+	if bytes >= 8*sc.st.lay.gpiece {
+		// Long enough that the pipeline's start is a small part: the
+		// gather slots' pieces, half the hand-offs (gatherPiece).
+		per = sc.st.lay.gpiece
+	}
 	var readers []int
 	for p := 0; p < sc.st.comm.Size(); p++ {
 		if p != root {

@@ -129,7 +129,8 @@ func TestAlltoAllOverlapRefused(t *testing.T) {
 // (gatherPiece): inputs of one, two and a half, and 13 elements more than
 // three slots, and an odd number of bytes more than one, out of place and
 // in place, 3 ranks, exact against the reference, calls of the ring in
-// between on the same communicators.
+// between on the same communicators; and the direct broadcast of 8 gather
+// pieces and more.
 func TestAllGatherGatherPieces(t *testing.T) {
 	comms := hcommtest.Options{Config: &hcomm.Config{BufferSize: 8 << 20}}.New(t, 3, hcommtest.Shm)
 	const gpiece = 1 << 20 // 2 × 512 KiB: the 8 MiB buffer has room (TestLayoutGatherPiece)
