@@ -178,7 +178,7 @@ func allGather(c *hcomm.Comm, name string, h header, send device.Ptr, sendCount 
 				if sc.st.allInproc && sc.ok() {
 					// Every pair's write a copy: each piece of the input
 					// to every place before the next piece.
-					sc.writeLentSpread(ln, sc.others(), displs[me]*es, es, send, sendCount*es, out(me))
+					sc.writeLentAll(ln, sc.others(), displs[me]*es, es, send, sendCount*es, out(me))
 					break
 				}
 				sc.copy(out(me), send, sendCount*es)

@@ -171,42 +171,16 @@ func (s *sched) openLoan(ln *loan, bytes func(p int) int64) {
 // es), and records the peer's nDone, in one task: the address is the peer's
 // hello's, known when the task runs.
 func (s *sched) writeLent(ln *loan, peer int, off, es int64, src device.Ptr, n int64) {
-	k := ln.k[peer]
-	if n == 0 {
-		s.record(peer, nDone+int(k))
-		return
-	}
-	ch, per := s.ch(peer), min(s.piece(), 256<<10)
-	s.launchStop("collective lent write", func(stop <-chan struct{}) error {
-		lentWrites.Add(1)
-		dst := ln.at[peer]
-		if dst == 0 {
-			return fmt.Errorf("collectives: rank %d has no receive buffer address of rank %d", s.st.comm.Rank(), peer)
-		}
-		if ln.their != nil {
-			dst = dst.Add(ln.their[peer] * es)
-		}
-		// In pieces of at most 256 KiB, one after the other: tcp splits a
-		// longer write over its sockets with a goroutine each, which
-		// measured slower and twice as variable here (2 ranks, 1 MiB
-		// all-gather: 187–241 µs against 179–348).
-		for lo := int64(0); lo+per < n; lo += per {
-			if err := hcomm.WriteLentNbi(stop, ch, dst.Add(off+lo), src.Add(lo), per); err != nil {
-				return err
-			}
-		}
-		last := (n - 1) / per * per
-		return hcomm.WriteLentWithNotifyNbi(stop, ch, dst.Add(off+last), src.Add(last), n-last, nDone+int(k))
-	})
+	s.writeLentAll(ln, []int{peer}, off, es, src, n, src)
 }
 
-// writeLentSpread is writeLent of one input to every peer in peers at once,
-// for pairs whose lent write is a memory copy (in process), with this
-// rank's own copy into own: piece by piece, each piece written to every
-// place before the next, so that the input is read from memory once and
-// the other reads of a piece find it in the cache (an all-gather; writeLent
-// peer after peer reads the whole input once a peer).
-func (s *sched) writeLentSpread(ln *loan, peers []int, off, es int64, src device.Ptr, n int64, own device.Ptr) {
+// writeLentAll is writeLent of one input to every peer in peers, in one
+// task, and, when own is not src, this rank's own copy of it into own
+// (streamed: an output): piece by piece, each piece written to every place
+// before the next, so that the input is read from memory once and the
+// other reads of a piece find it in the cache (the in-process all-gather;
+// peer after peer, the whole input would come from memory once a peer).
+func (s *sched) writeLentAll(ln *loan, peers []int, off, es int64, src device.Ptr, n int64, own device.Ptr) {
 	if n == 0 {
 		for _, p := range peers {
 			s.record(p, nDone+int(ln.k[p]))
@@ -217,7 +191,12 @@ func (s *sched) writeLentSpread(ln *loan, peers []int, off, es int64, src device
 	for i, p := range peers {
 		chs[i] = s.ch(p)
 	}
-	dev, me, per := s.st.comm.Device(), s.st.comm.Rank(), min(s.piece(), 256<<10)
+	dev, me := s.st.comm.Device(), s.st.comm.Rank()
+	// In pieces of at most 256 KiB, one after the other: tcp splits a
+	// longer write over its sockets with a goroutine each, which measured
+	// slower and twice as variable here (2 ranks, 1 MiB all-gather: 187–241
+	// µs against 179–348).
+	per := min(s.piece(), 256<<10)
 	s.launchStop("collective lent write", func(stop <-chan struct{}) error {
 		lentWrites.Add(1)
 		dsts := make([]device.Ptr, len(peers))
@@ -229,17 +208,19 @@ func (s *sched) writeLentSpread(ln *loan, peers []int, off, es int64, src device
 				dsts[i] = dsts[i].Add(ln.their[p] * es)
 			}
 		}
-		from, err := dev.Bytes(src, n)
-		if err != nil {
-			return err
-		}
-		mine, err := dev.Bytes(own, n)
-		if err != nil {
-			return err
+		var from, mine []byte
+		if own != src {
+			var err error
+			if from, err = dev.Bytes(src, n); err != nil {
+				return err
+			}
+			if mine, err = dev.Bytes(own, n); err != nil {
+				return err
+			}
 		}
 		for lo := int64(0); lo < n; lo += per {
 			m := min(per, n-lo)
-			if own != src {
+			if mine != nil {
 				memcopy.Stream(mine[lo:lo+m], from[lo:lo+m])
 			}
 			for i, p := range peers {
