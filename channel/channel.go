@@ -178,6 +178,36 @@ type ReceiverChecker interface {
 	ChecksOnReceipt() bool
 }
 
+// PeerReader is implemented by a transport that can read the peer's memory
+// anywhere in the peer's address space, not only the ranges the peer shared
+// when the channel was made: memory the peer lends for one operation (a
+// collective's send buffer), whose address the peer tells this end itself.
+// The kernel copies and checks the range against the peer's mappings (shm:
+// process_vm_readv), so a wrong address fails the read and writes nothing
+// of this process but dst. ReadsPeer reports whether the pair can — both
+// ends found so at connect, so the answer is the same on both.
+//
+// file, when its FD is not negative, says where src lies in the peer's
+// memory file (device.FileOf on the peer): a transport may then map the
+// file and copy from the mapping itself, checking that the file it opens
+// through the descriptor is the one the inode names; anything that does
+// not check out falls back to the kernel's copy.
+type PeerReader interface {
+	ReadsPeer() bool
+	ReadPeer(stop <-chan struct{}, dst []byte, src device.Ptr, file PeerFile) error
+}
+
+// PeerFile is device.FileRef as a peer tells it: where a range of its
+// memory lies in its memory file. FD negative: none.
+type PeerFile struct {
+	FD  int64
+	Ino uint64
+	Off int64
+}
+
+// NoPeerFile is a PeerFile that names no file.
+var NoPeerFile = PeerFile{FD: -1}
+
 // Poster is implemented by a transport that stores into the peer's memory
 // itself (inproc, shm): a write into one range of the peer's memory followed
 // by a record of one of its notifies — the hello that opens every small

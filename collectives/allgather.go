@@ -170,11 +170,12 @@ func allGather(c *hcomm.Comm, name string, h header, send device.Ptr, sendCount 
 				}
 				break
 			}
-			if sc.st.lendsDirect() && h.kind == kAllGather && !sc.sparse() {
+			if sc.st.lendsDirect(sendCount*es) && h.kind == kAllGather && !sc.sparse() {
 				// Over tcp or in one process (lent.go): every rank's
 				// input written straight to its place in every peer's
-				// output.
-				ln := sc.openLent(h, algo, recv, recvBytes, func(p int) int64 { return counts[p] * es })
+				// output; between processes of a host whose kernel lets
+				// them, read straight from every peer's input.
+				ln := sc.openLent(h, algo, recv, recvBytes, send, func(p int) int64 { return counts[p] * es }, func(int) int64 { return sendCount * es })
 				if sc.st.allInproc && sc.ok() {
 					// Every pair's write a copy: each piece of the input
 					// to every place before the next piece.

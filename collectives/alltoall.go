@@ -106,8 +106,8 @@ func alltoall(c *hcomm.Comm, name string, h header, send device.Ptr, sc_, sd []i
 		// buffer's address and the receive displacements after the counts,
 		// when they fit.
 		var ln *loan
-		if !windowed && sched.ok() && int64(8*(2*n+1)) <= sched.st.lay.inline() { // the counts, the address, the displacements
-			ln = sched.lend(recv, extent(rc, rd)*es, rd)
+		if !windowed && sched.ok() && int64(8*(3*n+loanWords)) <= sched.st.lay.inline() { // the counts, the loan's words, the displacements
+			ln = sched.lend(recv, extent(rc, rd)*es, rd, send, sd)
 		}
 		words := ln.words()
 		table := sched.countTable(sc_, words...)
@@ -131,7 +131,7 @@ func alltoall(c *hcomm.Comm, name string, h header, send device.Ptr, sc_, sd []i
 			sched.lendWindow(sched.others())
 		}
 		if ln != nil {
-			sched.openLoan(ln, func(p int) int64 { return rc[p] * es })
+			sched.openLoan(ln, func(p int) int64 { return rc[p] * es }, func(p int) int64 { return sc_[p] * es })
 		}
 		sched.copy(recv.Add(rd[me]*es), send.Add(sd[me]*es), min(sc_[me], rc[me])*es)
 		if windowed {

@@ -45,8 +45,25 @@ func Broadcast(buf device.Ptr, count int64, dt hcomm.DataType, root int, c *hcom
 				broadcastWindow(sc, w, off, buf, n, root)
 				break
 			}
+			if sc.st.cma && n >= readMin && !sc.sparse() {
+				// Between processes of a host that read lent memory:
+				// every other rank reads the root's buf straight into
+				// its own (pairs that cannot: through the gather slots).
+				me := c.Rank()
+				ln := sc.openLent(h, algo, buf, 0, buf, nil, func(int) int64 {
+					if me == root {
+						return n
+					}
+					return 0
+				})
+				if me != root && ln.readFits(root, n) {
+					sc.readLent(ln, root, 1, buf, n)
+				}
+				broadcastDirect(sc, buf, n, root, ln)
+				break
+			}
 			sc.open(h, algo)
-			broadcastDirect(sc, buf, n, root)
+			broadcastDirect(sc, buf, n, root, nil)
 		case algo == AlgoTree:
 			sc.open(h, algo)
 			broadcastTree(sc, buf, n, root)
@@ -81,7 +98,11 @@ func broadcastOneShot(sc *sched, h header, buf device.Ptr, bytes int64, root int
 // broadcastDirect: the root puts each piece in one of its gather slots and
 // every other rank reads it from there straight into its buf: one copy per
 // rank, which beats forwarding along a ring wherever a read is a memmove.
-func broadcastDirect(sc *sched, buf device.Ptr, bytes int64, root int) {
+// With a loan (ln not nil), the ranks whose pair with the root reads lent
+// memory have read buf whole from the root's (readLent) and take no piece;
+// every rank still counts the root's pieces, so that the gather slots'
+// counts stay the same on every rank whichever way each pair went.
+func broadcastDirect(sc *sched, buf device.Ptr, bytes int64, root int, ln *loan) {
 	me := sc.st.comm.Rank()
 	per := sc.piece()
 	if bytes >= 8*sc.st.lay.gpiece {
@@ -91,19 +112,24 @@ func broadcastDirect(sc *sched, buf device.Ptr, bytes int64, root int) {
 	}
 	var readers []int
 	for p := 0; p < sc.st.comm.Size(); p++ {
-		if p != root {
+		if p != root && !ln.readFits(p, bytes) {
 			readers = append(readers, p)
 		}
 	}
 	for lo := int64(0); lo < bytes; lo += per {
 		m := min(per, bytes-lo)
-		if me == root {
+		switch {
+		case me == root && len(readers) == 0:
+			sc.st.gathers[me]++ // a piece nobody takes: counted, not copied
+		case me == root:
 			k, slot := sc.claimGather(readers)
 			sc.copy(slot, buf.Add(lo), m)
 			sc.publish(k, readers)
-			continue
+		case ln.readFits(root, bytes):
+			sc.nextGather(root)
+		default:
+			sc.readGather(root, sc.nextGather(root), buf.Add(lo), 0, m)
 		}
-		sc.readGather(root, sc.nextGather(root), buf.Add(lo), 0, m)
 	}
 }
 

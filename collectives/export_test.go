@@ -38,3 +38,9 @@ func LaneRuns(c *hcomm.Comm) (inline, pending, queued int) {
 // LentWrites returns how many lent writes (lent.go) have run, and how many
 // loans are still registered.
 func LentWrites() (writes, open int64) { return lentWrites.Load(), openLoans.Load() }
+
+// LentReads counts the lent reads run (shm, through the kernel).
+func LentReads() int64 { return lentReads.Load() }
+
+// ReadMin is the least data a pair reads lent.
+const ReadMin = readMin

@@ -85,10 +85,11 @@ type header struct {
 const (
 	headerSize    = 56
 	headerVersion = 2
-	flagOp        = 1 // the reduce op is part of the call
-	flagRoot      = 2 // the root is part of the call
-	flagWindow    = 4 // the buffers lie in a window (win, woff): peers read them in place
-	flagInPlace   = 8 // with flagWindow: the call is in place (woff is the output's offset)
+	flagOp        = 1  // the reduce op is part of the call
+	flagRoot      = 2  // the root is part of the call
+	flagWindow    = 4  // the buffers lie in a window (win, woff): peers read them in place
+	flagInPlace   = 8  // with flagWindow: the call is in place (woff is the output's offset)
+	flagLent      = 16 // the hello carries buffer addresses for lent writes and reads (lent.go)
 )
 
 var headerMagic = [4]byte{'H', 'C', 'O', 'L'}
@@ -167,6 +168,9 @@ func (h header) call() string {
 		if h.flags&flagInPlace != 0 {
 			b.WriteString(" in place")
 		}
+	}
+	if h.flags&flagLent != 0 {
+		b.WriteString(", lent buffers") // the other rank stages: HCOMM_SHM_CMA_DISABLE differs
 	}
 	fmt.Fprintf(&b, ", %v)", h.algo)
 	return b.String()

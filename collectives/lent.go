@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync/atomic"
 
+	"github.com/hcomm-dev/hcomm/channel"
 	"github.com/hcomm-dev/hcomm/device"
 	"github.com/hcomm-dev/hcomm/hcomm"
 	"github.com/hcomm-dev/hcomm/internal/memcopy"
@@ -41,44 +42,70 @@ import (
 // registered until the communicator is destroyed (a failed schedule leaves
 // the communicator unusable anyway).
 
-// lentWrites counts the lent writes run, and openLoans the registrations
-// not yet taken back: a test's witnesses that the lent path was taken and
-// left nothing registered.
-var lentWrites, openLoans atomic.Int64
+// lentWrites counts the lent writes run, lentReads the lent reads, and
+// openLoans the registrations not yet taken back: a test's witnesses that
+// the lent paths were taken and left nothing registered.
+var lentWrites, lentReads, openLoans atomic.Int64
 
-// loan is one call's lending of this rank's receive buffer, and what it
-// learns of the peers'.
+// loan is one call's lending of this rank's receive buffer (to the pairs
+// that write lent) and send buffer (to the pairs that read lent), and what
+// it learns of the peers'.
 type loan struct {
-	recv   device.Ptr
-	disp   []int64      // this rank's receive displacements (elements), carried in its hello; nil: none
-	lends  []bool       // by rank: the pair's channel takes lent writes
-	copies []bool       // by rank: a lent write is a memory copy (inproc), not a socket's
-	any    bool         // some pair does
-	at     []device.Ptr // by rank: the peer's receive buffer, from its hello
-	their  []int64      // by rank: the peer's displacement for this rank's data, from its hello (with disp)
-	k      []uint64     // by rank: the gather slot whose nDone this rank's write records
+	recv      device.Ptr
+	send      device.Ptr         // this rank's send buffer, which the pairs that read take their data from
+	disp      []int64            // this rank's receive displacements (elements), carried in its hello; nil: none
+	sdisp     []int64            // this rank's send displacements (elements), carried after disp; nil: none
+	lends     []bool             // by rank: the pair's channel takes lent writes
+	reads     []bool             // by rank: the pair's channel reads lent memory (shm through the kernel)
+	copies    []bool             // by rank: a lent write is a memory copy (inproc), not a socket's
+	any       bool               // some pair lends or reads
+	at        []device.Ptr       // by rank: the peer's receive buffer, from its hello
+	from      []device.Ptr       // by rank: the peer's send buffer, from its hello
+	their     []int64            // by rank: the peer's displacement for this rank's data, from its hello (with disp)
+	theirSend []int64            // by rank: the peer's send displacement for this rank (with sdisp)
+	file      device.FileRef     // where send lies in its memory file (FD -1: nowhere), for the pairs that read
+	files     []channel.PeerFile // by rank: where the peer's send buffer lies in its memory file, from its hello
+	k         []uint64           // by rank: the gather slot whose nDone this rank's write or read records
 }
 
-// lend sets up the loan of recv (n bytes) for the call: the pairs that lend
-// (their channels are set up: need), and recv's registration when any pair
-// does. disp, when not nil, are this rank's receive displacements, which
-// its hello carries so that each peer finds its place (AlltoAllV). Every
-// rank of a call that may lend calls it and openLoan.
-func (s *sched) lend(recv device.Ptr, n int64, disp []int64) *loan {
+// lend sets up the loan of recv (n bytes) and send for the call: the pairs
+// that lend and that read (their channels are set up: need), and recv's
+// registration when any pair lends. disp and sdisp, when not nil, are this
+// rank's receive and send displacements, which its hello carries so that
+// each peer finds its place (AlltoAllV). Every rank of a call that may lend
+// calls it and openLoan.
+func (s *sched) lend(recv device.Ptr, n int64, disp []int64, send device.Ptr, sdisp []int64) *loan {
 	size := s.st.comm.Size()
-	ln := &loan{recv: recv, disp: disp, lends: make([]bool, size), copies: make([]bool, size), at: make([]device.Ptr, size), k: make([]uint64, size)}
+	ln := &loan{recv: recv, send: send, disp: disp, sdisp: sdisp, lends: make([]bool, size), reads: make([]bool, size),
+		copies: make([]bool, size), at: make([]device.Ptr, size), from: make([]device.Ptr, size), k: make([]uint64, size),
+		files: make([]channel.PeerFile, size)}
 	if disp != nil {
 		ln.their = make([]int64, size)
 	}
+	if sdisp != nil {
+		ln.theirSend = make([]int64, size)
+	}
+	lends := false
 	for _, p := range s.others() {
-		if ch := s.st.chans[p]; ch != nil && ch.TakesLent() {
-			ln.lends[p], ln.any = true, true
+		ch := s.st.chans[p]
+		switch {
+		case ch == nil:
+		case ch.TakesLent():
+			ln.lends[p], ln.any, lends = true, true, true
 			if ch.Transport() == hcomm.TransportInproc {
 				ln.copies[p] = true
 			}
+		case ch.ReadsLent():
+			ln.reads[p], ln.any = true, true
 		}
 	}
-	if !ln.any || n <= 0 || !s.ok() {
+	ln.file.FD = -1
+	if ln.any && send != 0 {
+		if f, err := s.st.comm.Device().FileOf(send, 1); err == nil {
+			ln.file = f
+		}
+	}
+	if !lends || n <= 0 || !s.ok() {
 		return ln
 	}
 	c := s.st.comm
@@ -96,44 +123,66 @@ func (s *sched) lend(recv device.Ptr, n int64, disp []int64) *loan {
 	return ln
 }
 
+// loanWords is how many words of a hello come before the displacements:
+// the receive and send buffers' addresses, and where send lies in its
+// memory file (descriptor, inode, offset).
+const loanWords = 5
+
 // words returns what this rank's hello carries for the loan when some pair
-// lends: the receive buffer's address, then the displacements.
+// lends or reads: the receive and send buffers' addresses, where send lies
+// in its memory file, then the receive and the send displacements.
 func (ln *loan) words() []uint64 {
 	if ln == nil || !ln.any {
 		return nil
 	}
-	w := []uint64{uint64(ln.recv)}
+	w := []uint64{uint64(ln.recv), uint64(ln.send), uint64(int64(ln.file.FD)), ln.file.Ino, uint64(ln.file.Off)}
 	for _, d := range ln.disp {
+		w = append(w, uint64(d))
+	}
+	for _, d := range ln.sdisp {
 		w = append(w, uint64(d))
 	}
 	return w
 }
 
-// learn takes peer p's receive buffer address, and its displacement for
-// this rank, from the part of its hello after the counts. A peer is not
-// trusted with them, but need not be: this rank writes where they say, and
-// the peer's end checks the write against what the peer registered.
+// learn takes peer p's receive and send buffer addresses, and its
+// displacements for this rank, from the part of its hello after the
+// counts. A pair that lends or reads does so on both ends, so the peer's
+// hello carries them. A peer is not trusted with them, but need not be:
+// this rank writes where they say and the peer's end checks the write
+// against what the peer registered (tcp, inproc), or reads where they say
+// and the kernel checks the range against the peer's mappings (shm).
 func (ln *loan) learn(me int) func(p int, rest []byte) error {
 	return func(p int, rest []byte) error {
-		if !ln.takes(p) {
+		if !ln.takes(p) && !(ln != nil && ln.reads[p]) {
 			return nil
 		}
-		need := 8
-		if ln.their != nil {
-			need += 8 * len(ln.their)
-		}
+		need := 8*loanWords + 8*len(ln.their) + 8*len(ln.theirSend)
 		if len(rest) < need {
-			return fmt.Errorf("rank %d's hello carries %d bytes of receive buffer address and displacements, want %d (their channel takes lent writes)", p, len(rest), need)
+			return fmt.Errorf("rank %d's hello carries %d bytes of buffer addresses and displacements, want %d (their channel lends)", p, len(rest), need)
 		}
-		// A null address (a rank that receives nothing may pass none)
-		// fails only a write of some bytes (writeLent).
+		// A null address (a rank that sends or receives nothing may pass
+		// none) fails only a write or read of some bytes.
 		ln.at[p] = device.Ptr(binary.LittleEndian.Uint64(rest))
+		ln.from[p] = device.Ptr(binary.LittleEndian.Uint64(rest[8:]))
+		// The file is a hint the peer's channel end checks (channel/shm):
+		// a wrong one falls back to the kernel's copy.
+		ln.files[p] = channel.PeerFile{FD: int64(binary.LittleEndian.Uint64(rest[16:])),
+			Ino: binary.LittleEndian.Uint64(rest[24:]), Off: int64(binary.LittleEndian.Uint64(rest[32:]))}
+		rest = rest[8*loanWords:]
 		if ln.their != nil {
-			d := int64(binary.LittleEndian.Uint64(rest[8+8*me:]))
+			d := int64(binary.LittleEndian.Uint64(rest[8*me:]))
 			if d < 0 {
 				return fmt.Errorf("rank %d's hello gives rank %d the displacement %d", p, me, d)
 			}
 			ln.their[p] = d
+		}
+		if ln.theirSend != nil {
+			d := int64(binary.LittleEndian.Uint64(rest[8*len(ln.their)+8*me:]))
+			if d < 0 {
+				return fmt.Errorf("rank %d's hello gives rank %d the send displacement %d", p, me, d)
+			}
+			ln.theirSend[p] = d
 		}
 		return nil
 	}
@@ -149,21 +198,57 @@ func (ln *loan) fits(p int, n int64) bool {
 	return ln.takes(p) && (n <= lentMax || ln.copies[p])
 }
 
+// readFits reports whether the n bytes one end of the pair with p sends
+// the other are read lent, from the sender's send buffer by the receiver:
+// the pair reads lent memory and n is at least readMin. Both ends decide
+// alike.
+func (ln *loan) readFits(p int, n int64) bool {
+	return ln != nil && ln.reads[p] && n >= readMin
+}
+
 // openLoan takes this call's turn in the gather slots: this rank's own,
-// whose nDone the peers that write into the loan record (those whose
-// bytes(p) fit: ln.fits, as the writer decides), and its count of every
-// peer's.
-func (s *sched) openLoan(ln *loan, bytes func(p int) int64) {
-	var writers []int
+// whose nDone the peers record that write into the loan (those whose
+// in(p) bytes fit: ln.fits, as the writer decides) or read from it (out(p)
+// bytes: ln.readFits), and its count of every peer's. in or out nil: no
+// such pair.
+func (s *sched) openLoan(ln *loan, in, out func(p int) int64) {
+	var recorders []int
 	for _, p := range s.others() {
-		if ln.fits(p, bytes(p)) {
-			writers = append(writers, p)
+		if in != nil && ln.fits(p, in(p)) || out != nil && ln.readFits(p, out(p)) {
+			recorders = append(recorders, p)
 		}
 	}
-	s.claimGather(writers)
+	s.claimGather(recorders)
 	for _, p := range s.others() {
 		ln.k[p] = s.nextGather(p)
 	}
+}
+
+// readLent reads n bytes of peer's send buffer (from its displacement for
+// this rank on, times es, when the loan carries send displacements) into
+// dst, and then records the peer's nDone: one task, the address the peer's
+// hello's, known when the task runs. The peer's collective ends once every
+// reader has recorded (drainGathers), so its send buffer stays as it was
+// until then.
+func (s *sched) readLent(ln *loan, peer int, es int64, dst device.Ptr, n int64) {
+	ch, me := s.ch(peer), s.st.comm.Rank()
+	s.launchStop("collective lent read", func(stop <-chan struct{}) error {
+		if n > 0 {
+			lentReads.Add(1)
+			src, file := ln.from[peer], ln.files[peer]
+			if src == 0 {
+				return fmt.Errorf("collectives: rank %d has no send buffer address of rank %d", me, peer)
+			}
+			if ln.theirSend != nil {
+				src = src.Add(ln.theirSend[peer] * es)
+				file.Off += ln.theirSend[peer] * es
+			}
+			if err := hcomm.ReadLentNbi(stop, ch, dst, src, n, file); err != nil {
+				return err
+			}
+		}
+		return hcomm.ChannelNotifyRecord(stop, ch, nDone+int(ln.k[peer]))
+	})
 }
 
 // writeLent writes n bytes at src into peer's receive buffer, off bytes in
@@ -246,60 +331,80 @@ func (s *sched) writeLentAll(ln *loan, peers []int, off, es int64, src device.Pt
 // (the pipes keep both directions' pieces going at once).
 const lentMax = 512 << 10
 
-// lentCopy: between ranks of one process a lent write is a memory copy, of
-// any size, streamed past the cache (channel.StreamWriter): the peer's
-// receive buffer is the collective's output. Measured here, 4 ranks in one
-// process, 64 MiB (16 MiB blocks and inputs), busbw, three runs each:
-// all-to-all 1.96–2.12 GB/s staged against 3.55–3.58 lent (at
-// BenchmarkAlltoAllFloor, the copies alone), all-gather 2.76–3.36 against
-// 3.46–4.08; 2 ranks, 16 MiB all-gather 2.66–4.72 against 10.6–11.0. Before
-// the lent copy streamed it was bounded at 4 MiB: a plain copy reads every
-// destination line before it writes it, and one such copy measured no
-// faster than the pipes' two from 16 MiB blocks up (17–22 ms against
-// 18–19), the pipes' second pass reading its slot from the cache.
+// readMin is the least data a pair that reads lent memory reads so (ln.readFits);
+// less goes through the HCCL buffers.
+// readMin is the least data a pair that reads lent memory reads so
+// (ln.readFits), from a peer's block or input; less goes through the HCCL
+// buffers. A read from a peer's memory file mapped here costs a copy and
+// no system call (channel/shm): from 16 KiB it beat the one-shot's two
+// copies through a hello (preferLent's figures).
+const readMin = 16 << 10
 
 // preferLent turns the selector's choice for an all-gather over tcp (or
 // among the ranks of one process), up to helloFullMax ranks, with inputs
-// larger than a hello carries and up to lentMax (any size in process),
-// into the direct schedule, whose lent form writes each rank's
-// input straight to its place in every peer's output (one write a peer, no
-// forwarding, no staging). st.netLends is the same on every rank (every
-// unmapped peer is tcp, or not), so all ranks choose alike; a pair whose
-// channel does not lend (shm between ranks of one host) goes through the
-// pipes within the same schedule. A two-level choice (hosts) stays, and so
-// does the broadcast: the root
-// writing to every receiver measured no faster than the staged schedules.
+// larger than a hello carries and up to lentMax (any size in process), into
+// the direct schedule, whose lent form writes each rank's input straight to
+// its place in every peer's output (one write a peer, no forwarding, no
+// staging). Between processes of a host whose pairs read lent memory
+// (st.cma), from readMin a peer on, whatever a hello carries, it turns the
+// all-gather and the broadcast into the direct schedules and the all-to-all
+// into the pairwise one, whose lent forms read every peer's data straight
+// from its send buffer: one copy where the one-shot's hello and the
+// gather slots take two (2 processes, 64 KiB, Intel Xeon of stop 20:
+// all-to-all 9.4–9.6 µs one-shot against 5.3–5.6 read; all-gather 10.5–12.2
+// against 5.3–5.4; broadcast 10.5–11.0 against 6.5–6.8, 32 KiB 5.6–5.9
+// against 3.8–4.6; 4 processes on 2 cores alike either way).
+// st.netLends and st.cma are the same on every rank (every unmapped peer
+// is tcp, or not; the configuration), so all ranks choose alike; a pair
+// whose channel does neither goes through the pipes within the same
+// schedule. A two-level choice (hosts) stays, and so does the broadcast
+// over tcp: the root writing to every receiver measured no faster than the
+// staged schedules.
 func preferLent(k kind, bytes int64, n int, st *state, a Algorithm) Algorithm {
-	if k != kAllGather || a == AlgoHier || n < 2 || n > helloFullMax || bytes <= st.lay.inline() {
+	if a == AlgoHier || n < 2 || n > helloFullMax {
 		return a
 	}
-	if !st.mapped && st.netLends && bytes <= lentMax || st.allInproc {
+	if st.cma {
+		switch {
+		case (k == kAllGather || k == kBroadcast) && bytes >= readMin:
+			return AlgoDirect
+		case k == kAlltoAll && bytes/int64(n) >= readMin:
+			return AlgoPairwise
+		}
+	}
+	if k != kAllGather || bytes <= st.lay.inline() {
+		return a
+	}
+	if !st.mapped && st.netLends && bytes <= lentMax || st.mapped && st.lendsDirect(bytes) {
 		return AlgoDirect
 	}
 	return a
 }
 
-// lendsDirect reports whether the direct all-gather takes
-// its lent form (every rank alike): over tcp, or among the ranks of one
-// process.
-func (st *state) lendsDirect() bool {
-	return !st.mapped || st.allInproc
+// lendsDirect reports whether the direct all-gather of bytes a rank takes
+// its lent form (every rank alike): over tcp, among the ranks of one
+// process, and between processes of a host from readMin on, unless
+// HCOMM_SHM_CMA_DISABLE (st.cma).
+func (st *state) lendsDirect(bytes int64) bool {
+	return !st.mapped || st.allInproc || st.cma && bytes >= readMin
 }
 
 // openLent opens a collective among every rank (at most helloFullMax: the
-// full handshake) with a hello that carries this rank's receive buffer
-// address, lending recv (n bytes) to the pairs that lend; bytes is
-// openLoan's.
-func (s *sched) openLent(h header, algo Algorithm, recv device.Ptr, n int64, bytes func(p int) int64) *loan {
+// full handshake) with a hello that carries this rank's receive and send
+// buffer addresses, lending recv (n bytes) to the pairs that lend and send
+// to the pairs that read; in and out are openLoan's.
+func (s *sched) openLent(h header, algo Algorithm, recv device.Ptr, n int64, send device.Ptr, in, out func(p int) int64) *loan {
 	h.algo = algo
+	h.flags |= flagLent // a rank that stages instead (another HCOMM_SHM_CMA_DISABLE) fails the check
 	s.need(s.others())
 	if !s.ok() {
-		return &loan{lends: make([]bool, s.st.comm.Size())}
+		size := s.st.comm.Size()
+		return &loan{lends: make([]bool, size), reads: make([]bool, size)}
 	}
-	ln := s.lend(recv, n, nil)
+	ln := s.lend(recv, n, nil, send, nil)
 	words := ln.words()
 	s.hello(h, s.others(), s.countTable(nil, words...), int64(8*len(words)), ln.learn(s.st.comm.Rank()))
-	s.openLoan(ln, bytes)
+	s.openLoan(ln, in, out)
 	return ln
 }
 
@@ -311,8 +416,11 @@ func (s *sched) openLent(h header, algo Algorithm, recv device.Ptr, n int64, byt
 // and its element count. A pair lends when its channel does and the data
 // is at most lentMax (the counts agree on both ends, or the hello fails
 // the call before any data moves).
-// A lent pair's data goes whole by one write (writeLent); the others' piece
-// by piece through the pipes, each piece copied out of the inbox.
+// A lent pair's data goes whole by one write (writeLent); a pair that reads
+// lent memory reads its data whole from the sender's send buffer (readLent:
+// at least readMin bytes, srcOf's source being the send buffer from the
+// peer's send displacement for this rank on, or its start); the others'
+// piece by piece through the pipes, each piece copied out of the inbox.
 func (s *sched) pairwise(ln *loan, es int64, srcOf func(to int) (src device.Ptr, count, off int64), dstOf func(from int) (dst device.Ptr, count int64)) {
 	me, n := s.st.comm.Rank(), s.st.comm.Size()
 	per := s.piece() / es
@@ -321,15 +429,21 @@ func (s *sched) pairwise(ln *loan, es int64, srcOf func(to int) (src device.Ptr,
 		src, sn, off := srcOf(to)
 		dst, rn := dstOf(from)
 		lentTo, lentFrom := ln.fits(to, sn*es), ln.fits(from, rn*es)
+		// A pair that reads: this rank's data for to is read from send by
+		// to; the data from from, this rank reads.
+		readTo, readFrom := ln.readFits(to, sn*es), ln.readFits(from, rn*es)
 		if lentTo {
 			s.writeLent(ln, to, off, es, src, sn*es)
 		}
+		if readFrom {
+			s.readLent(ln, from, es, dst, rn*es)
+		}
 		for q := int64(0); q < max(pieces(sn, per), pieces(rn, per)); q++ {
 			lo := q * per
-			if m := min(per, sn-lo); m > 0 && !lentTo {
+			if m := min(per, sn-lo); m > 0 && !lentTo && !readTo {
 				s.pipeSend(to, src.Add(lo*es), m*es)
 			}
-			if m := min(per, rn-lo); m > 0 && !lentFrom {
+			if m := min(per, rn-lo); m > 0 && !lentFrom && !readFrom {
 				slot, done := s.pipeRecv(from)
 				s.copy(dst.Add(lo*es), slot, m*es)
 				done()

@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/hcomm-dev/hcomm/channel/shm"
 
 	"github.com/hcomm-dev/hcomm/collectives"
 	"github.com/hcomm-dev/hcomm/hcomm"
@@ -143,4 +146,109 @@ func TestAllGatherGatherPieces(t *testing.T) {
 		testAllGather(t, comms, m, collectives.AlgoRing, false)
 		testAllGather(t, comms, m, collectives.AlgoDirect, true)
 	}
+}
+
+// TestLentReadsOverShm: between processes of one host (shm), a pair whose
+// ends may read each other's memory through the kernel reads the peer's
+// block for it straight from the peer's send buffer (lent.go, readLent):
+// the all-to-all, AlltoAllV, direct all-gather (in place and out) and
+// direct broadcast (roots first and last) at and above readMin, exact
+// against the reference, with 2 to 4 ranks, blocks just below, at and
+// above readMin, odd ones, and calls of the staged forms (ring all-gather
+// and broadcast, blocks below readMin) back to back with them; the reads
+// are counted. With
+// HCOMM_SHM_CMA_DISABLE's Config field no pair reads and the results are the
+// same.
+func TestLentReadsOverShm(t *testing.T) {
+	for _, tc := range []struct {
+		n   int
+		off bool
+	}{{2, false}, {3, false}, {4, false}, {3, true}} {
+		t.Run(fmt.Sprintf("ranks=%d/cmaoff=%v", tc.n, tc.off), func(t *testing.T) {
+			comms := hcommtest.Options{Config: &hcomm.Config{BufferSize: 256 << 10, ShmCMADisable: tc.off}}.New(t, tc.n, hcommtest.Shm)
+			reads := func() int64 { return collectives.LentReads() }
+			before := reads()
+			min := int64(collectives.ReadMin)
+			for _, dt := range []hcomm.DataType{hcomm.Float32, hcomm.Int8, hcomm.Float64} {
+				es := int64(dt.Size())
+				for _, count := range []int64{min/es - 1, min / es, min/es + 3, (600 << 10) / es} {
+					m := matrixCase{dt: dt, op: hcomm.Sum, count: count, inline: 1 << 40}
+					r0 := reads()
+					testAlltoAll(t, comms, m, collectives.AlgoAuto)
+					testAllGather(t, comms, m, collectives.AlgoRing, false)
+					testAlltoAll(t, comms, m, collectives.AlgoPairwise)
+					testAllGather(t, comms, m, collectives.AlgoDirect, false)
+					testAllGather(t, comms, m, collectives.AlgoDirect, true)
+					testAllGather(t, comms, m, collectives.AlgoAuto, false)
+					for _, root := range []int{0, tc.n - 1} {
+						m := m
+						m.root = root
+						broadcastRaw(t, comms, m, collectives.AlgoDirect)
+						broadcastRaw(t, comms, m, collectives.AlgoRing)
+					}
+					r1 := reads()
+					switch read := r1 > r0; {
+					case tc.off && read:
+						t.Fatalf("%v: %d lent reads with CMA off", m, r1-r0)
+					case !tc.off && count*es >= min && !read:
+						t.Fatalf("%v: %d-byte blocks were not read lent", m, count*es)
+					case count*es < min && read:
+						t.Fatalf("%v: %d-byte blocks (below %d) were read lent", m, count*es, min)
+					}
+					testVCollectives(t, comms, m) // AlltoAllV: blocks of 0 to 1.5 counts, gaps between them
+				}
+			}
+			if !tc.off && reads() == before {
+				t.Fatal("no lent read ran")
+			}
+		})
+	}
+}
+
+// TestLentReadsConfigMismatch: a rank whose HCOMM_SHM_CMA_DISABLE differs
+// from its peers' stages an all-gather that they read lent; the header's
+// flagLent tells them apart, and the call fails on every rank with
+// ErrMismatch naming the lent buffers, instead of waiting on data that
+// never comes.
+func TestLentReadsConfigMismatch(t *testing.T) {
+	if shm.HostID() == "" {
+		t.Skip("no shared-memory transport on this system")
+	}
+	const n = 3
+	base := hcomm.Config{Transport: hcomm.TransportShm, BufferSize: 1 << 20, ExecTimeout: time.Minute}
+	root, err := hcomm.GetRootInfo(&base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer root.Close()
+	comms := hcommtest.InitRanks(t, n, func(r int) (*hcomm.Comm, error) {
+		c := base
+		c.ShmCMADisable = r == 1
+		return hcomm.InitRootInfo(n, root, r, &c)
+	})
+	defer func() {
+		for _, c := range comms {
+			c.Destroy()
+		}
+	}()
+	const count = 64 << 10 // float32: 256 KiB a rank, above readMin and the inline size
+	run(t, comms, func(c *hcomm.Comm) error {
+		s, err := c.Device().CreateStream()
+		if err != nil {
+			return err
+		}
+		defer s.Destroy()
+		send, _ := c.Device().Malloc(4 * count)
+		recv, _ := c.Device().Malloc(4 * count * n)
+		defer c.Device().Free(send)
+		defer c.Device().Free(recv)
+		if err := collectives.AllGather(send, recv, count, hcomm.Float32, c, s, &collectives.Options{Algorithm: collectives.AlgoDirect}); err != nil {
+			return err
+		}
+		err = s.SynchronizeWithTimeout(time.Minute)
+		if !errors.Is(err, collectives.ErrMismatch) || !strings.Contains(err.Error(), "lent buffers") {
+			return fmt.Errorf("rank %d: %v, want a mismatch naming the lent buffers", c.Rank(), err)
+		}
+		return nil
+	})
 }

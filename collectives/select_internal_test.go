@@ -227,7 +227,8 @@ func TestHelloPollDefault(t *testing.T) {
 
 // TestPreferLent: the all-gather takes the direct schedule (its lent form)
 // over tcp from above the inline size up to lentMax, and among the ranks of
-// one process at any size above it; not over shm, not above lentMax over tcp or at
+// one process at any size above it, between processes of a host that read
+// lent memory from readMin on; not over shm with HCOMM_SHM_CMA_DISABLE, not above lentMax over tcp or at
 // the inline size, not above helloFullMax ranks, not in place of a
 // two-level choice, and no other collective.
 func TestPreferLent(t *testing.T) {
@@ -239,6 +240,7 @@ func TestPreferLent(t *testing.T) {
 	tcp := &state{lay: l, netLends: true}
 	proc := &state{lay: l, mapped: true, allInproc: true, netLends: true}
 	shm := &state{lay: l, mapped: true, netLends: true}
+	cma := &state{lay: l, mapped: true, netLends: true, cma: true}
 	for _, tc := range []struct {
 		name  string
 		st    *state
@@ -261,7 +263,20 @@ func TestPreferLent(t *testing.T) {
 		{"in process, 64 MiB", proc, kAllGather, 4, 64 << 20, AlgoRing, AlgoDirect},
 		{"in process, at inline", proc, kAllGather, 2, in, AlgoOneShot, AlgoOneShot},
 		{"in process, 9 ranks", proc, kAllGather, 9, 64 << 20, AlgoRing, AlgoRing},
-		{"shm", shm, kAllGather, 4, in + 1, AlgoRing, AlgoRing},
+		{"shm, CMA off", shm, kAllGather, 4, in + 1, AlgoRing, AlgoRing},
+		{"shm, CMA off, 64 MiB", shm, kAllGather, 4, 64 << 20, AlgoRing, AlgoRing},
+		{"shm reads, below readMin", cma, kAllGather, 4, readMin - 1, AlgoRing, AlgoRing},
+		{"shm reads, above inline and readMin", cma, kAllGather, 4, max(readMin, in+1), AlgoRing, AlgoDirect},
+		{"shm reads, 64 MiB", cma, kAllGather, 4, 64 << 20, AlgoRing, AlgoDirect},
+		{"shm reads, 9 ranks", cma, kAllGather, 9, 64 << 20, AlgoRing, AlgoRing},
+		{"shm reads, broadcast", cma, kBroadcast, 4, 64 << 20, AlgoRing, AlgoDirect},
+		{"shm reads, broadcast at readMin", cma, kBroadcast, 2, readMin, AlgoOneShot, AlgoDirect},
+		{"shm reads, broadcast below readMin", cma, kBroadcast, 2, readMin - 1, AlgoOneShot, AlgoOneShot},
+		{"shm reads, all-gather at readMin", cma, kAllGather, 2, readMin, AlgoOneShot, AlgoDirect},
+		{"shm reads, all-to-all blocks at readMin", cma, kAlltoAll, 4, 4 * readMin, AlgoOneShot, AlgoPairwise},
+		{"shm reads, all-to-all blocks below readMin", cma, kAlltoAll, 4, 4*readMin - 1, AlgoOneShot, AlgoOneShot},
+		{"shm, CMA off, all-to-all", shm, kAlltoAll, 4, 64 << 20, AlgoOneShot, AlgoOneShot},
+		{"shm reads, all-reduce", cma, kAllReduce, 4, 64 << 20, AlgoRing, AlgoRing},
 	} {
 		if got := preferLent(tc.k, tc.bytes, tc.n, tc.st, tc.in); got != tc.want {
 			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)

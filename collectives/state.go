@@ -132,6 +132,7 @@ type state struct {
 	multiHost bool               // ranks span hosts, some with several ranks: the two-level schedule pays
 	mapped    bool               // every peer's memory is mapped (inproc, shm): a read is a memmove
 	netLends  bool               // every peer whose memory is not mapped is over tcp, whose channels take lent writes (lent.go)
+	cma       bool               // the peers are processes of this host, and the configuration lets pairs read lent memory (lent.go)
 	allInproc bool               // every peer is a rank of this process (inproc): lent writes are copies (lent.go)
 	prepared  bool               // connect has checked the layout and learnt mapped
 	forced    map[kind]Algorithm // HCCL_ALGO
@@ -334,6 +335,11 @@ func (st *state) prepare() error {
 		}
 		st.allInproc = st.allInproc && tr == hcomm.TransportInproc
 	}
+	// Whether the pairs can read is their channels' (ReadsLent), known
+	// once they are made; the schedules that would read are chosen on
+	// what every rank knows alike, and a pair that cannot goes through
+	// the HCCL buffers within them.
+	st.cma = st.mapped && !st.allInproc && !c.Config().ShmCMADisable
 	return nil
 }
 

@@ -154,6 +154,15 @@ func hostFree(mem []byte, fd int) error {
 }
 
 // dupShared returns a close-on-exec duplicate of fd.
+// fileIno returns the inode number of the file behind fd.
+func fileIno(fd int) (uint64, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return 0, err
+	}
+	return st.Ino, nil
+}
+
 func dupShared(fd int) (int, error) {
 	return unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
 }

@@ -22,6 +22,10 @@ func discard(int, int64, int64) bool { return false }
 
 func hostFree(mem []byte, _ int) error { return unix.Munmap(mem) }
 
+func fileIno(int) (uint64, error) {
+	return 0, errors.New("device memory has no file without memfd (Linux)")
+}
+
 func dupShared(int) (int, error) {
 	return -1, errors.New("sharing device memory needs memfd (Linux)")
 }

@@ -49,9 +49,10 @@ type allocation struct {
 	dev  *Device
 	base Ptr
 	mem  []byte
-	fd   int  // the memory file behind mem (Share), or -1
-	host bool // MallocHost: pinned host memory rather than device memory
-	lazy bool // MallocLazy: pages committed at first touch (Memset to zero gives them back)
+	fd   int           // the memory file behind mem (Share), or -1
+	ino  atomic.Uint64 // fd's inode number, once FileOf has looked (0: not yet)
+	host bool          // MallocHost: pinned host memory rather than device memory
+	lazy bool          // MallocLazy: pages committed at first touch (Memset to zero gives them back)
 
 	// use is held for reading by every task that touches the memory, and for
 	// writing by Free, so that a Free racing with queued work waits for it and

@@ -45,3 +45,54 @@ func (d *Device) Share(p Ptr, n int64) (fd int, offset int64, err error) {
 	}
 	return dup, int64(p - r.a.base), nil
 }
+
+// FileRef says where a range of device memory lies in its memory file: the
+// descriptor of this process that holds the file, the file's inode number,
+// and the range's offset in the file. With it, a process allowed to open
+// this one's descriptors (/proc/<pid>/fd/<FD>, the ptrace access check) can
+// map the same bytes without this process sending the descriptor, and can
+// tell by the inode that a file it mapped before is the same one (a
+// descriptor number is reused once its allocation is freed; the inode of a
+// file it still maps is not).
+type FileRef struct {
+	FD  int
+	Ino uint64
+	Off int64
+}
+
+// FileOf returns the FileRef of [p, p+n), which must lie inside one live
+// allocation of d. The descriptor stays this process's (do not close it)
+// and names the file only while the allocation is live. Errors are
+// Share's. Safe for concurrent use.
+func (d *Device) FileOf(p Ptr, n int64) (FileRef, error) {
+	const op = "FileOf"
+	if err := d.check(op); err != nil {
+		return FileRef{}, err
+	}
+	r, err := resolve(op, d, -1, "range", p, n)
+	if err != nil {
+		return FileRef{}, err
+	}
+	if r.a == nil {
+		return FileRef{}, newErr(op, d.id, -1, ErrInvalidValue, "range is a nil address")
+	}
+	if r.a.dev != d {
+		return FileRef{}, newErr(op, d.id, -1, ErrInvalidHandle, "range [%#x, +%d) belongs to another device context", uintptr(p), n)
+	}
+	if r.a.fd < 0 {
+		return FileRef{}, newErr(op, d.id, -1, ErrFeatureNotSupported, "the %s backend's memory has no file on this system", d.be.name())
+	}
+	ino := r.a.ino.Load()
+	if ino == 0 {
+		if !pin(r) {
+			return FileRef{}, newErr(op, d.id, -1, ErrInvalidValue, "range [%#x, +%d) was freed", uintptr(p), n)
+		}
+		ino, err = fileIno(r.a.fd)
+		unpin(r)
+		if err != nil {
+			return FileRef{}, &Error{Op: op, Device: d.id, Stream: -1, Code: ErrInternal, Msg: "reading the memory file's inode", Err: err}
+		}
+		r.a.ino.Store(ino)
+	}
+	return FileRef{FD: r.a.fd, Ino: ino, Off: int64(p - r.a.base)}, nil
+}

@@ -89,6 +89,15 @@ func (ch *Channel) TakesLent() bool {
 	return ok && rc.ChecksOnReceipt()
 }
 
+// ReadsLent reports whether ch reads memory the peer lent for one
+// operation (channel.PeerReader: shm where the kernel lets the two
+// processes read each other's memory), so that ReadLentNbi works on it. The
+// same on both ends. Safe for concurrent use.
+func (ch *Channel) ReadsLent() bool {
+	pr, ok := ch.tr.(channel.PeerReader)
+	return ok && pr.ReadsPeer()
+}
+
 // NotifyNum returns the number of local notifies.
 func (ch *Channel) NotifyNum() int { return len(ch.notifies) }
 

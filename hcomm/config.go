@@ -54,6 +54,13 @@ type Config struct {
 	// (HCOMM_SHM_DISABLE=1, like NCCL_SHM_DISABLE). Only true is taken from
 	// code; false leaves the decision to the environment.
 	ShmDisable bool
+	// ShmCMADisable keeps the shared-memory channels from reading a peer's
+	// memory through the kernel (HCOMM_SHM_CMA_DISABLE=1; Open MPI's
+	// btl_vader_single_copy_mechanism=none): the collectives then stage
+	// every byte between processes through the HCCL buffers (two copies)
+	// instead of reading a peer's send buffer in one (see channel/shm,
+	// "Reading memory the peer lends"). Only true is taken from code.
+	ShmCMADisable bool
 	// SocketIfname picks the network interface whose address rank 0's
 	// bootstrap store listens on and tcp channels use (HCOMM_SOCKET_IFNAME,
 	// NCCL_SOCKET_IFNAME's syntax: "eth0", "eth,ib", "^docker,lo", "=eth0").

@@ -96,7 +96,7 @@
 // buffer is twice this, committed as it is touched), HCCL_EXEC_TIMEOUT (s, default 1836, 0 = never),
 // HCCL_CONNECT_TIMEOUT (s, default 120), HCOMM_LIVENESS_TIMEOUT (s, default
 // 10), HCCL_DETERMINISTIC (false, true or strict; see Determinism),
-// HCOMM_TRANSPORT, HCOMM_SHM_DISABLE,
+// HCOMM_TRANSPORT, HCOMM_SHM_DISABLE, HCOMM_SHM_CMA_DISABLE,
 // HCOMM_SOCKET_IFNAME; for InitFromEnv and InitClusterInfo also MASTER_ADDR,
 // MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK, HCOMM_MASTER_ADDR,
 // HCOMM_ROOT_PORT and HCOMM_SECRET.

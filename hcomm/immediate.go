@@ -322,6 +322,55 @@ func ReadNbi(stop <-chan struct{}, ch *Channel, dst, src device.Ptr, n int64) er
 	return nil
 }
 
+// ReadLentNbi reads n bytes of the peer's memory at src into local dst,
+// now: memory the peer lent for one operation — its address in the peer's
+// address space, which the peer told this rank itself (a collective's
+// hello carries its send buffer's), registered or not. This rank cannot
+// check src; the kernel checks it against the peer's mappings, and a range
+// that is not mapped there fails the read (dst is this rank's and checked
+// here; nothing else is written). Only a channel that reads lent memory
+// takes it (Channel.ReadsLent: shm, where the kernel allows it); others
+// refuse it with ErrNotSupport. The peer must not change or free the range
+// until told the read is done (the collectives record a notify of the
+// peer's after it). The collectives use it to read a peer's block straight
+// from the peer's send buffer into the receive buffer: one copy between
+// processes where staging through the HCCL buffers takes two. An hcomm
+// extension.
+//
+// file, when its FD is not negative, is where src lies in the peer's
+// memory file (device.FileOf on the peer, carried with the address): the
+// channel may map the file and copy from it, faster than the kernel's copy
+// for large ranges (channel/shm). Pass channel.NoPeerFile when the peer
+// gave none.
+func ReadLentNbi(stop <-chan struct{}, ch *Channel, dst, src device.Ptr, n int64, file channel.PeerFile) error {
+	const op = "ReadLentNbi"
+	c, err := chanComm(op, ch)
+	if err != nil {
+		return err
+	}
+	pr, ok := ch.tr.(channel.PeerReader)
+	if !ok || !pr.ReadsPeer() {
+		return c.errorf(op, ch.RemoteRank(), ErrNotSupport, nil, "the %s channel to rank %d cannot read memory the peer lends (shm can where the kernel lets it): read from memory it registered", ch.Transport(), ch.RemoteRank())
+	}
+	if n < 0 {
+		return c.errorf(op, ch.RemoteRank(), ErrPara, nil, "length %d is negative", n)
+	}
+	if n == 0 {
+		return nil
+	}
+	if src == 0 || uint64(src) > math.MaxUint64-uint64(n) {
+		return c.errorf(op, ch.RemoteRank(), ErrPara, nil, "remote src [%#x, +%d) is not a range", uintptr(src), n)
+	}
+	b, err := c.dev.Bytes(dst, n)
+	if err != nil {
+		return c.errorf(op, ch.RemoteRank(), ErrPara, err, "local dst")
+	}
+	if err := c.moved(ch, metrics.Read, n, pr.ReadPeer(stop, b, src, file)); err != nil {
+		return c.taskFailed(op, ch.RemoteRank(), err)
+	}
+	return nil
+}
+
 // ChannelFence returns once the operations made on ch before it are
 // complete at the peer (HcommChannelFence), in the calling goroutine.
 func ChannelFence(stop <-chan struct{}, ch *Channel) error {

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -591,6 +593,89 @@ func TestWriteLentWithNotifyNbi(t *testing.T) {
 			}
 			if got := read(t, p.comms[1], outside, 4096); !bytes.Equal(got, bytes.Repeat([]byte{0x5a}, 4096)) {
 				t.Fatal("a write outside the registered memory changed it")
+			}
+		})
+	}
+}
+
+// TestReadLentNbi: over shm (two ranks of this process; the pair reads
+// when the kernel allows it), rank 0 reads rank 1's memory that rank 1
+// never registered, by address and through its memory file, byte for byte;
+// bad arguments are ErrPara naming them; over the other transports, and
+// over shm with Config.ShmCMADisable, it is ErrNotSupport naming the
+// transport.
+func TestReadLentNbi(t *testing.T) {
+	for _, tc := range []struct {
+		tr  string
+		off bool
+	}{{hcomm.TransportInproc, false}, {hcomm.TransportShm, false}, {hcomm.TransportShm, true}, {hcomm.TransportTCP, false}} {
+		t.Run(fmt.Sprintf("%s/cmaoff=%v", tc.tr, tc.off), func(t *testing.T) {
+			if !slices.Contains(hcomm.Transports(), tc.tr) {
+				t.Skipf("no %s transport here", tc.tr)
+			}
+			p := newPair(t, &hcomm.Config{BufferSize: 32 << 10, Name: "lentread", Transport: tc.tr, ShmCMADisable: tc.off})
+			dev1 := p.comms[1].Device()
+			const n = 1<<20 + 77
+			lent, err := dev1.Malloc(n)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer dev1.Free(lent)
+			want := make([]byte, n)
+			for i := range want {
+				want[i] = byte(i*7 + 3)
+			}
+			if err := dev1.MemcpyHtoD(lent, want); err != nil {
+				t.Fatal(err)
+			}
+			file, err := dev1.FileOf(lent, n)
+			if err != nil {
+				t.Fatal(err)
+			}
+			pf := channel.PeerFile{FD: int64(file.FD), Ino: file.Ino, Off: file.Off}
+			dev0 := p.comms[0].Device()
+			dst, err := dev0.Malloc(n)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer dev0.Free(dst)
+			if !p.ch[0].ReadsLent() {
+				if tc.tr == hcomm.TransportShm && !tc.off && shmReadsHere() {
+					t.Fatal("an shm channel does not read lent memory where the kernel allows it")
+				}
+				err := hcomm.ReadLentNbi(nil, p.ch[0], dst, lent, 8, channel.NoPeerFile)
+				if !errors.Is(err, hcomm.ErrNotSupport) || !strings.Contains(err.Error(), tc.tr) {
+					t.Fatalf("a lent read over %s: %v, want ErrNotSupport naming the transport", tc.tr, err)
+				}
+				return
+			}
+			if p.ch[1].ReadsLent() != p.ch[0].ReadsLent() {
+				t.Fatal("the two ends of the channel disagree on ReadsLent")
+			}
+			for _, f := range []channel.PeerFile{channel.NoPeerFile, pf} {
+				fill(t, p.comms[0], dst, n, 0)
+				if err := hcomm.ReadLentNbi(nil, p.ch[0], dst, lent, n, f); err != nil {
+					t.Fatal(err)
+				}
+				if got := read(t, p.comms[0], dst, n); !bytes.Equal(got, want) {
+					t.Fatalf("file %+v: the bytes read differ from rank 1's", f)
+				}
+			}
+			for _, c := range []struct {
+				name     string
+				dst, src device.Ptr
+				n        int64
+				says     string
+			}{
+				{"a negative length", dst, lent, -1, "length -1"},
+				{"a null source", dst, 0, 8, "not a range"},
+				{"a source that wraps around", dst, ^device.Ptr(0) - 3, 8, "not a range"},
+				{"a local range outside memory", 1 << 40, lent, 8, "local dst"},
+			} {
+				err := hcomm.ReadLentNbi(nil, p.ch[0], c.dst, c.src, c.n, channel.NoPeerFile)
+				if !errors.Is(err, hcomm.ErrPara) || !strings.Contains(err.Error(), c.says) {
+					t.Errorf("%s: %v, want ErrPara saying %q", c.name, err, c.says)
+				}
 			}
 		})
 	}

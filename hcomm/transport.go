@@ -222,6 +222,15 @@ func (c Config) resolveNet() (Config, error) {
 			c.ShmDisable = b
 		}
 	}
+	if !c.ShmCMADisable {
+		if v := os.Getenv("HCOMM_SHM_CMA_DISABLE"); v != "" {
+			b, err := strconv.ParseBool(v)
+			if err != nil {
+				return c, fmt.Errorf("environment variable HCOMM_SHM_CMA_DISABLE=%q: want 0 or 1", v)
+			}
+			c.ShmCMADisable = b
+		}
+	}
 	if c.SocketIfname == "" {
 		c.SocketIfname = os.Getenv("HCOMM_SOCKET_IFNAME")
 	}

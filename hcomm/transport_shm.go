@@ -10,7 +10,9 @@ import (
 // it is published in the bootstrap. Where the system lacks what shm needs,
 // HostID is empty and shm is never chosen.
 
-func newShmDialer(*Comm) (channel.Dialer, error) { return shm.NewDialer(shm.Options{}) }
+func newShmDialer(c *Comm) (channel.Dialer, error) {
+	return shm.NewDialer(shm.Options{NoPeerReads: c.cfg.ShmCMADisable})
+}
 
 // shmHostID names what processes must share to reach each other over shm
 // (shm.HostID); "" means never.

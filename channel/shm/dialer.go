@@ -53,6 +53,11 @@ type Options struct {
 	// page of the peer's memory, which MallocLazy memory (the peer's HCCL
 	// buffer) would otherwise commit only as it is touched.
 	Populate bool
+	// NoPeerReads makes this end's channels say at connect that they
+	// cannot read the peer's memory through the kernel, so that no pair of
+	// theirs does (Transport.ReadsPeer false on both ends) and what would
+	// go that way is staged through the HCCL buffers.
+	NoPeerReads bool
 }
 
 // Dialer makes shared-memory channels to ranks in other processes of this
@@ -405,10 +410,13 @@ func (c *connecting) trade(listener bool) error {
 		if err := c.recvTheirs(); err != nil {
 			return err
 		}
-		if err := c.recvVerdict(); err != nil {
+		theirs, err := c.recvVerdict()
+		if err != nil {
 			return err
 		}
-		return c.send(&msg{Type: msgReady}, nil)
+		mine := c.probeReads()
+		c.t.reads = mine && theirs
+		return c.send(&msg{Type: msgReady, Flags: readyFlags(mine)}, nil)
 	}
 	if err := c.recvTheirs(); err != nil {
 		return err
@@ -416,10 +424,32 @@ func (c *connecting) trade(listener bool) error {
 	if err := c.sendMine(); err != nil {
 		return err
 	}
-	if err := c.send(&msg{Type: msgReady}, nil); err != nil {
+	mine := c.probeReads()
+	if err := c.send(&msg{Type: msgReady, Flags: readyFlags(mine)}, nil); err != nil {
 		return err
 	}
-	return c.recvVerdict()
+	theirs, err := c.recvVerdict()
+	c.t.reads = mine && theirs
+	return err
+}
+
+// probeReads reports whether this end can read the peer's memory through
+// the kernel (process_vm_readv): one word of the peer's HCCL buffer, whose
+// description has been mapped. Off with Options.NoPeerReads.
+func (c *connecting) probeReads() bool {
+	if c.d.opts.NoPeerReads || len(c.t.mems) == 0 || c.t.mems[0].mem.Size < 8 {
+		return false
+	}
+	var w [8]byte
+	n, err := readPeer(c.t.peerPID, w[:], uintptr(c.t.mems[0].mem.Addr))
+	return err == nil && n == len(w)
+}
+
+func readyFlags(reads bool) uint8 {
+	if reads {
+		return readyReads
+	}
+	return 0
 }
 
 func (c *connecting) send(m *msg, fds []int) error {
@@ -525,19 +555,20 @@ func (c *connecting) recvTheirs() error {
 	}
 }
 
-// recvVerdict reads the peer's READY or REFUSE.
-func (c *connecting) recvVerdict() error {
+// recvVerdict reads the peer's READY or REFUSE; a READY says whether the
+// peer could read this end's memory (probeReads).
+func (c *connecting) recvVerdict() (reads bool, err error) {
 	m, fds, err := recvMsgFDs(c.sock)
 	closeFDs(fds)
 	switch {
 	case err != nil:
-		return c.errf("waiting for rank %d to accept this end's description: %w", c.local.Peer, err)
+		return false, c.errf("waiting for rank %d to accept this end's description: %w", c.local.Peer, err)
 	case m.Type == msgRefuse:
-		return c.errf("rank %d refused this end: %s: %w", c.local.Peer, m.Text, channel.ErrRefused)
+		return false, c.errf("rank %d refused this end: %s: %w", c.local.Peer, m.Text, channel.ErrRefused)
 	case m.Type != msgReady:
-		return c.refuse(fmt.Errorf("rank %d sent %v instead of READY", c.local.Peer, m.Type))
+		return false, c.refuse(fmt.Errorf("rank %d sent %v instead of READY", c.local.Peer, m.Type))
 	}
-	return nil
+	return m.Flags&readyReads != 0, nil
 }
 
 func closeFDs(fds []int) {

@@ -62,6 +62,23 @@
 // page but maps private memory over it — the memory file is let go at once
 // — and the page's addresses are unmapped when its notifies are garbage.
 //
+// # Reading memory the peer lends
+//
+// Once it has mapped the peer's description, each end reads one word of the
+// peer's HCCL buffer through the kernel (process_vm_readv, Linux's
+// cross-memory attach, which Open MPI's vader and MPICH's nemesis use for
+// large messages) and says in its READY whether that worked. A pair where
+// both ends could (Transport.ReadsPeer: the same answer on both) reads
+// memory the peer lends for one operation anywhere in the peer's address
+// space (Transport.ReadPeer) — a collective's send buffer, whose address the
+// peer's hello carries — in one copy, made by the kernel, without the
+// peer sharing or this end mapping it. The kernel checks the range against
+// the peer's mappings: one that is not mapped fails the read, and nothing
+// of this process but dst is written. Where the kernel refuses (a ptrace
+// policy such as Yama's ptrace_scope 2 and up, a seccomp profile, other
+// users), the pair reads nothing this way and the collectives stage
+// through the HCCL buffers as before.
+//
 // # When a process dies
 //
 // The kernel closes a dead process's socket; the watcher goroutine of each
@@ -91,7 +108,8 @@
 //	          at most 64 entries, one descriptor per non-empty range (fd is
 //	          its index among the message's descriptors; 0xFFFF for none)
 //	DONE    3 total:u32 notifies:u32                        + the notify page's descriptor when notifies > 0
-//	READY   4                                               the description was mapped
+//	READY   4 flags:u8                                      the description was mapped;
+//	          flag 1: the sender could read this end's memory (process_vm_readv)
 //	REFUSE  5 len:u16 text                                  why the sender gives up
 //	BYE     6                                               the sender closes its end
 //

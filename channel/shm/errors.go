@@ -13,9 +13,13 @@ import "errors"
 // operation besides.
 var (
 	// ErrOutOfRange: an address range outside the memory the peer shared at
-	// connect time. Nothing was copied.
+	// connect time; nothing was copied. From ReadPeer: a range that is not
+	// mapped in the peer's process (dst may hold what came before the hole).
 	ErrOutOfRange = errors.New("shm: range outside the peer's shared memory")
 	// ErrOtherHost: the peer is not on this host (its HostID differs), so it
 	// cannot be reached through shared memory.
 	ErrOtherHost = errors.New("shm: peer is on another host")
+	// ErrNoPeerReads: ReadPeer on a pair whose ends could not read each
+	// other's memory through the kernel at connect (Transport.ReadsPeer).
+	ErrNoPeerReads = errors.New("shm: the kernel does not let this pair read each other's memory")
 )

@@ -19,7 +19,8 @@ func HostID() string { return "" }
 
 // Options configure a Dialer (see the Linux build).
 type Options struct {
-	Populate bool
+	Populate    bool
+	NoPeerReads bool
 }
 
 // Dialer is the shared-memory Dialer; on this system NewDialer fails.

@@ -91,6 +91,7 @@ type end struct {
 	reg   *channel.Registry
 	conn  *channel.Conn
 	tr    *shm.Transport
+	opts  shm.Options
 }
 
 func newEnd(size int64) (*end, error) {
@@ -117,7 +118,7 @@ func newEnd(size int64) (*end, error) {
 }
 
 func (e *end) connect(ctx context.Context, rank, peer int, ex channel.Exchange) error {
-	d, err := shm.NewDialer(shm.Options{})
+	d, err := shm.NewDialer(e.opts)
 	if err != nil {
 		return err
 	}
@@ -254,6 +255,27 @@ func peerMain() int {
 			reply("ok")
 		case "idle":
 			reply("ok")
+		case "reads": // does this end read the parent's lent memory?
+			reply("ok %v", e.tr.ReadsPeer())
+		case "lend": // lend n seed: a new allocation of n bytes, not registered, filled with a pattern
+			p, err := e.dev.Malloc(num(1))
+			if err != nil {
+				reply("err %v", err)
+				break
+			}
+			pattern(e.bytes(p, num(1)), int(num(2)))
+			f, err := e.dev.FileOf(p, num(1))
+			if err != nil {
+				reply("err %v", err)
+				break
+			}
+			reply("ok %d %d %d %d", p, f.FD, f.Ino, f.Off)
+		case "free": // free addr
+			if err := e.dev.Free(device.Ptr(num(1))); err != nil {
+				reply("err %v", err)
+				break
+			}
+			reply("ok")
 		default:
 			reply("err unknown command %q", args[0])
 		}
@@ -288,6 +310,12 @@ type peer struct {
 // startPeer starts the peer process and connects the parent's end to it.
 func startPeer(t testing.TB, size int64) *peer {
 	t.Helper()
+	return startPeerWith(t, size, shm.Options{})
+}
+
+// startPeerWith is startPeer with the parent's end dialing with opts.
+func startPeerWith(t testing.TB, size int64, opts shm.Options) *peer {
+	t.Helper()
 	toPeerR, toPeerW, err := os.Pipe()
 	if err != nil {
 		t.Fatal(err)
@@ -318,6 +346,7 @@ func startPeer(t testing.TB, size int64) *peer {
 	if err != nil {
 		t.Fatal(err)
 	}
+	e.opts = opts
 	t.Cleanup(e.close)
 	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
 	defer cancel()

@@ -18,7 +18,7 @@ const (
 	helloMagic = "hcshm"
 	// protoVersion is the version of both formats; a peer with another is
 	// refused.
-	protoVersion = 1
+	protoVersion = 2
 	// secretLen is the length of the listener's secret, which the dialing
 	// end proves it knows before anything else crosses the socket.
 	secretLen = 16
@@ -219,14 +219,23 @@ type msg struct {
 	Total  uint32          // DONE: ranges described in all
 	Notify uint32          // DONE: notifies (words on the page; a descriptor when > 0)
 	Text   string          // REFUSE
+	Flags  uint8           // READY: readyReads
 }
+
+// READY's flags.
+const (
+	// readyReads: the sender read a word of this end's memory through the
+	// kernel (process_vm_readv) at connect; a pair whose ends both say so
+	// reads memory the peer lends for one operation (Transport.ReadPeer).
+	readyReads uint8 = 1
+)
 
 // encode writes m:
 //
 //	AUTH    type secret:[16]
 //	MEMS    type count:u16 {addr:u64 size:u64 offset:u64 fd:u16 tagLen:u8 tag}...
 //	DONE    type total:u32 notify:u32
-//	READY   type
+//	READY   type flags:u8
 //	REFUSE  type textLen:u16 text
 //	BYE     type
 func (m *msg) encode() []byte {
@@ -247,6 +256,8 @@ func (m *msg) encode() []byte {
 	case msgDone:
 		b = binary.LittleEndian.AppendUint32(b, m.Total)
 		b = binary.LittleEndian.AppendUint32(b, m.Notify)
+	case msgReady:
+		b = append(b, m.Flags)
 	case msgRefuse:
 		t := m.Text
 		if len(t) > maxText {
@@ -315,7 +326,12 @@ func decodeMsg(b []byte, nfd int) (*msg, error) {
 		if m.Notify > 0 {
 			wantFDs = 1
 		}
-	case msgReady, msgBye:
+	case msgReady:
+		m.Flags = r.u8()
+		if r.err == nil && m.Flags&^readyReads != 0 {
+			return nil, fmt.Errorf("READY with unknown flags %#x", m.Flags)
+		}
+	case msgBye:
 	case msgRefuse:
 		m.Text = r.str16(maxText, "refusal")
 	default:

@@ -5,6 +5,7 @@ package shm
 import (
 	"bytes"
 	"reflect"
+	"strings"
 	"testing"
 )
 
@@ -32,6 +33,7 @@ func TestMsgRoundTrip(t *testing.T) {
 		{Type: msgMems, Mems: []memEntry{{Addr: 0x1000, Size: 10, Offset: 4096, FD: 0, Tag: "hccl buffer"}, {Addr: 5, FD: noFD}}},
 		{Type: msgDone, Total: 2, Notify: 3},
 		{Type: msgReady},
+		{Type: msgReady, Flags: readyReads},
 		{Type: msgRefuse, Text: "no"},
 		{Type: msgBye},
 	} {
@@ -43,6 +45,10 @@ func TestMsgRoundTrip(t *testing.T) {
 		if err != nil || !reflect.DeepEqual(got, m) {
 			t.Fatalf("%v: %+v, %v", m.Type, got, err)
 		}
+	}
+	// A READY with a flag this version does not know is refused.
+	if _, err := decodeMsg([]byte{byte(msgReady), 0x80}, 0); err == nil || !strings.Contains(err.Error(), "unknown flags") {
+		t.Fatalf("READY with an unknown flag: %v", err)
 	}
 	// Descriptor counts must match what the message says.
 	if _, err := decodeMsg((&msg{Type: msgReady}).encode(), 1); err == nil {
@@ -63,7 +69,7 @@ func FuzzDecodeHello(f *testing.F) {
 	h := &hello{HostID: "h", PID: 1, Rank: 0, Peer: 1, Listen: true, Addr: "a"}
 	f.Add(h.encode())
 	f.Add(h.encode()[:10])
-	f.Add([]byte("hcshm\x01"))
+	f.Add([]byte("hcshm\x02"))
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		got, err := decodeHello(b)

@@ -1,0 +1,135 @@
+//go:build linux
+
+package shm_test
+
+import (
+	"errors"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/hcomm-dev/hcomm/channel"
+	"github.com/hcomm-dev/hcomm/channel/shm"
+	"github.com/hcomm-dev/hcomm/device"
+)
+
+// lent is an allocation the peer process made and filled (its "lend").
+type lent struct {
+	addr device.Ptr
+	file channel.PeerFile
+}
+
+func (p *peer) lend(n int64, seed int) lent {
+	p.t.Helper()
+	f := strings.Fields(p.do("lend %d %d", n, seed))
+	v := make([]uint64, 4)
+	for i := range v {
+		v[i], _ = strconv.ParseUint(f[i], 10, 64)
+	}
+	return lent{addr: device.Ptr(v[0]), file: channel.PeerFile{FD: int64(v[1]), Ino: v[2], Off: int64(v[3])}}
+}
+
+// readsAs reads n bytes of the peer's l at off, through file (or none), and
+// checks them against the peer's pattern seed.
+func readsAs(t *testing.T, p *peer, l lent, off, n int64, seed int, file channel.PeerFile) {
+	t.Helper()
+	dst := make([]byte, n)
+	if file.FD >= 0 {
+		file.Off += off
+	}
+	if err := p.e.tr.ReadPeer(nil, dst, l.addr.Add(off), file); err != nil {
+		t.Fatal(err)
+	}
+	want := make([]byte, off+n)
+	pattern(want, seed)
+	for i := range dst {
+		if dst[i] != want[off+int64(i)] {
+			t.Fatalf("byte %d of [%#x+%d, +%d): %#x, want %#x", i, uintptr(l.addr), off, n, dst[i], want[off+int64(i)])
+		}
+	}
+}
+
+// TestReadPeer: the peer's memory that it never registered nor shared,
+// read by address (the kernel's copy) and through its memory file (mapped
+// here), at odd offsets and sizes on both sides of the file threshold; a
+// file hint that does not check out (another inode, another descriptor)
+// falls back to the kernel's copy and reads the right bytes; memory freed
+// and allocated again (a descriptor number reused) is never read from the
+// old file; more files than the cache holds are read right and the cache
+// stays bounded; an address the peer has not mapped is ErrOutOfRange; a
+// closed end maps nothing any more.
+func TestReadPeer(t *testing.T) {
+	p := startPeer(t, bufSize)
+	if !p.e.tr.ReadsPeer() {
+		t.Skip("the kernel does not let these processes read each other's memory (process_vm_readv): the collectives stage instead")
+	}
+	if got := p.do("reads"); got != "true" {
+		t.Fatalf("the peer's end says ReadsPeer %s, this end true", got)
+	}
+	const n = 3<<20 + 5
+	a := p.lend(n, 1)
+	for _, c := range []struct{ off, n int64 }{{0, n}, {1, 100}, {4093, 8 << 10}, {7, 1<<20 + 9}, {n - 17, 17}} {
+		readsAs(t, p, a, c.off, c.n, 1, channel.NoPeerFile)
+		readsAs(t, p, a, c.off, c.n, 1, a.file)
+	}
+	if shm.FilesMapped(p.e.tr) != 1 {
+		t.Fatalf("%d files mapped after reading one allocation through its file, want 1", shm.FilesMapped(p.e.tr))
+	}
+	wrong := a.file
+	wrong.Ino++
+	readsAs(t, p, a, 0, 1<<20, 1, wrong)
+	wrong = a.file
+	wrong.FD = 1 << 20
+	readsAs(t, p, a, 0, 1<<20, 1, wrong)
+	wrong = a.file
+	wrong.Off = 1 << 40 // past the file: the kernel's copy, by address
+	dst := make([]byte, 1<<20)
+	if err := p.e.tr.ReadPeer(nil, dst, a.addr, wrong); err != nil {
+		t.Fatalf("a file offset past the file: %v, want the kernel's copy", err)
+	}
+
+	// Freed and allocated again: the same descriptor number, most likely,
+	// but another file; what this end mapped of the first is not read.
+	p.do("free %d", a.addr)
+	b := p.lend(n, 2)
+	readsAs(t, p, b, 0, n, 2, b.file)
+	readsAs(t, p, b, 5, 1<<20, 2, b.file)
+
+	for i := 0; i < shm.FilesMax+3; i++ {
+		l := p.lend(1<<20, 10+i)
+		readsAs(t, p, l, 3, 1<<20-3, 10+i, l.file)
+		p.do("free %d", l.addr)
+	}
+	if got := shm.FilesMapped(p.e.tr); got > shm.FilesMax {
+		t.Fatalf("%d files mapped, the cache holds at most %d", got, shm.FilesMax)
+	}
+
+	err := p.e.tr.ReadPeer(nil, make([]byte, 64), 4096, channel.NoPeerFile)
+	if !errors.Is(err, shm.ErrOutOfRange) || !strings.Contains(err.Error(), "0x1000") {
+		t.Fatalf("reading the peer's page 1: %v, want ErrOutOfRange naming it", err)
+	}
+	p.e.tr.Close()
+	if got := shm.FilesMapped(p.e.tr); got != 0 {
+		t.Fatalf("%d files still mapped after Close", got)
+	}
+	if err := p.e.tr.ReadPeer(nil, make([]byte, 64), b.addr, b.file); !errors.Is(err, channel.ErrClosed) {
+		t.Fatalf("ReadPeer after Close: %v, want ErrClosed", err)
+	}
+}
+
+// TestNoPeerReads: an end that dials with NoPeerReads says so, and neither
+// end of the pair reads the other's memory: ReadsPeer false on both, and
+// ReadPeer fails with ErrNoPeerReads.
+func TestNoPeerReads(t *testing.T) {
+	p := startPeerWith(t, bufSize, shm.Options{NoPeerReads: true})
+	if p.e.tr.ReadsPeer() {
+		t.Fatal("ReadsPeer true on the end that dialed with NoPeerReads")
+	}
+	if got := p.do("reads"); got != "false" {
+		t.Fatalf("the peer's end says ReadsPeer %s, want false", got)
+	}
+	a := p.lend(1<<20, 1)
+	if err := p.e.tr.ReadPeer(nil, make([]byte, 64), a.addr, a.file); !errors.Is(err, shm.ErrNoPeerReads) {
+		t.Fatalf("ReadPeer: %v, want ErrNoPeerReads", err)
+	}
+}
