@@ -187,10 +187,33 @@
 // cache (channel.StreamWriter: the copy neither reads the destination's
 // lines first nor evicts what the cache holds), and the all-gather writes
 // each piece of its input to every peer before the next piece, so that the
-// input comes from memory once. A pair whose channel does not check on
-// receipt (shm) stays staged within the same call. An AlltoAll or AlltoAllV
+// input comes from memory once. A pair whose channel neither checks on
+// receipt nor reads lent memory (below) stays staged within the same call.
+// An AlltoAll or AlltoAllV
 // whose send and receive buffers overlap is refused (ErrPara): there is no
 // in-place form. lent.go has the protocol.
+//
+// # Lent send buffers (shm)
+//
+// Between processes of one host the reader does the work: each rank's hello
+// carries its send buffer's address and where that buffer lies in its
+// memory file (device.FileOf), and each peer reads its data straight from
+// there into its own output (hcomm.ReadLentNbi): the pairwise AlltoAll and
+// AlltoAllV's blocks, the direct AllGather's inputs, the direct Broadcast's
+// buffer, from 16 KiB a peer on (readMin) — which the selector then prefers
+// over the one-shot, the ring and the gather slots, whose staging takes two
+// copies. The shm channel maps the peer's memory file read-only, after
+// checking it is the file the peer named and sealed against shrinking, and
+// keeps the mapping for the next call (channel/shm's "Reading memory the
+// peer lends"); where it cannot, the kernel copies (process_vm_readv, as
+// Open MPI's vader does). Each reader then records the owner's nDone, and
+// the owner's collective ends only once every reader has: its send buffer
+// stays as it was until then. Whether a pair reads is its channel's
+// (Channel.ReadsLent, agreed by both ends at connect); a pair that cannot
+// (a ptrace policy, another user) is staged within the same call.
+// HCOMM_SHM_CMA_DISABLE=1 (Config.ShmCMADisable) turns reading off; ranks
+// that disagree on it get ErrMismatch ("lent buffers") at the first call
+// that would read, not a hang.
 //
 // # Device memory and the host
 //
