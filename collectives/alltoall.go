@@ -107,7 +107,7 @@ func alltoall(c *hcomm.Comm, name string, h header, send device.Ptr, sc_, sd []i
 		// when they fit.
 		var ln *loan
 		if !windowed && sched.ok() && int64(8*(3*n+loanWords)) <= sched.st.lay.inline() { // the counts, the loan's words, the displacements
-			ln = sched.lend(recv, extent(rc, rd)*es, rd, send, sd)
+			ln = sched.lend(recv, extent(rc, rd)*es, rd, send, sd, false)
 		}
 		words := ln.words()
 		table := sched.countTable(sc_, words...)

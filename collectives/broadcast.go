@@ -45,17 +45,18 @@ func Broadcast(buf device.Ptr, count int64, dt hcomm.DataType, root int, c *hcom
 				broadcastWindow(sc, w, off, buf, n, root)
 				break
 			}
-			if sc.st.cma && n >= readMin && !sc.sparse() {
-				// Between processes of a host that read lent memory:
-				// every other rank reads the root's buf straight into
-				// its own (pairs that cannot: through the gather slots).
+			if (sc.st.cma || sc.st.allInproc) && n >= readMin && !sc.sparse() {
+				// Between processes of a host that read lent memory, or
+				// in one process: every other rank reads the root's buf
+				// straight into its own (pairs that cannot: through the
+				// gather slots).
 				me := c.Rank()
 				ln := sc.openLent(h, algo, buf, 0, buf, nil, func(int) int64 {
 					if me == root {
 						return n
 					}
 					return 0
-				})
+				}, true)
 				if me != root && ln.readFits(root, n) {
 					sc.readLent(ln, root, 1, buf, n)
 				}

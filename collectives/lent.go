@@ -74,7 +74,11 @@ type loan struct {
 // rank's receive and send displacements, which its hello carries so that
 // each peer finds its place (AlltoAllV). Every rank of a call that may lend
 // calls it and openLoan.
-func (s *sched) lend(recv device.Ptr, n int64, disp []int64, send device.Ptr, sdisp []int64) *loan {
+//
+// A pair whose channel both takes lent writes and reads lent memory (inproc)
+// writes, unless reads is set (the broadcast: every receiver reads the
+// root's buffer).
+func (s *sched) lend(recv device.Ptr, n int64, disp []int64, send device.Ptr, sdisp []int64, reads bool) *loan {
 	size := s.st.comm.Size()
 	ln := &loan{recv: recv, send: send, disp: disp, sdisp: sdisp, lends: make([]bool, size), reads: make([]bool, size),
 		copies: make([]bool, size), at: make([]device.Ptr, size), from: make([]device.Ptr, size), k: make([]uint64, size),
@@ -90,6 +94,8 @@ func (s *sched) lend(recv device.Ptr, n int64, disp []int64, send device.Ptr, sd
 		ch := s.st.chans[p]
 		switch {
 		case ch == nil:
+		case reads && ch.ReadsLent():
+			ln.reads[p], ln.any = true, true
 		case ch.TakesLent():
 			ln.lends[p], ln.any, lends = true, true, true
 			if ch.Transport() == hcomm.TransportInproc {
@@ -368,6 +374,15 @@ func preferLent(k kind, bytes int64, n int, st *state, a Algorithm) Algorithm {
 		switch {
 		case (k == kAllGather || k == kBroadcast) && bytes >= readMin:
 			return AlgoDirect
+		}
+	}
+	if st.allInproc && k == kBroadcast && bytes >= readMin {
+		// In one process every receiver reads the root's buffer the
+		// same way.
+		return AlgoDirect
+	}
+	if st.cma {
+		switch {
 		case k == kAlltoAll && bytes/int64(n) >= readMin:
 			return AlgoPairwise
 		}
@@ -393,7 +408,7 @@ func (st *state) lendsDirect(bytes int64) bool {
 // full handshake) with a hello that carries this rank's receive and send
 // buffer addresses, lending recv (n bytes) to the pairs that lend and send
 // to the pairs that read; in and out are openLoan's.
-func (s *sched) openLent(h header, algo Algorithm, recv device.Ptr, n int64, send device.Ptr, in, out func(p int) int64) *loan {
+func (s *sched) openLent(h header, algo Algorithm, recv device.Ptr, n int64, send device.Ptr, in, out func(p int) int64, reads bool) *loan {
 	h.algo = algo
 	h.flags |= flagLent // a rank that stages instead (another HCOMM_SHM_CMA_DISABLE) fails the check
 	s.need(s.others())
@@ -401,7 +416,7 @@ func (s *sched) openLent(h header, algo Algorithm, recv device.Ptr, n int64, sen
 		size := s.st.comm.Size()
 		return &loan{lends: make([]bool, size), reads: make([]bool, size)}
 	}
-	ln := s.lend(recv, n, nil, send, nil)
+	ln := s.lend(recv, n, nil, send, nil, reads)
 	words := ln.words()
 	s.hello(h, s.others(), s.countTable(nil, words...), int64(8*len(words)), ln.learn(s.st.comm.Rank()))
 	s.openLoan(ln, in, out)

@@ -262,3 +262,28 @@ func TestLentReadsConfigMismatch(t *testing.T) {
 		return nil
 	})
 }
+
+// TestBroadcastReadsInProcess: between ranks of one process the direct
+// broadcast's receivers read the root's buffer straight into theirs
+// (inproc reads lent memory), from readMin on; exact against the reference
+// with roots first and last, sizes around readMin and past a streamed
+// copy's; below readMin nothing is read lent.
+func TestBroadcastReadsInProcess(t *testing.T) {
+	for _, n := range []int{2, 3} {
+		t.Run(fmt.Sprintf("ranks=%d", n), func(t *testing.T) {
+			comms := hcommtest.Options{Config: &hcomm.Config{BufferSize: 256 << 10}}.New(t, n, hcommtest.Inproc)
+			for _, count := range []int64{collectives.ReadMin - 1, collectives.ReadMin, 1<<20 + 3} {
+				for _, root := range []int{0, n - 1} {
+					m := matrixCase{dt: hcomm.Int8, op: hcomm.Sum, count: count, root: root, inline: 1 << 40}
+					r0 := collectives.LentReads()
+					broadcastRaw(t, comms, m, collectives.AlgoAuto)
+					broadcastRaw(t, comms, m, collectives.AlgoDirect)
+					read := collectives.LentReads() > r0
+					if read != (count >= collectives.ReadMin) {
+						t.Fatalf("%v: read lent %v, want %v", m, read, count >= collectives.ReadMin)
+					}
+				}
+			}
+		})
+	}
+}

@@ -263,6 +263,8 @@ func TestPreferLent(t *testing.T) {
 		{"in process, 64 MiB", proc, kAllGather, 4, 64 << 20, AlgoRing, AlgoDirect},
 		{"in process, at inline", proc, kAllGather, 2, in, AlgoOneShot, AlgoOneShot},
 		{"in process, 9 ranks", proc, kAllGather, 9, 64 << 20, AlgoRing, AlgoRing},
+		{"in process, broadcast at readMin", proc, kBroadcast, 2, readMin, AlgoOneShot, AlgoDirect},
+		{"in process, broadcast below readMin", proc, kBroadcast, 2, readMin - 1, AlgoOneShot, AlgoOneShot},
 		{"shm, CMA off", shm, kAllGather, 4, in + 1, AlgoRing, AlgoRing},
 		{"shm, CMA off, 64 MiB", shm, kAllGather, 4, 64 << 20, AlgoRing, AlgoRing},
 		{"shm reads, below readMin", cma, kAllGather, 4, readMin - 1, AlgoRing, AlgoRing},

@@ -311,6 +311,27 @@ func (p *post) Post(src []byte) error {
 	return nil
 }
 
+var _ channel.PeerReader = (*Transport)(nil)
+
+// ReadsPeer reports that every pair in one process reads memory the peer
+// lends (channel.PeerReader).
+func (t *Transport) ReadsPeer() bool { return true }
+
+// ReadPeer copies the peer's memory at src into dst: memory the peer lent
+// for one operation, registered or not, which must be live device memory
+// of the peer's (checked as the copy runs; file is not needed here).
+func (t *Transport) ReadPeer(_ <-chan struct{}, dst []byte, src device.Ptr, _ channel.PeerFile) error {
+	if err := t.usable(); err != nil {
+		return err
+	}
+	b, err := t.peer.Device.Bytes(src, int64(len(dst)))
+	if err != nil {
+		return fmt.Errorf("rank %d: %w", t.peer.Rank, err)
+	}
+	memcopy.Read(dst, b)
+	return nil
+}
+
 // Read copies the peer's memory at src into dst.
 func (t *Transport) Read(_ <-chan struct{}, dst []byte, src device.Ptr) error {
 	b, err := t.peerBytes(src, int64(len(dst)))

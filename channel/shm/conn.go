@@ -486,7 +486,7 @@ func (t *Transport) ReadPeer(stop <-chan struct{}, dst []byte, src device.Ptr, f
 		}
 		m := min(peerReadPiece, len(dst)-done)
 		if from != nil {
-			memcopy.Stream(dst[done:done+m], from[done:done+m])
+			memcopy.Read(dst[done:done+m], from[done:done+m])
 			done += m
 			continue
 		}

@@ -37,3 +37,20 @@ func Stream(dst, src []byte) int {
 	copy(dst[head+body:n], src[head+body:n])
 	return n
 }
+
+// ReadMin is where a copy out of a peer's memory into this rank's output
+// starts streaming (Read): below it the output fits in the cache of the
+// core that reads it next, and a plain copy measured faster (2 processes,
+// broadcast read from the root's buffer, Intel Xeon of stop 20: 64 KiB
+// 6.4–6.6 µs streamed against 4.6–4.8 plain, 256 KiB 20.8–21.5 against
+// 15.5–23.6; in one process 7.8–8.1 against 5.8–6.3 at 64 KiB).
+const ReadMin = 512 << 10
+
+// Read is Stream for a copy read out of a peer's memory into an output:
+// streamed from ReadMin bytes, plain below.
+func Read(dst, src []byte) int {
+	if min(len(dst), len(src)) < ReadMin {
+		return copy(dst, src)
+	}
+	return Stream(dst, src)
+}

@@ -7,7 +7,16 @@ import (
 )
 
 func TestStreamCopiesEveryByte(t *testing.T) {
-	for _, n := range []int{0, 1, 31, 127, minStream - 1, minStream, minStream + 1, minStream + 127, 1<<20 + 3} {
+	testCopiesEveryByte(t, Stream, []int{0, 1, 31, 127, minStream - 1, minStream, minStream + 1, minStream + 127, 1<<20 + 3})
+}
+
+// TestReadCopiesEveryByte: Read, plain below ReadMin and streamed from it.
+func TestReadCopiesEveryByte(t *testing.T) {
+	testCopiesEveryByte(t, Read, []int{0, 1, 127, ReadMin - 1, ReadMin, ReadMin + 127})
+}
+
+func testCopiesEveryByte(t *testing.T, cp func(dst, src []byte) int, sizes []int) {
+	for _, n := range sizes {
 		for _, off := range []int{0, 1, 7, 31} {
 			src := make([]byte, n+64)
 			for i := range src {
@@ -17,7 +26,7 @@ func TestStreamCopiesEveryByte(t *testing.T) {
 			for i := range dst {
 				dst[i] = 0xEE
 			}
-			if got := Stream(dst[off:off+n], src[5:5+n]); got != n {
+			if got := cp(dst[off:off+n], src[5:5+n]); got != n {
 				t.Fatalf("n %d off %d: copied %d", n, off, got)
 			}
 			if !bytes.Equal(dst[off:off+n], src[5:5+n]) {
