@@ -175,8 +175,9 @@ func allGather(c *hcomm.Comm, name string, h header, send device.Ptr, sendCount 
 				// input written straight to its place in every peer's
 				// output; between processes of a host whose kernel lets
 				// them, read straight from every peer's input.
-				ln := sc.openLent(h, algo, recv, recvBytes, send, func(p int) int64 { return counts[p] * es }, func(int) int64 { return sendCount * es }, false)
-				if sc.st.allInproc && sc.ok() {
+				pull := sc.st.allInproc && sendCount*es < inprocPullMax
+				ln := sc.openLent(h, algo, recv, recvBytes, send, func(p int) int64 { return counts[p] * es }, func(int) int64 { return sendCount * es }, pull)
+				if sc.st.allInproc && !pull && sc.ok() {
 					// Every pair's write a copy: each piece of the input
 					// to every place before the next piece.
 					sc.writeLentAll(ln, sc.others(), displs[me]*es, es, send, sendCount*es, out(me))

@@ -102,12 +102,17 @@ func alltoall(c *hcomm.Comm, name string, h header, send device.Ptr, sc_, sd []i
 		// them against its receive counts.
 		sched.need(sched.others()) // before countTable enqueues: a failed setup takes the call back
 		// Over tcp and in one process a peer's block goes straight into
-		// this rank's receive buffer (lent.go); the hello then carries the
-		// buffer's address and the receive displacements after the counts,
-		// when they fit.
+		// this rank's receive buffer, and between processes of a host
+		// this rank reads it straight from the peer's send buffer
+		// (lent.go); the hello then carries the buffers' addresses and
+		// the displacements after the counts, when they fit.
 		var ln *loan
 		if !windowed && sched.ok() && int64(8*(3*n+loanWords)) <= sched.st.lay.inline() { // the counts, the loan's words, the displacements
-			ln = sched.lend(recv, extent(rc, rd)*es, rd, send, sd, false)
+			// In one process the blocks below inprocPullMax are read (every
+			// rank alike: the AlltoAll's blocks are the same everywhere, a
+			// V form's are not, and it writes).
+			pull := sched.st.allInproc && h.kind == kAlltoAll && sc_[0]*es < inprocPullMax
+			ln = sched.lend(recv, extent(rc, rd)*es, rd, send, sd, pull)
 		}
 		words := ln.words()
 		table := sched.countTable(sc_, words...)

@@ -51,12 +51,11 @@ func Broadcast(buf device.Ptr, count int64, dt hcomm.DataType, root int, c *hcom
 				// straight into its own (pairs that cannot: through the
 				// gather slots).
 				me := c.Rank()
-				ln := sc.openLent(h, algo, buf, 0, buf, nil, func(int) int64 {
-					if me == root {
-						return n
-					}
-					return 0
-				}, true)
+				var readers func(int) int64 // the ranks that read this one's buf: the root's
+				if me == root {
+					readers = func(int) int64 { return n }
+				}
+				ln := sc.openLent(h, algo, buf, 0, buf, nil, readers, true)
 				if me != root && ln.readFits(root, n) {
 					sc.readLent(ln, root, 1, buf, n)
 				}

@@ -44,3 +44,6 @@ func LentReads() int64 { return lentReads.Load() }
 
 // ReadMin is the least data a pair reads lent.
 const ReadMin = readMin
+
+// InprocPullMax: in process, what is read rather than written lent.
+const InprocPullMax = inprocPullMax

@@ -45,9 +45,10 @@ func TestLentOverTCP(t *testing.T) {
 					testAllGather(t, comms, m, collectives.AlgoRing, false)
 					testAlltoAll(t, comms, m, collectives.AlgoPairwise)
 					v, _ := collectives.LentWrites()
+					vr := collectives.LentReads() // in process, small blocks are read (inprocPullMax)
 					testVCollectives(t, comms, m) // AlltoAllV: blocks of 0 to 1.5 counts, gaps between them
-					if w, _ := collectives.LentWrites(); w == v {
-						t.Fatalf("%v: no lent write in the AlltoAllV", m)
+					if w, _ := collectives.LentWrites(); w == v && collectives.LentReads() == vr {
+						t.Fatalf("%v: no lent write or read in the AlltoAllV", m)
 					}
 				}
 			}
@@ -263,16 +264,19 @@ func TestLentReadsConfigMismatch(t *testing.T) {
 	})
 }
 
-// TestBroadcastReadsInProcess: between ranks of one process the direct
-// broadcast's receivers read the root's buffer straight into theirs
-// (inproc reads lent memory), from readMin on; exact against the reference
-// with roots first and last, sizes around readMin and past a streamed
-// copy's; below readMin nothing is read lent.
-func TestBroadcastReadsInProcess(t *testing.T) {
+// TestReadsInProcess: between ranks of one process the direct broadcast's
+// receivers read the root's buffer straight into theirs from readMin on,
+// and the direct all-gather's and pairwise all-to-all's receivers read
+// their peers' inputs and blocks below inprocPullMax
+// (inproc reads lent memory; forced, at any size below it); above, the
+// senders write. Exact against the reference with roots first and last, in
+// place and out, sizes around readMin and past a streamed copy's; no
+// broadcast below readMin is read lent.
+func TestReadsInProcess(t *testing.T) {
 	for _, n := range []int{2, 3} {
 		t.Run(fmt.Sprintf("ranks=%d", n), func(t *testing.T) {
 			comms := hcommtest.Options{Config: &hcomm.Config{BufferSize: 256 << 10}}.New(t, n, hcommtest.Inproc)
-			for _, count := range []int64{collectives.ReadMin - 1, collectives.ReadMin, 1<<20 + 3} {
+			for _, count := range []int64{collectives.ReadMin - 1, collectives.ReadMin, collectives.InprocPullMax - 1, collectives.InprocPullMax, 1<<20 + 3} {
 				for _, root := range []int{0, n - 1} {
 					m := matrixCase{dt: hcomm.Int8, op: hcomm.Sum, count: count, root: root, inline: 1 << 40}
 					r0 := collectives.LentReads()
@@ -280,8 +284,21 @@ func TestBroadcastReadsInProcess(t *testing.T) {
 					broadcastRaw(t, comms, m, collectives.AlgoDirect)
 					read := collectives.LentReads() > r0
 					if read != (count >= collectives.ReadMin) {
-						t.Fatalf("%v: read lent %v, want %v", m, read, count >= collectives.ReadMin)
+						t.Fatalf("broadcast %v: read lent %v, want %v", m, read, count >= collectives.ReadMin)
 					}
+				}
+				m := matrixCase{dt: hcomm.Int8, op: hcomm.Sum, count: count, inline: 1 << 40}
+				want := count < collectives.InprocPullMax // read at any size below it: a copy
+				r0 := collectives.LentReads()
+				testAllGather(t, comms, m, collectives.AlgoDirect, false)
+				testAllGather(t, comms, m, collectives.AlgoDirect, true)
+				if read := collectives.LentReads() > r0; read != want {
+					t.Fatalf("all-gather %v: read lent %v, want %v", m, read, want)
+				}
+				r0 = collectives.LentReads()
+				testAlltoAll(t, comms, m, collectives.AlgoPairwise)
+				if read := collectives.LentReads() > r0; read != want {
+					t.Fatalf("all-to-all %v: read lent %v, want %v", m, read, want)
 				}
 			}
 		})
