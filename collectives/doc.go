@@ -215,6 +215,12 @@
 // that disagree on it get ErrMismatch ("lent buffers") at the first call
 // that would read, not a hang.
 //
+// Between ranks of one process the same reads are plain copies: the direct
+// Broadcast's receivers read the root's buffer (from 16 KiB), and the
+// direct AllGather's inputs and the pairwise AlltoAll's blocks below 512
+// KiB are read by their receivers, whose outputs then stay in their caches
+// (above, the senders' streamed writes win).
+//
 // # Device memory and the host
 //
 // Schedules move data only through hcomm's data plane and device copies; the
