@@ -210,6 +210,19 @@ func TestResolveNet(t *testing.T) {
 	if _, err := (Config{}).resolveNet(); err == nil {
 		t.Fatal("HCOMM_SHM_DISABLE=maybe accepted")
 	}
+	t.Setenv("HCOMM_SHM_DISABLE", "")
+	t.Setenv("HCOMM_SHM_CMA_DISABLE", "1")
+	if c, err := (Config{}).resolveNet(); err != nil || !c.ShmCMADisable {
+		t.Fatalf("HCOMM_SHM_CMA_DISABLE=1: %+v, %v", c, err)
+	}
+	t.Setenv("HCOMM_SHM_CMA_DISABLE", "0")
+	if c, err := (Config{ShmCMADisable: true}).resolveNet(); err != nil || !c.ShmCMADisable {
+		t.Fatalf("code must win over HCOMM_SHM_CMA_DISABLE=0: %+v, %v", c, err)
+	}
+	t.Setenv("HCOMM_SHM_CMA_DISABLE", "perhaps")
+	if _, err := (Config{}).resolveNet(); err == nil || !strings.Contains(err.Error(), "HCOMM_SHM_CMA_DISABLE") {
+		t.Fatalf("HCOMM_SHM_CMA_DISABLE=perhaps: %v, want an error naming it", err)
+	}
 }
 
 // Both ends must pick the same transport; a peer's malformed or misdirected

@@ -213,23 +213,11 @@ func (c Config) resolveNet() (Config, error) {
 	default:
 		return c, fmt.Errorf("transport %q (Config.Transport or HCOMM_TRANSPORT) is not one of inproc, shm, tcp", c.Transport)
 	}
-	if !c.ShmDisable {
-		if v := os.Getenv("HCOMM_SHM_DISABLE"); v != "" {
-			b, err := strconv.ParseBool(v)
-			if err != nil {
-				return c, fmt.Errorf("environment variable HCOMM_SHM_DISABLE=%q: want 0 or 1", v)
-			}
-			c.ShmDisable = b
-		}
+	if err := envSwitch("HCOMM_SHM_DISABLE", &c.ShmDisable); err != nil {
+		return c, err
 	}
-	if !c.ShmCMADisable {
-		if v := os.Getenv("HCOMM_SHM_CMA_DISABLE"); v != "" {
-			b, err := strconv.ParseBool(v)
-			if err != nil {
-				return c, fmt.Errorf("environment variable HCOMM_SHM_CMA_DISABLE=%q: want 0 or 1", v)
-			}
-			c.ShmCMADisable = b
-		}
+	if err := envSwitch("HCOMM_SHM_CMA_DISABLE", &c.ShmCMADisable); err != nil {
+		return c, err
 	}
 	if c.SocketIfname == "" {
 		c.SocketIfname = os.Getenv("HCOMM_SOCKET_IFNAME")
@@ -238,6 +226,22 @@ func (c Config) resolveNet() (Config, error) {
 		return c, fmt.Errorf("transport shm is forced (HCOMM_TRANSPORT) and disabled (HCOMM_SHM_DISABLE) at once")
 	}
 	return c, nil
+}
+
+// envSwitch sets *v from the variable name (0 or 1, or any strconv.ParseBool
+// form) unless code set it already (only true is taken from code).
+func envSwitch(name string, v *bool) error {
+	if *v {
+		return nil
+	}
+	if s := os.Getenv(name); s != "" {
+		b, err := strconv.ParseBool(s)
+		if err != nil {
+			return fmt.Errorf("environment variable %s=%q: want 0 or 1", name, s)
+		}
+		*v = b
+	}
+	return nil
 }
 
 // TransportTo names the transport a channel to peer with protocol p would
