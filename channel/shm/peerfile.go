@@ -92,7 +92,7 @@ func (t *Transport) fileBytes(f channel.PeerFile, n int) ([]byte, *peerFile) {
 		}
 		return nil, nil
 	}
-	if f.Off > int64(len(m))-int64(n) || int64(len(m)) > peerFilesBytes {
+	if f.Off > int64(len(m))-int64(n) {
 		unix.Munmap(m)
 		return nil, nil
 	}
@@ -139,8 +139,8 @@ func (t *Transport) mapPeerFile(f channel.PeerFile) ([]byte, error) {
 		return nil, fmt.Errorf("descriptor %d of pid %d is inode %d, not %d", f.FD, t.peerPID, st.Ino, f.Ino)
 	case st.Mode&unix.S_IFMT != unix.S_IFREG:
 		return nil, fmt.Errorf("descriptor %d of pid %d is not a regular file", f.FD, t.peerPID)
-	case st.Size <= 0 || st.Size > maxRange:
-		return nil, fmt.Errorf("descriptor %d of pid %d has %d bytes", f.FD, t.peerPID, st.Size)
+	case st.Size <= 0 || st.Size > peerFilesBytes:
+		return nil, fmt.Errorf("descriptor %d of pid %d has %d bytes (the cache holds files of up to %d)", f.FD, t.peerPID, st.Size, int64(peerFilesBytes))
 	}
 	seals, err := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0)
 	if err != nil {
