@@ -47,7 +47,7 @@ mrun() { # transport np op bytes -> "time busbw"
   awk -v op="$op" -v b="$b" '$1==op && $2==b { print $4, $6; exit }' "$log"
 }
 mpiop() { case $1 in broadcast) echo bcast ;; reducescatter) echo reduce_scatter ;; *) echo "$1" ;; esac; }
-echo "# sitting-colls $(date -u +%FT%TZ) $(nproc) cpus, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2); hcomm $(git -C "$proj" rev-parse --short HEAD)"
+echo "# sitting-colls $(date -u +%FT%TZ) $(nproc) cpus, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2); hcomm $(git -C "$proj" describe --always --dirty)"
 for coll in ${COLLS:-allreduce broadcast allgather reducescatter alltoall}; do
   for mode in ${MODES:-inproc shm tcp}; do
     tr=sm; [ "$mode" = tcp ] && tr=tcp
