@@ -45,7 +45,8 @@ type Transport struct {
 	rank, peer int
 	peerPID    int
 	populate   bool
-	reads      bool      // both ends can read the other's memory through the kernel (ReadPeer)
+	cma        bool      // both ends can read the other's memory through the kernel (ReadPeer)
+	viaFiles   bool      // both ends can open the other's descriptors, to map its memory files (ReadPeer)
 	files      peerFiles // the peer's memory files mapped for ReadPeer (peerfile.go)
 
 	// mu is held for reading by every operation that touches a mapping and
@@ -438,10 +439,18 @@ func (l *linePut) Put(src []byte, flag uint32) error {
 	return nil
 }
 
+// setReads takes each end's READY flags (probeReads): a way of reading is
+// the pair's when both ends have it, so that both agree.
+func (t *Transport) setReads(mine, theirs uint8) {
+	t.cma = mine&theirs&readyReads != 0
+	t.viaFiles = mine&theirs&readyFiles != 0
+}
+
 // ReadsPeer reports whether ReadPeer works on this pair: at connect, each
-// end read a word of the other's memory through the kernel. The same on
-// both ends.
-func (t *Transport) ReadsPeer() bool { return t.reads }
+// end read a word of the other's memory through the kernel, or opened the
+// other's descriptors (to map the memory files of what it reads). The same
+// on both ends.
+func (t *Transport) ReadsPeer() bool { return t.cma || t.viaFiles }
 
 // peerReadPiece bounds one process_vm_readv: between two, a stop or a
 // Close is seen (a 4 MiB copy takes about a millisecond here).
@@ -462,18 +471,22 @@ func (t *Transport) ReadPeer(stop <-chan struct{}, dst []byte, src device.Ptr, f
 	if err := t.usable("ReadPeer"); err != nil {
 		return err
 	}
-	if !t.reads {
+	if !t.cma && !t.viaFiles {
 		return fmt.Errorf("shm ReadPeer on %s (rank %d -> rank %d): %w", t.name, t.rank, t.peer, ErrNoPeerReads)
 	}
 	if uint64(src) > ^uint64(0)-uint64(len(dst)) {
 		return fmt.Errorf("shm ReadPeer on %s (rank %d -> rank %d): range [%#x, +%d) of rank %d wraps around: %w", t.name, t.rank, t.peer, uintptr(src), len(dst), t.peer, ErrOutOfRange)
 	}
 	var from []byte
-	if len(dst) >= peerFileMin {
+	if t.viaFiles && (len(dst) >= peerFileMin || !t.cma) && len(dst) > 0 {
 		var e *peerFile
 		if from, e = t.fileBytes(file, len(dst)); e != nil {
 			defer t.releaseFile(e)
 		}
+	}
+	if from == nil && !t.cma && len(dst) > 0 {
+		return fmt.Errorf("shm ReadPeer on %s (rank %d -> rank %d): [%#x, +%d) of rank %d: its memory file (%+v) could not be mapped here, and the kernel does not let these processes use process_vm_readv: %w",
+			t.name, t.rank, t.peer, uintptr(src), len(dst), t.peer, file, ErrNoPeerReads)
 	}
 	for done := 0; done < len(dst); {
 		if done > 0 {

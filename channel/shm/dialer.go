@@ -415,8 +415,8 @@ func (c *connecting) trade(listener bool) error {
 			return err
 		}
 		mine := c.probeReads()
-		c.t.reads = mine && theirs
-		return c.send(&msg{Type: msgReady, Flags: readyFlags(mine)}, nil)
+		c.t.setReads(mine, theirs)
+		return c.send(&msg{Type: msgReady, Flags: mine}, nil)
 	}
 	if err := c.recvTheirs(); err != nil {
 		return err
@@ -425,31 +425,39 @@ func (c *connecting) trade(listener bool) error {
 		return err
 	}
 	mine := c.probeReads()
-	if err := c.send(&msg{Type: msgReady, Flags: readyFlags(mine)}, nil); err != nil {
+	if err := c.send(&msg{Type: msgReady, Flags: mine}, nil); err != nil {
 		return err
 	}
 	theirs, err := c.recvVerdict()
-	c.t.reads = mine && theirs
+	c.t.setReads(mine, theirs)
 	return err
 }
 
-// probeReads reports whether this end can read the peer's memory through
-// the kernel (process_vm_readv): one word of the peer's HCCL buffer, whose
-// description has been mapped. Off with Options.NoPeerReads.
-func (c *connecting) probeReads() bool {
-	if c.d.opts.NoPeerReads || len(c.t.mems) == 0 || c.t.mems[0].mem.Size < 8 {
-		return false
-	}
-	var w [8]byte
-	n, err := readPeer(c.t.peerPID, w[:], uintptr(c.t.mems[0].mem.Addr))
-	return err == nil && n == len(w)
-}
+// probeCMA: whether probeReads tries process_vm_readv (a test turns it off
+// on one end, as a ptrace policy would).
+var probeCMA = true
 
-func readyFlags(reads bool) uint8 {
-	if reads {
-		return readyReads
+// probeReads says how this end can read the peer's memory, as READY's
+// flags: through the kernel (process_vm_readv of one word of the peer's
+// HCCL buffer, whose description has been mapped: readyReads), and by
+// opening the peer's descriptors (its /proc/<pid>/fd: readyFiles). Nothing
+// with Options.NoPeerReads.
+func (c *connecting) probeReads() uint8 {
+	if c.d.opts.NoPeerReads || len(c.t.mems) == 0 || c.t.mems[0].mem.Size < 8 {
+		return 0
 	}
-	return 0
+	var f uint8
+	var w [8]byte
+	if probeCMA {
+		if n, err := readPeer(c.t.peerPID, w[:], uintptr(c.t.mems[0].mem.Addr)); err == nil && n == len(w) {
+			f |= readyReads
+		}
+	}
+	if fd, err := unix.Open(fmt.Sprintf("/proc/%d/fd", c.t.peerPID), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err == nil {
+		unix.Close(fd)
+		f |= readyFiles
+	}
+	return f
 }
 
 func (c *connecting) send(m *msg, fds []int) error {
@@ -555,20 +563,20 @@ func (c *connecting) recvTheirs() error {
 	}
 }
 
-// recvVerdict reads the peer's READY or REFUSE; a READY says whether the
-// peer could read this end's memory (probeReads).
-func (c *connecting) recvVerdict() (reads bool, err error) {
+// recvVerdict reads the peer's READY or REFUSE; a READY says how the peer
+// can read this end's memory (probeReads).
+func (c *connecting) recvVerdict() (flags uint8, err error) {
 	m, fds, err := recvMsgFDs(c.sock)
 	closeFDs(fds)
 	switch {
 	case err != nil:
-		return false, c.errf("waiting for rank %d to accept this end's description: %w", c.local.Peer, err)
+		return 0, c.errf("waiting for rank %d to accept this end's description: %w", c.local.Peer, err)
 	case m.Type == msgRefuse:
-		return false, c.errf("rank %d refused this end: %s: %w", c.local.Peer, m.Text, channel.ErrRefused)
+		return 0, c.errf("rank %d refused this end: %s: %w", c.local.Peer, m.Text, channel.ErrRefused)
 	case m.Type != msgReady:
-		return false, c.refuse(fmt.Errorf("rank %d sent %v instead of READY", c.local.Peer, m.Type))
+		return 0, c.refuse(fmt.Errorf("rank %d sent %v instead of READY", c.local.Peer, m.Type))
 	}
-	return m.Flags&readyReads != 0, nil
+	return m.Flags, nil
 }
 
 func closeFDs(fds []int) {

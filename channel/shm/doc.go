@@ -64,20 +64,24 @@
 //
 // # Reading memory the peer lends
 //
-// Once it has mapped the peer's description, each end reads one word of the
-// peer's HCCL buffer through the kernel (process_vm_readv, Linux's
-// cross-memory attach, which Open MPI's vader and MPICH's nemesis use for
-// large messages) and says in its READY whether that worked. A pair where
-// both ends could (Transport.ReadsPeer: the same answer on both) reads
-// memory the peer lends for one operation anywhere in the peer's address
-// space (Transport.ReadPeer) — a collective's send buffer, whose address the
-// peer's hello carries — in one copy, made by the kernel, without the
-// peer sharing or this end mapping it. The kernel checks the range against
-// the peer's mappings: one that is not mapped fails the read, and nothing
-// of this process but dst is written. Where the kernel refuses (a ptrace
-// policy such as Yama's ptrace_scope 2 and up, a seccomp profile, other
-// users), the pair reads nothing this way and the collectives stage
-// through the HCCL buffers as before.
+// Once it has mapped the peer's description, each end finds how it may read
+// the peer's memory and says so in its READY: through the kernel
+// (process_vm_readv of one word of the peer's HCCL buffer — Linux's
+// cross-memory attach, which Open MPI's vader uses for large messages), and
+// by opening the peer's descriptors (its /proc/<pid>/fd, which Yama's
+// ptrace_scope 1 — Ubuntu's default — allows where it refuses
+// process_vm_readv). A way is the pair's when both ends have it
+// (Transport.ReadsPeer: the same answer on both). Such a pair reads memory
+// the peer lends for one operation anywhere in the peer's address space
+// (Transport.ReadPeer) — a collective's send buffer, whose address and
+// memory file the peer's hello carries — in one copy, without the peer
+// sharing it at connect: from a read-only mapping of the peer's memory file
+// (peerfile.go) when the file checks out, else by process_vm_readv. The
+// kernel checks the range against the peer's mappings: one that is not
+// mapped there fails the read, and nothing of this process but dst is
+// written. Where the kernel allows neither (ptrace_scope 2 and up, a seccomp
+// profile, other users), the pair reads nothing this way and the
+// collectives stage through the HCCL buffers as before.
 //
 // # When a process dies
 //
@@ -109,7 +113,8 @@
 //	          its index among the message's descriptors; 0xFFFF for none)
 //	DONE    3 total:u32 notifies:u32                        + the notify page's descriptor when notifies > 0
 //	READY   4 flags:u8                                      the description was mapped;
-//	          flag 1: the sender could read this end's memory (process_vm_readv)
+//	          flag 1: the sender could read this end's memory (process_vm_readv),
+//	          flag 2: it could open this end's descriptors (/proc/<pid>/fd)
 //	REFUSE  5 len:u16 text                                  why the sender gives up
 //	BYE     6                                               the sender closes its end
 //

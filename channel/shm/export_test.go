@@ -12,3 +12,12 @@ func FilesMapped(t *Transport) int {
 
 // FilesMax is the bound on them.
 const FilesMax = peerFilesMax
+
+// SetProbeCMA makes the ends connected after it try process_vm_readv at
+// connect, or not (as a ptrace policy that refuses it would); it returns
+// the previous setting.
+func SetProbeCMA(on bool) bool {
+	old := probeCMA
+	probeCMA = on
+	return old
+}

@@ -133,3 +133,34 @@ func TestNoPeerReads(t *testing.T) {
 		t.Fatalf("ReadPeer: %v, want ErrNoPeerReads", err)
 	}
 }
+
+// TestReadPeerThroughFilesOnly: a pair where process_vm_readv is refused
+// (this end does not try it, as under Yama's ptrace_scope 1) but the peer's
+// descriptors can be opened still reads: through the peer's memory file, at
+// every size, small ones included; a read without a file to map, or with
+// one that does not check out, fails with ErrNoPeerReads saying why instead
+// of reading anything else.
+func TestReadPeerThroughFilesOnly(t *testing.T) {
+	old := shm.SetProbeCMA(false)
+	p := startPeer(t, bufSize)
+	shm.SetProbeCMA(old)
+	if !p.e.tr.ReadsPeer() {
+		t.Skip("this process cannot open the peer's descriptors (/proc/<pid>/fd)")
+	}
+	if got := p.do("reads"); got != "true" {
+		t.Fatalf("the peer's end says ReadsPeer %s, this end true", got)
+	}
+	const n = 1<<20 + 9
+	a := p.lend(n, 3)
+	for _, c := range []struct{ off, n int64 }{{0, n}, {5, 1}, {4095, 4097}, {100, 64 << 10}} {
+		readsAs(t, p, a, c.off, c.n, 3, a.file)
+	}
+	wrong := a.file
+	wrong.Ino++
+	for _, f := range []channel.PeerFile{channel.NoPeerFile, wrong} {
+		err := p.e.tr.ReadPeer(nil, make([]byte, 64), a.addr, f)
+		if !errors.Is(err, shm.ErrNoPeerReads) || !strings.Contains(err.Error(), "process_vm_readv") {
+			t.Fatalf("file %+v with process_vm_readv refused: %v, want ErrNoPeerReads saying why", f, err)
+		}
+	}
+}

@@ -219,7 +219,7 @@ type msg struct {
 	Total  uint32          // DONE: ranges described in all
 	Notify uint32          // DONE: notifies (words on the page; a descriptor when > 0)
 	Text   string          // REFUSE
-	Flags  uint8           // READY: readyReads
+	Flags  uint8           // READY: readyReads, readyFiles
 }
 
 // READY's flags.
@@ -228,6 +228,11 @@ const (
 	// kernel (process_vm_readv) at connect; a pair whose ends both say so
 	// reads memory the peer lends for one operation (Transport.ReadPeer).
 	readyReads uint8 = 1
+	// readyFiles: the sender could open this end's descriptors
+	// (/proc/<pid>/fd), so that it may map the memory files they hold —
+	// allowed where process_vm_readv is not (Yama's ptrace_scope 1 restricts
+	// attaching, not reading a process's descriptors).
+	readyFiles uint8 = 2
 )
 
 // encode writes m:
@@ -328,7 +333,7 @@ func decodeMsg(b []byte, nfd int) (*msg, error) {
 		}
 	case msgReady:
 		m.Flags = r.u8()
-		if r.err == nil && m.Flags&^readyReads != 0 {
+		if r.err == nil && m.Flags&^(readyReads|readyFiles) != 0 {
 			return nil, fmt.Errorf("READY with unknown flags %#x", m.Flags)
 		}
 	case msgBye:

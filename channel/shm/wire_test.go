@@ -34,6 +34,7 @@ func TestMsgRoundTrip(t *testing.T) {
 		{Type: msgDone, Total: 2, Notify: 3},
 		{Type: msgReady},
 		{Type: msgReady, Flags: readyReads},
+		{Type: msgReady, Flags: readyReads | readyFiles},
 		{Type: msgRefuse, Text: "no"},
 		{Type: msgBye},
 	} {
