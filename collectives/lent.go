@@ -89,22 +89,22 @@ func (s *sched) lend(recv device.Ptr, n int64, disp []int64, send device.Ptr, sd
 	if sdisp != nil {
 		ln.theirSend = make([]int64, size)
 	}
-	lends := false
+	lends, reading := false, false
 	for _, p := range s.others() {
 		ch := s.st.chans[p]
 		ln.copies[p] = ch != nil && ch.Transport() == hcomm.TransportInproc
 		switch {
 		case ch == nil:
 		case reads && ch.ReadsLent():
-			ln.reads[p], ln.any = true, true
+			ln.reads[p], ln.any, reading = true, true, true
 		case ch.TakesLent():
 			ln.lends[p], ln.any, lends = true, true, true
 		case ch.ReadsLent():
-			ln.reads[p], ln.any = true, true
+			ln.reads[p], ln.any, reading = true, true, true
 		}
 	}
 	ln.file.FD = -1
-	if ln.any && send != 0 {
+	if reading && send != 0 { // only readers use it (tcp and in-process writes do not)
 		if f, err := s.st.comm.Device().FileOf(send, 1); err == nil {
 			ln.file = f
 		}

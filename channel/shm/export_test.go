@@ -21,3 +21,7 @@ func SetProbeCMA(on bool) bool {
 	probeCMA = on
 	return old
 }
+
+// CMA reports whether the pair reads through process_vm_readv (not only
+// through the peer's memory files).
+func CMA(t *Transport) bool { return t.cma }

@@ -29,6 +29,23 @@ func (p *peer) lend(n int64, seed int) lent {
 	return lent{addr: device.Ptr(v[0]), file: channel.PeerFile{FD: int64(v[1]), Ino: v[2], Off: int64(v[3])}}
 }
 
+// readingPeer starts the peer, this end probing process_vm_readv at
+// connect or not (cma), and skips the test unless the pair reads the
+// peer's memory some way; both ends must agree that it does.
+func readingPeer(t *testing.T, cma bool) *peer {
+	t.Helper()
+	old := shm.SetProbeCMA(cma)
+	p := startPeer(t, bufSize)
+	shm.SetProbeCMA(old)
+	if !p.e.tr.ReadsPeer() {
+		t.Skip("the kernel lets these processes neither process_vm_readv nor open each other's descriptors: the collectives stage instead")
+	}
+	if got := p.do("reads"); got != "true" {
+		t.Fatalf("the peer's end says ReadsPeer %s, this end true", got)
+	}
+	return p
+}
+
 // readsAs reads n bytes of the peer's l at off, through file (or none), and
 // checks them against the peer's pattern seed.
 func readsAs(t *testing.T, p *peer, l lent, off, n int64, seed int, file channel.PeerFile) {
@@ -59,12 +76,9 @@ func readsAs(t *testing.T, p *peer, l lent, off, n int64, seed int, file channel
 // stays bounded; an address the peer has not mapped is ErrOutOfRange; a
 // closed end maps nothing any more.
 func TestReadPeer(t *testing.T) {
-	p := startPeer(t, bufSize)
-	if !p.e.tr.ReadsPeer() {
-		t.Skip("the kernel does not let these processes read each other's memory (process_vm_readv): the collectives stage instead")
-	}
-	if got := p.do("reads"); got != "true" {
-		t.Fatalf("the peer's end says ReadsPeer %s, this end true", got)
+	p := readingPeer(t, true)
+	if !shm.CMA(p.e.tr) {
+		t.Skip("the kernel refuses process_vm_readv between these processes (TestReadPeerThroughFilesOnly covers the files alone)")
 	}
 	const n = 3<<20 + 5
 	a := p.lend(n, 1)
@@ -141,15 +155,7 @@ func TestNoPeerReads(t *testing.T) {
 // one that does not check out, fails with ErrNoPeerReads saying why instead
 // of reading anything else.
 func TestReadPeerThroughFilesOnly(t *testing.T) {
-	old := shm.SetProbeCMA(false)
-	p := startPeer(t, bufSize)
-	shm.SetProbeCMA(old)
-	if !p.e.tr.ReadsPeer() {
-		t.Skip("this process cannot open the peer's descriptors (/proc/<pid>/fd)")
-	}
-	if got := p.do("reads"); got != "true" {
-		t.Fatalf("the peer's end says ReadsPeer %s, this end true", got)
-	}
+	p := readingPeer(t, false)
 	const n = 1<<20 + 9
 	a := p.lend(n, 3)
 	for _, c := range []struct{ off, n int64 }{{0, n}, {5, 1}, {4095, 4097}, {100, 64 << 10}} {
