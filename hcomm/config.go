@@ -67,7 +67,8 @@ type Config struct {
 	SocketIfname string
 	// TCPSpin is how long a wait on a tcp channel — a notify wait, a read,
 	// a fence — reads the channel's sockets itself, busy-polling them
-	// without blocking, before it sleeps and leaves them to the channel's
+	// without blocking, with no byte read (the bound counts from the last
+	// read that brought some), before it sleeps and leaves them to the channel's
 	// background readers (HCOMM_TCP_SPIN, a duration: "200us", "1ms"; 0
 	// there turns polling off). Polling saves the wake-up through the host
 	// that a sleeping waiter pays for every message (tcp.DefaultSpin; the

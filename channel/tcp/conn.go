@@ -61,6 +61,7 @@ type sock struct {
 	rp     []byte
 	rn     int
 	rerr   error
+	got    uint64 // reads that brought bytes: a poller's sign of progress (progress.go)
 
 	// The sending side's raw writes (rawsys_linux.go), under wmu: what is
 	// left to write, the writev vector, the error, and the function given

@@ -74,10 +74,11 @@ type Options struct {
 	SocketBuffer int
 	// Spin is how long a caller that waits for the peer — a notify wait
 	// through Poll (channel.Poller), Read, ReadReduce, Fence — reads the
-	// channel's sockets itself, without blocking, before it sleeps and
-	// leaves them to the channel's background readers (default
-	// DefaultSpin; negative: never, every wait sleeps at once). A polling
-	// waiter keeps its processor busy that long, yielding it between looks.
+	// channel's sockets itself, without blocking, with no byte read, before
+	// it sleeps and leaves them to the channel's background readers
+	// (default DefaultSpin; negative: never, every wait sleeps at once): the
+	// bound counts from the last read that brought bytes. A polling waiter
+	// keeps its processor busy that long, yielding it between looks.
 	Spin time.Duration
 	// Yield makes a polling caller give its processor to the host's other
 	// threads (sched_yield, on linux) between looks, not only to its own

@@ -59,10 +59,12 @@
 // applied frames whatever reads brought them: a frame may come in over many
 // reads. A caller that waits for the peer — hcomm's notify waits through
 // Poll (channel.Poller), Read, ReadReduce and Fence — does not sleep at
-// once: for Options.Spin (hcomm: Config.TCPSpin, HCOMM_TCP_SPIN; default
-// 200 µs) it reads the channel's sockets itself, with non-blocking reads on
-// the descriptors that bypass the network poller, and applies whatever
-// comes, as Open MPI's progress engine polls its endpoints. A sleeping
+// once: until Options.Spin (hcomm: Config.TCPSpin, HCOMM_TCP_SPIN; default
+// 200 µs) has passed without a byte read, it reads the channel's sockets
+// itself, with non-blocking reads on the descriptors that bypass the
+// network poller, and applies whatever comes, as Open MPI's progress engine
+// polls its endpoints — so a long message is polled to its end however
+// long it takes to arrive. A sleeping
 // waiter is woken through the host — the network poller's thread, the
 // reader goroutine, then the waiter — which costs 30–70 µs a message on the
 // small machines hcomm is measured on; a polling one sees the bytes as the

@@ -73,6 +73,64 @@ func TestPollReceivesAFrameSentInPieces(t *testing.T) {
 	}
 }
 
+// TestPollSpinCountsFromTheLastBytes: a message that keeps arriving for
+// longer than the spin, with no pause as long as it, is polled to its end:
+// the bound counts from the last read that brought bytes. Bounded from the
+// first look instead, Poll gives up a tenth of the way in.
+func TestPollSpinCountsFromTheLastBytes(t *testing.T) {
+	const spinFor = 100 * time.Millisecond
+	rp := connectRaw(t, Options{Spin: spinFor})
+	steady(rp.c1.Transport)
+	mine := rp.r1.bytes(t)
+	clear(mine)
+	payload := make([]byte, 8000)
+	for i := range payload {
+		payload[i] = byte(i%251 + 1)
+	}
+	var wire []byte
+	for _, f := range []struct {
+		t       frameType
+		id, adr uint64
+		payload []byte
+	}{
+		{frameWrite, 0, uint64(rp.r1.buf.Addr), payload},
+		{frameNotify, 0, 0, []byte{0, 0, 0, 0, 0, 0, 0, 1}},
+	} {
+		h := make(header, headerLen)
+		h.encode(f.t, 0, 0, uint32(len(f.payload)), f.id, f.adr, 0)
+		wire = append(append(wire, h...), f.payload...)
+	}
+	got := make(chan bool, 1)
+	start := time.Now()
+	go func() { got <- pollFor(rp.c1.Transport, rp.c1, 0, nil) }()
+	// 16 bytes a millisecond or so: 500 pieces, at least 10 spins' worth
+	// in all, each pause far shorter than one.
+	for len(wire) > 0 {
+		k := min(16, len(wire))
+		if _, err := rp.nc.Write(wire[:k]); err != nil {
+			t.Fatal(err)
+		}
+		wire = wire[k:]
+		time.Sleep(time.Millisecond)
+	}
+	select {
+	case ok := <-got:
+		if !ok {
+			t.Fatalf("Poll gave up after %v, while the message was still arriving (spin %v)", time.Since(start), spinFor)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Poll did not return")
+	}
+	if d := time.Since(start); d < 5*spinFor {
+		t.Fatalf("the message took %v, not the several spins the test needs", d)
+	}
+	for i, b := range mine[:len(payload)] {
+		if b != payload[i] {
+			t.Fatalf("byte %d is %d, want %d", i, b, payload[i])
+		}
+	}
+}
+
 // TestPollTwoWaitersOneChannel has two threads of each rank wait on one
 // channel at once, each for its own notify: whoever reads the sockets sets
 // the other's record.

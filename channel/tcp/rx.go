@@ -374,6 +374,9 @@ func (c *conn) drain(s *sock) (bool, error) {
 		}
 		r.pos, r.end = 0, 0
 		n, err := s.readSome(p)
+		if n > 0 {
+			s.got++
+		}
 		switch {
 		case n > 0 && direct:
 			r.got += n
