@@ -154,7 +154,7 @@ func AllReduce(send, recv device.Ptr, count int64, dt hcomm.DataType, op hcomm.R
 				break
 			}
 			reduceTree(sc, send, recv, count, dt, op, 0)
-			broadcastTree(sc, recv, n, 0)
+			broadcastTree(sc, recv, n, 0, nil)
 		case AlgoHier:
 			sc.open(h, algo)
 			allReduceHier(sc, s, send, recv, count, dt, op)

@@ -189,6 +189,12 @@
 // each piece of its input to every peer before the next piece, so that the
 // input comes from memory once. A pair whose channel neither checks on
 // receipt nor reads lent memory (below) stays staged within the same call.
+// The Broadcast's tree and ring over tcp lend every receiver's buffer too,
+// and go by lent pipes: each piece is written straight to its place in the
+// receiver's buffer with the pipe's own notify, acknowledged as soon as it
+// is waited for, and forwarded from there — the staged pipes' copy of every
+// piece out of the inbox is gone (2 processes, 1 MiB: 276–326 µs staged
+// against 159–259 lent, interleaved).
 // An AlltoAll or AlltoAllV
 // whose send and receive buffers overlap is refused (ErrPara): there is no
 // in-place form. lent.go has the protocol.

@@ -35,9 +35,22 @@ func LaneRuns(c *hcomm.Comm) (inline, pending, queued int) {
 	return st.laneRuns[laneInline], st.laneRuns[lanePending], st.laneRuns[laneQueued]
 }
 
+// PieceBytes is the pipes' piece of c's HCCL buffer.
+func PieceBytes(c *hcomm.Comm) int64 {
+	st, err := lockLocal(c)
+	if err != nil {
+		return -1
+	}
+	defer st.mu.Unlock()
+	return st.lay.piece
+}
+
 // LentWrites returns how many lent writes (lent.go) have run, and how many
 // loans are still registered.
 func LentWrites() (writes, open int64) { return lentWrites.Load(), openLoans.Load() }
+
+// LentPipes counts the pieces sent by lent pipes (tcp).
+func LentPipes() int64 { return lentPipes.Load() }
 
 // LentReads counts the lent reads run (shm, through the kernel).
 func LentReads() int64 { return lentReads.Load() }

@@ -417,18 +417,102 @@ func (st *state) lendsDirect(bytes int64) bool {
 // buffer addresses, lending recv (n bytes) to the pairs that lend and send
 // to the pairs that read; in and out are openLoan's.
 func (s *sched) openLent(h header, algo Algorithm, recv device.Ptr, n int64, send device.Ptr, in, out func(p int) int64, reads bool) *loan {
+	ln, ok := s.lendHello(h, algo, recv, n, send, reads)
+	if ok {
+		s.openLoan(ln, in, out)
+	}
+	return ln
+}
+
+// lendHello is openLent without the turn in the gather slots: the loan,
+// and the hello that carries it.
+func (s *sched) lendHello(h header, algo Algorithm, recv device.Ptr, n int64, send device.Ptr, reads bool) (*loan, bool) {
 	h.algo = algo
 	h.flags |= flagLent // a rank that stages instead (another HCOMM_SHM_CMA_DISABLE) fails the check
 	s.need(s.others())
 	if !s.ok() {
 		size := s.st.comm.Size()
-		return &loan{lends: make([]bool, size), reads: make([]bool, size)}
+		return &loan{lends: make([]bool, size), reads: make([]bool, size)}, false
 	}
 	ln := s.lend(recv, n, nil, send, nil, reads)
 	words := ln.words()
 	s.hello(h, s.others(), s.countTable(nil, words...), int64(8*len(words)), ln.learn(s.st.comm.Rank()))
-	s.openLoan(ln, in, out)
+	return ln, true
+}
+
+// Lent pipes (tcp): a pipe whose pieces the sender writes straight to
+// their place in the receiver's lent receive buffer
+// (hcomm.WriteLentWithNotifyNbi) instead of its inbox, signalled by the
+// pipe's own nData and acknowledged by its nAck. The receiver acknowledges
+// a piece as soon as it has waited for it: there is no slot to empty, and
+// the acknowledgement only frees the notify for the piece after next (a
+// notify is a flag; two records of one index with no wait between them
+// would collapse). The pipes' counters count a piece alike whichever way
+// it goes, so one schedule may send some pairs' pieces lent and others'
+// through the inboxes; both ends of a pair decide alike (ln.takes, from
+// the channel they share). A rank forwards a piece from where it landed,
+// its own receive buffer. Where a staged piece costs the receiver a copy
+// out of its inbox for each piece it receives, a lent one costs none:
+// the socket reads it into place.
+
+// openLentPipes opens a collective whose pieces go by lent pipes where the
+// pair lends: it lends recv (n bytes; n 0: this rank receives nothing) and
+// says so in its hello, which every rank sends every other (at most
+// helloFullMax ranks). Nothing of the gather slots is counted: completion
+// is the pipes'.
+func (s *sched) openLentPipes(h header, algo Algorithm, recv device.Ptr, n int64) *loan {
+	ln, _ := s.lendHello(h, algo, recv, n, 0, false)
 	return ln
+}
+
+// openPipes opens a collective that moves its data through pipes, lending
+// recv (n bytes) for lent pipes where some peers are over tcp, whose
+// channels take lent writes (st.netLends; every rank alike): the loan, or
+// nil after the plain handshake (memory mapped, or above helloFullMax
+// ranks, whose butterfly handshake carries no loan).
+func (s *sched) openPipes(h header, algo Algorithm, recv device.Ptr, n int64) *loan {
+	if st := s.st; st.mapped || !st.netLends || s.sparse() {
+		s.open(h, algo)
+		return nil
+	}
+	return s.openLentPipes(h, algo, recv, n)
+}
+
+// lentPipes counts the pieces sent by lent pipes: a test's witness.
+var lentPipes atomic.Int64
+
+// sendPiece sends n bytes at src to peer: by the lent pipe, to off in the
+// peer's receive buffer, when the pair lends; through the peer's inbox
+// otherwise.
+func (s *sched) sendPiece(ln *loan, peer int, off int64, src device.Ptr, n int64) {
+	if !ln.takes(peer) {
+		s.pipeSend(peer, src, n)
+		return
+	}
+	k, ok := s.pipeNext(peer)
+	if !ok {
+		return
+	}
+	ch, me := s.ch(peer), s.st.comm.Rank()
+	s.launchStop("collective lent pipe", func(stop <-chan struct{}) error {
+		dst := ln.at[peer]
+		if dst == 0 {
+			return fmt.Errorf("collectives: rank %d has no receive buffer address of rank %d", me, peer)
+		}
+		lentPipes.Add(1)
+		return hcomm.WriteLentWithNotifyNbi(stop, ch, dst.Add(off), src, n, nData+int(k))
+	})
+}
+
+// recvLent waits for the next piece peer sends by the lent pipe (in place
+// in this rank's receive buffer once the wait is over) and acknowledges it.
+func (s *sched) recvLent(peer int) {
+	s.jitter()
+	st := s.st
+	k := st.recvd[peer] % 2
+	st.recvd[peer]++
+	s.wait(peer, nData+int(k))
+	s.record(peer, nAck+int(k))
 }
 
 // pairwise moves, for r = 1 … n-1, this rank's data for rank me+r and

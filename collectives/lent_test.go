@@ -63,6 +63,46 @@ func TestLentOverTCP(t *testing.T) {
 	}
 }
 
+// TestLentPipesOverTCP: over tcp the broadcast's tree and ring send each
+// piece straight to its place in the receivers' buffers (lent pipes), and
+// each receiver forwards it from there: exact against the root's data, from
+// the first and the last root, with counts just above the inline size, odd,
+// of one pipe piece and around it, and of many pieces, in a 1-, 4- and
+// 8-byte type, 2 to 4 ranks, the tree, the ring and the selector's choice
+// back to back on one set of communicators (the pipes' counters carry from
+// call to call), beside staged calls of the same pipes (the ring
+// all-reduce); pieces are counted, and every loan is taken back once the
+// streams are done.
+func TestLentPipesOverTCP(t *testing.T) {
+	for _, n := range []int{2, 3, 4} {
+		t.Run(fmt.Sprintf("ranks=%d", n), func(t *testing.T) {
+			comms := hcommtest.Options{Config: &hcomm.Config{BufferSize: 256 << 10}}.New(t, n, hcommtest.TCP)
+			_, open0 := collectives.LentWrites()
+			before := collectives.LentPipes()
+			inline := collectives.InlineBytes(comms[0])
+			piece := collectives.PieceBytes(comms[0])
+			for _, dt := range []hcomm.DataType{hcomm.Int8, hcomm.Float32, hcomm.Float64} {
+				es := int64(dt.Size())
+				for _, count := range []int64{inline/es + 1, 4099, piece/es - 1, piece / es, piece/es + 1, (5*piece + 24) / es} {
+					for _, root := range []int{0, n - 1} {
+						m := matrixCase{dt: dt, op: hcomm.Sum, count: count, root: root, inline: 1 << 40}
+						for _, algo := range []collectives.Algorithm{collectives.AlgoTree, collectives.AlgoRing, collectives.AlgoAuto} {
+							broadcastRaw(t, comms, m, algo)
+						}
+						allReduceRaw(t, comms, m, collectives.AlgoRing, false)
+					}
+				}
+			}
+			if collectives.LentPipes() == before {
+				t.Fatal("no piece went by a lent pipe: the broadcasts were all staged")
+			}
+			if _, open := collectives.LentWrites(); open != open0 {
+				t.Fatalf("%d loans still registered after every stream is done", open-open0)
+			}
+		})
+	}
+}
+
 // TestLentInProcessAnySize: between the ranks of one process the
 // all-gather and the all-to-all write every block straight into the peers'
 // receive buffers at any size, streamed past the cache (the lent copy was

@@ -71,20 +71,28 @@ func (st *state) settlePipes() {
 
 // pipeSend writes n bytes (at most one piece) at src into peer's inbox.
 func (s *sched) pipeSend(peer int, src device.Ptr, n int64) {
+	if k, ok := s.pipeNext(peer); ok {
+		s.writeNotify(peer, s.peerSlot(peer, s.st.lay.inboxSlotOff(s.st.comm.Rank(), k)), src, n, nData+int(k))
+	}
+}
+
+// pipeNext counts the next piece to peer and returns its slot, once the
+// peer has consumed the slot's previous piece; false: the schedule failed.
+func (s *sched) pipeNext(peer int) (k uint64, ok bool) {
 	s.jitter()
 	st := s.st
 	if !s.inStep(peer) {
-		return
+		return 0, false
 	}
 	i := st.sent[peer]
 	st.sent[peer]++
-	k := i % 2
+	k = i % 2
 	for i-st.acked[peer] >= 2 { // at most once: inStep
 		// The peer consumed the slot's previous piece.
 		s.wait(peer, nAck+int(st.acked[peer]%2))
 		st.acked[peer]++
 	}
-	s.writeNotify(peer, s.peerSlot(peer, st.lay.inboxSlotOff(st.comm.Rank(), k)), src, n, nData+int(k))
+	return k, true
 }
 
 // pipeRecv waits for the next piece from peer and returns where it lies in

@@ -40,7 +40,7 @@ func treeChildren(v, n int) []int {
 
 // broadcastTree: each rank receives a piece from its parent, forwards it
 // from its inbox to its children, and copies it out.
-func broadcastTree(sc *sched, buf device.Ptr, bytes int64, root int) {
+func broadcastTree(sc *sched, buf device.Ptr, bytes int64, root int, ln *loan) {
 	st := sc.st
 	me, n := st.comm.Rank(), st.comm.Size()
 	v := mod(me-root, n)
@@ -51,13 +51,20 @@ func broadcastTree(sc *sched, buf device.Ptr, bytes int64, root int) {
 		m := min(per, bytes-lo)
 		if v == 0 {
 			for _, k := range kids {
-				sc.pipeSend(real(k), buf.Add(lo), m)
+				sc.sendPiece(ln, real(k), lo, buf.Add(lo), m)
+			}
+			continue
+		}
+		if parent := real(treeParent(v)); ln.takes(parent) {
+			sc.recvLent(parent) // the piece is in buf
+			for _, k := range kids {
+				sc.sendPiece(ln, real(k), lo, buf.Add(lo), m)
 			}
 			continue
 		}
 		slot, done := sc.pipeRecv(real(treeParent(v)))
 		for _, k := range kids {
-			sc.pipeSend(real(k), slot, m)
+			sc.sendPiece(ln, real(k), lo, slot, m)
 		}
 		sc.copy(buf.Add(lo), slot, m)
 		done()
