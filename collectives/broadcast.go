@@ -173,7 +173,7 @@ func broadcastRing(sc *sched, buf device.Ptr, bytes int64, root int, ln *loan) {
 	me, n := st.comm.Rank(), st.comm.Size()
 	pos := mod(me-root, n)
 	right, left := mod(me+1, n), mod(me-1, n)
-	per := broadcastPiece(sc, ln)
+	per := sc.piece()
 	for lo := int64(0); lo < bytes; lo += per {
 		m := min(per, bytes-lo)
 		if pos == 0 {
@@ -194,22 +194,4 @@ func broadcastRing(sc *sched, buf device.Ptr, bytes int64, root int, ln *loan) {
 		sc.copy(buf.Add(lo), slot, m)
 		done()
 	}
-}
-
-// lentPipePiece bounds the pieces of a broadcast that goes by lent pipes:
-// no slot bounds them there, and over tcp, interleaved with the pipes'
-// 512 KiB (Intel Xeon, stop 21), 256 KiB pieces ran 2 processes 1 MiB in
-// 183–199 µs against 273, 4 MiB 709–746 against 926–1000; 4 processes
-// 1 MiB 522–667 against 611–776, 4 MiB 1.60–2.13 ms against 2.09–2.89;
-// 128 KiB pieces between the two, 256 KiB broadcasts alike.
-const lentPipePiece = 256 << 10
-
-// broadcastPiece is the piece a broadcast through pipes moves at a time:
-// the pipes' piece, or, with lent pipes (ln), at most lentPipePiece. Every
-// rank of the call computes the same, a loan being every rank's or none's.
-func broadcastPiece(sc *sched, ln *loan) int64 {
-	if ln == nil {
-		return sc.piece()
-	}
-	return min(sc.piece(), lentPipePiece)
 }

@@ -192,10 +192,10 @@
 // The Broadcast's tree and ring over tcp lend every receiver's buffer too,
 // and go by lent pipes: each piece is written straight to its place in the
 // receiver's buffer with the pipe's own notify, acknowledged as soon as it
-// is waited for, and forwarded from there, in pieces of at most 256 KiB —
-// the staged pipes' copy of every piece out of the inbox is gone (2
-// processes, 1 MiB: 276–326 µs staged against 159–259 lent in 512 KiB
-// pieces, interleaved; 183–199 in 256 KiB pieces against 273 in 512).
+// is waited for, and forwarded from there — the staged pipes' copy of every
+// piece out of the inbox is gone (2 processes, 1 MiB: 276–326 µs staged
+// against 159–259 lent, interleaved). Over a network the pipes move pieces
+// of at most 256 KiB (netPiece, tuning.go), lent or staged.
 // An AlltoAll or AlltoAllV
 // whose send and receive buffers overlap is refused (ErrPara): there is no
 // in-place form. lent.go has the protocol.

@@ -49,8 +49,8 @@ func PieceBytes(c *hcomm.Comm) int64 {
 // loans are still registered.
 func LentWrites() (writes, open int64) { return lentWrites.Load(), openLoans.Load() }
 
-// LentPipePiece bounds a broadcast's lent pipe pieces.
-const LentPipePiece = lentPipePiece
+// NetPiece bounds the pipes' piece where some peer is behind a network.
+const NetPiece = netPiece
 
 // LentPipes counts the pieces sent by lent pipes (tcp).
 func LentPipes() int64 { return lentPipes.Load() }

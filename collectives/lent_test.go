@@ -72,8 +72,8 @@ func TestLentOverTCP(t *testing.T) {
 // back to back on one set of communicators (the pipes' counters carry from
 // call to call), beside staged calls of the same pipes (the ring
 // all-reduce); pieces are counted, and every loan is taken back once the
-// streams are done. With a buffer whose pipe piece is larger than
-// lentPipePiece, the lent pipes' own pieces (odd ends too).
+// streams are done. With a buffer whose slot is larger than netPiece,
+// the network's pieces (odd ends too).
 func TestLentPipesOverTCP(t *testing.T) {
 	for _, n := range []int{2, 3, 4} {
 		t.Run(fmt.Sprintf("ranks=%d", n), func(t *testing.T) {
@@ -94,15 +94,15 @@ func TestLentPipesOverTCP(t *testing.T) {
 					}
 				}
 			}
-			// A buffer whose pipe piece is larger than a lent pipe's:
-			// the lent pipes' own pieces, and odd ends.
+			// A buffer whose slot is larger than the network's piece:
+			// pieces of netPiece, and odd ends.
 			big := hcommtest.Options{Config: &hcomm.Config{BufferSize: 8 << 20}}.New(t, n, hcommtest.TCP)
-			if p := collectives.PieceBytes(big[0]); p <= collectives.LentPipePiece {
-				t.Fatalf("an 8 MiB buffer's piece is %d bytes, not more than a lent pipe's %d", p, collectives.LentPipePiece)
+			if p := collectives.PieceBytes(big[0]); p <= collectives.NetPiece {
+				t.Fatalf("an 8 MiB buffer's slot is %d bytes, not more than the network's piece %d", p, collectives.NetPiece)
 			}
 			for _, m := range []matrixCase{
-				{dt: hcomm.Int8, op: hcomm.Sum, count: 2*collectives.LentPipePiece + 7, root: n - 1, inline: 1 << 40},
-				{dt: hcomm.Float64, op: hcomm.Sum, count: (4*collectives.LentPipePiece + 24) / 8, root: 0, inline: 1 << 40},
+				{dt: hcomm.Int8, op: hcomm.Sum, count: 2*collectives.NetPiece + 7, root: n - 1, inline: 1 << 40},
+				{dt: hcomm.Float64, op: hcomm.Sum, count: (4*collectives.NetPiece + 24) / 8, root: 0, inline: 1 << 40},
 			} {
 				for _, algo := range []collectives.Algorithm{collectives.AlgoTree, collectives.AlgoRing, collectives.AlgoAuto} {
 					broadcastRaw(t, big, m, algo)

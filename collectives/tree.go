@@ -46,7 +46,7 @@ func broadcastTree(sc *sched, buf device.Ptr, bytes int64, root int, ln *loan) {
 	v := mod(me-root, n)
 	real := func(u int) int { return (u + root) % n }
 	kids := treeChildren(v, n)
-	per := broadcastPiece(sc, ln)
+	per := sc.piece()
 	for lo := int64(0); lo < bytes; lo += per {
 		m := min(per, bytes-lo)
 		if v == 0 {

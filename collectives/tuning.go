@@ -74,6 +74,9 @@ var tuning = []tuneRow{
 	// 4.18 against 3.65).
 	{k: kAllReduce, class: linkMapped, minRanks: 2, maxRanks: 2, upTo: hdMax, algo: AlgoHD, measured: "sitting 5, AllReduce 2 ranks"},
 	{k: kAllReduce, class: linkMapped, minRanks: 2, algo: AlgoRing, measured: "sitting 5, AllReduce"},
+	// Over tcp, 2 ranks up to 1 MiB: each half whole, one write each
+	// way, rather than netPiece's pieces.
+	{k: kAllReduce, class: linkNetwork, minRanks: 2, maxRanks: 2, upTo: 1 << 20, algo: AlgoHD, piece: 512 << 10, measured: "stop 21, AllReduce tcp 2 ranks, 1 MiB: busbw 2.94–3.03 in 512 KiB pieces, 2.75–2.92 in 256 KiB (4 MiB: 256 KiB ahead, netPiece)"},
 	{k: kAllReduce, class: linkNetwork, minRanks: 2, maxRanks: 2, upTo: hdMax, algo: AlgoHD, measured: "stop 12, AllReduce tcp 2 ranks: hd 0.33 / 0.42 / 0.31, ring 0.21 / 0.38 / 0.28 at 256 KiB / 1 MiB / 4 MiB"},
 	{k: kAllReduce, class: linkNetwork, minRanks: 2, algo: AlgoRing, measured: "sitting 5, AllReduce 4 ranks (mapped figures; not re-measured over tcp)"},
 
@@ -128,7 +131,8 @@ func tunedAlgo(k kind, bytes int64, n int, mapped bool) (Algorithm, bool) {
 
 // pieceFor returns the pipeline piece, in bytes, for a call of collective k
 // running algo on bytes per rank among n ranks: the first matching row's
-// piece for that algorithm, bounded by the layout's slot, or the slot. The
+// piece for that algorithm, bounded by the layout's slot, or the slot
+// (where some peer is behind a network, at most netPiece). The
 // result is a multiple of 64 bytes (every element size divides it), and at
 // least 64. AlltoAllV's bytes per rank differ between ranks, so its piece
 // does not depend on them: only rows without a size bound apply to it.
@@ -147,8 +151,25 @@ func pieceFor(k kind, algo Algorithm, bytes int64, n int, mapped bool, slot int6
 		}
 		return max(64, min(slot, r.piece)&^63)
 	}
+	if !mapped {
+		return min(slot, netPiece)
+	}
 	return slot
 }
+
+// netPiece bounds the pipes' piece where some peer is behind a network
+// (tcp). Interleaved with the 512 KiB slot's piece over tcp (Intel Xeon,
+// stop 21): 4 processes 64 MiB all-reduce 93.9–94.5 ms against 77.1–82.3
+// in 256 KiB pieces, all-to-all 57.6–58.6 against 41.9–44.2, all-gather
+// 45.6–51.5 against 42.7–42.9; 4 MiB all-reduce 6.10–6.66 ms against
+// 4.61–4.99, reduce-scatter 2.58–3.08 against 2.28–2.60, all-gather
+// 2.99–3.12 against 2.57–2.58; 2 processes 4 MiB all-reduce 1.85–1.97
+// against 1.59–1.74, 64 MiB 35.3–38.2 against 31.6–31.7; 1 MiB alike
+// either way. 128 KiB pieces measured between the two. The broadcast's
+// lent pipes (broadcast.go) alike: 2 processes 1 MiB 273 µs in 512 KiB
+// pieces against 183–199, 4 processes 4 MiB 2.09–2.89 ms against
+// 1.60–2.13.
+const netPiece = 256 << 10
 
 // pieceOverride, when positive, replaces every row's piece and the slot's
 // default (bounded by the slot all the same): BenchmarkTuning sweeps piece

@@ -89,7 +89,9 @@ func TestChooseReadsTable(t *testing.T) {
 }
 
 // TestPieceFor: a row's piece is bounded by the slot and rounded to 64
-// bytes, applies only to its algorithm, and the override wins.
+// bytes, applies only to its algorithm, and the override wins; without a
+// row, a network's piece is netPiece (or the slot, when smaller), memory's
+// the slot.
 func TestPieceFor(t *testing.T) {
 	saved := tuning
 	defer func() { tuning = saved }()
@@ -107,7 +109,9 @@ func TestPieceFor(t *testing.T) {
 		{AlgoRing, 1 << 20, false, 512 << 10, 100 << 10},
 		{AlgoRing, 1<<20 + 1, false, 512 << 10, 512 << 10}, // bounded by the slot
 		{AlgoRing, 1<<20 + 1, false, 8 << 20, 4 << 20},
-		{AlgoTree, 1 << 20, false, 512 << 10, 512 << 10}, // another algorithm: the slot
+		{AlgoTree, 1 << 20, false, 512 << 10, netPiece},  // another algorithm over a network: netPiece
+		{AlgoTree, 1 << 20, false, 128 << 10, 128 << 10}, // netPiece bounded by the slot
+		{AlgoTree, 1 << 20, true, 512 << 10, 512 << 10},  // another algorithm, mapped: the slot
 		{AlgoRing, 1 << 20, true, 512 << 10, 512 << 10},  // another class: the slot
 		{AlgoRing, 1 << 20, false, 1000, 960},            // rounded down to 64
 	}
