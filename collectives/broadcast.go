@@ -153,10 +153,7 @@ func broadcastWindow(sc *sched, w *Window, off int64, buf device.Ptr, bytes int6
 // processes 1 MiB 276–326 µs staged, 159–259 lent; 4 processes 1 MiB
 // 758–1043 against 740–807, 4 MiB 2.77–3.34 ms against 2.32–2.58; 64 KiB
 // alike. Otherwise, or above helloFullMax ranks (the butterfly's handshake
-// carries no loan), the plain handshake and no loan. (The ring
-// all-reduce's all-gather by lent pipes measured no faster than staged,
-// 2 and 4 processes, 1 and 64 MiB: the receiver's copies there overlap
-// the senders' socket work.)
+// carries no loan), the plain handshake and no loan.
 func openBroadcast(sc *sched, h header, algo Algorithm, buf device.Ptr, bytes int64, root int) *loan {
 	if sc.st.comm.Rank() == root {
 		bytes = 0

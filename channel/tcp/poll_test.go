@@ -3,6 +3,7 @@ package tcp
 import (
 	"context"
 	"errors"
+	"net"
 	"runtime"
 	"strings"
 	"sync"
@@ -30,36 +31,51 @@ func steady(trs ...channel.Transport) {
 	}
 }
 
-func TestPollReceivesAFrameSentInPieces(t *testing.T) {
-	rp := connectRaw(t, Options{Spin: 10 * time.Second})
-	steady(rp.c1.Transport)
-	mine := rp.r1.bytes(t)
-	clear(mine)
+// trickle writes wire to nc in pieces of at most n bytes, pausing after
+// each.
+func trickle(t *testing.T, nc net.Conn, wire []byte, n int, pause time.Duration) {
+	t.Helper()
+	for len(wire) > 0 {
+		k := min(n, len(wire))
+		if _, err := nc.Write(wire[:k]); err != nil {
+			t.Fatal(err)
+		}
+		wire = wire[k:]
+		time.Sleep(pause)
+	}
+}
+
+// writeThenNotify is the bytes a peer with one socket sends for a WRITE of
+// payload at addr and the NOTIFY of notify idx after it (its ordering
+// vector counting the write).
+func writeThenNotify(addr uint64, payload []byte, idx uint64) []byte {
 	var wire []byte
 	for _, f := range []struct {
 		t       frameType
 		id, adr uint64
 		payload []byte
 	}{
-		{frameWrite, 0, uint64(rp.r1.buf.Addr) + 64, []byte("split across many reads")},
-		{frameNotify, 1, 0, []byte{0, 0, 0, 0, 0, 0, 0, 1}},
+		{frameWrite, 0, addr, payload},
+		{frameNotify, idx, 0, []byte{0, 0, 0, 0, 0, 0, 0, 1}},
 	} {
 		h := make(header, headerLen)
 		h.encode(f.t, 0, 0, uint32(len(f.payload)), f.id, f.adr, 0)
 		wire = append(append(wire, h...), f.payload...)
 	}
+	return wire
+}
+
+func TestPollReceivesAFrameSentInPieces(t *testing.T) {
+	rp := connectRaw(t, Options{Spin: 10 * time.Second})
+	steady(rp.c1.Transport)
+	mine := rp.r1.bytes(t)
+	clear(mine)
+	wire := writeThenNotify(uint64(rp.r1.buf.Addr)+64, []byte("split across many reads"), 1)
 	got := make(chan bool, 1)
 	go func() { got <- pollFor(rp.c1.Transport, rp.c1, 1, nil) }()
 	// Pieces of 5 bytes with pauses: headers and payloads are cut, and
 	// every holder of the receive token finds a frame begun by the last.
-	for len(wire) > 0 {
-		k := min(5, len(wire))
-		if _, err := rp.nc.Write(wire[:k]); err != nil {
-			t.Fatal(err)
-		}
-		wire = wire[k:]
-		time.Sleep(300 * time.Microsecond)
-	}
+	trickle(t, rp.nc, wire, 5, 300*time.Microsecond)
 	select {
 	case ok := <-got:
 		if !ok {
@@ -87,36 +103,22 @@ func TestPollSpinCountsFromTheLastBytes(t *testing.T) {
 	for i := range payload {
 		payload[i] = byte(i%251 + 1)
 	}
-	var wire []byte
-	for _, f := range []struct {
-		t       frameType
-		id, adr uint64
-		payload []byte
-	}{
-		{frameWrite, 0, uint64(rp.r1.buf.Addr), payload},
-		{frameNotify, 0, 0, []byte{0, 0, 0, 0, 0, 0, 0, 1}},
-	} {
-		h := make(header, headerLen)
-		h.encode(f.t, 0, 0, uint32(len(f.payload)), f.id, f.adr, 0)
-		wire = append(append(wire, h...), f.payload...)
-	}
+	wire := writeThenNotify(uint64(rp.r1.buf.Addr), payload, 0)
 	got := make(chan bool, 1)
 	start := time.Now()
-	go func() { got <- pollFor(rp.c1.Transport, rp.c1, 0, nil) }()
+	var took time.Duration
+	go func() {
+		ok := pollFor(rp.c1.Transport, rp.c1, 0, nil)
+		took = time.Since(start)
+		got <- ok
+	}()
 	// 16 bytes a millisecond or so: 500 pieces, at least 10 spins' worth
 	// in all, each pause far shorter than one.
-	for len(wire) > 0 {
-		k := min(16, len(wire))
-		if _, err := rp.nc.Write(wire[:k]); err != nil {
-			t.Fatal(err)
-		}
-		wire = wire[k:]
-		time.Sleep(time.Millisecond)
-	}
+	trickle(t, rp.nc, wire, 16, time.Millisecond)
 	select {
 	case ok := <-got:
 		if !ok {
-			t.Fatalf("Poll gave up after %v, while the message was still arriving (spin %v)", time.Since(start), spinFor)
+			t.Fatalf("Poll gave up after %v, while the message was still arriving (spin %v, the message %v)", took, spinFor, time.Since(start))
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("Poll did not return")
