@@ -53,6 +53,44 @@ func TestPollingWaitEndsOnTimeoutAndAbort(t *testing.T) {
 	if took := time.Since(start); !errors.Is(err, hcomm.ErrTimeout) || took > 500*time.Millisecond {
 		t.Fatalf("a wait with timeout %v under a 1s spin: %v after %v", timeout, err, took)
 	}
+	// Bytes that keep arriving, none of them the record waited for, do
+	// not stretch the timeout: the poll takes its part and the sleep the
+	// rest (the poll alone would last as long as the bytes come).
+	buf, _, err := comms[0].GetHcclBuffer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := comms[1].Device().Malloc(1024)
+	if err != nil {
+		t.Fatal(err)
+	}
+	quit, wrote := make(chan struct{}), make(chan error, 1)
+	go func() {
+		for {
+			select {
+			case <-quit:
+				wrote <- nil
+				return
+			default:
+			}
+			if err := hcomm.WriteNbi(nil, chs[1], buf, src, 1024); err != nil {
+				wrote <- err
+				return
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}()
+	const streamed = 300 * time.Millisecond
+	start = time.Now()
+	err = hcomm.ChannelNotifyWait(nil, chs[0], 0, streamed)
+	took := time.Since(start)
+	close(quit)
+	if werr := <-wrote; werr != nil {
+		t.Fatal(werr)
+	}
+	if !errors.Is(err, hcomm.ErrTimeout) || took > streamed+streamed/2 {
+		t.Fatalf("a wait with timeout %v while the peer kept writing: %v after %v", streamed, err, took)
+	}
 	hcomm.ChannelNotifyWaitOnThread(ths[0], chs[0], 1, 0)
 	done := make(chan error, 1)
 	go func() { done <- ths[0].Stream().SynchronizeWithTimeout(30 * time.Second) }()

@@ -50,8 +50,16 @@ func (c *Comm) awaitNotify(op string, ch *Channel, idx int, n *notify.Notify, ti
 	var err error
 	// A transport whose waiters can receive for themselves (tcp) polls
 	// first; its records would otherwise come through the network poller.
-	if p, ok := ch.tr.(channel.Poller); !ok || !p.Poll(stop, timeout, n.TryReset) {
+	// The poll takes its part of the timeout (it may last while bytes keep
+	// arriving), and the sleep the rest.
+	if p, ok := ch.tr.(channel.Poller); !ok {
 		err = c.waitReporting(n, timeout, stop, tag)
+	} else if polled := time.Now(); !p.Poll(stop, timeout, n.TryReset) {
+		rest := timeout
+		if timeout > 0 {
+			rest = max(timeout-time.Since(polled), time.Nanosecond)
+		}
+		err = c.waitReporting(n, rest, stop, tag)
 	}
 	if clk, ok := ch.tr.(channel.Clocked); ok && err == nil {
 		clk.NotifyWaited(idx) // the simulator's virtual clock (channel/sim)

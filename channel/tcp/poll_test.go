@@ -131,6 +131,24 @@ func TestPollSpinCountsFromTheLastBytes(t *testing.T) {
 			t.Fatalf("byte %d is %d, want %d", i, b, payload[i])
 		}
 	}
+
+	// The caller's limit (a wait's timeout) still counts from the start:
+	// bytes that keep coming do not stretch it.
+	wire = writeThenNotify(uint64(rp.r1.buf.Addr), payload, 0)
+	const limit = 50 * time.Millisecond
+	start = time.Now()
+	go func() {
+		ok := rp.c1.Transport.(channel.Poller).Poll(nil, limit, rp.c1.Notifies[0].TryReset)
+		took = time.Since(start)
+		got <- ok
+	}()
+	trickle(t, rp.nc, wire, 16, time.Millisecond)
+	if ok := <-got; ok || took > limit+spinFor/2 {
+		t.Fatalf("Poll limited to %v over a message arriving for %v: reported %v after %v", limit, time.Since(start), ok, took)
+	}
+	if !pollFor(rp.c1.Transport, rp.c1, 0, nil) {
+		t.Fatal("the record of the second message never came")
+	}
 }
 
 // TestPollTwoWaitersOneChannel has two threads of each rank wait on one
