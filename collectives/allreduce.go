@@ -224,6 +224,10 @@ func issueWindowed(c *hcomm.Comm, name string, k kind, s *device.Stream, o *Opti
 	sc.afterSmall = st.lastStream == s && st.lastSmall
 	st.lastSmall = algo == AlgoOneShot // a schedule that is one hello
 	st.seq++
+	if st.helloPoll >= 0 { // HCOMM_HELLO_POLL=off: nothing runs in the caller
+		t.SetEager(sc.pollFor(), eagerMax)
+		defer t.SetEager(0, 0)
+	}
 	if err := body(sc, algo); err != nil {
 		return err
 	}

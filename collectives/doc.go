@@ -46,6 +46,16 @@
 // schedule on the wire, so whether a call takes it is each rank's own
 // business; HCOMM_LANE=0 turns it off.
 //
+// On an idle stream the hello runs in the calling goroutine
+// (device.Stream.RunInline) and polls for the peers' for a few
+// microseconds (HCOMM_HELLO_POLL). While the schedule is issued its thread
+// is eager (hcomm.Thread's SetEager): as long as the stream stays idle, the
+// steps that cannot block, up to eagerMax (16 KiB) — copies, reductions,
+// and over mapped memory writes, reads and records — run in the caller as the
+// stream's next task, and a wait polls there for the same bound before it
+// is queued. A small all-gather, broadcast or all-to-all between ranks of
+// one process is then done when its call returns, no goroutine woken.
+//
 // Above helloFullMax (8) ranks a hello to every peer costs each rank 2(n-1)
 // messages per collective; there every collective opens with the butterfly
 // instead (butterfly.go): log2(n) rounds in which each rank trades hellos

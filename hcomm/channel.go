@@ -71,6 +71,14 @@ func (ch *Channel) Protocol() Protocol { return ch.proto }
 // or "tcp" (see transport.go for how it is chosen).
 func (ch *Channel) Transport() string { return ch.tr.Name() }
 
+// quick reports whether ch's writes, reads and records are stores into and
+// loads from mapped memory (inproc, shm), which never wait for the peer:
+// an eager thread runs them in the calling goroutine (Thread.LaunchNow).
+func (ch *Channel) quick() bool {
+	tr := ch.tr.Name()
+	return tr == TransportInproc || tr == TransportShm
+}
+
 // Flagged reports whether ch's transport stores flagged words into the
 // peer's memory (channel.FlagWriter: inproc and shm), so that
 // WriteFlaggedNbi works on it. Safe for concurrent use.

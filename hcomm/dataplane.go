@@ -154,12 +154,25 @@ func (c *Comm) localNotify(op string, ch *Channel, idx int) (*notify.Notify, err
 
 // launch enqueues fn on t, wrapping its error with the communicator's context.
 func (c *Comm) launch(op string, peer int, t *Thread, fn func(stop <-chan struct{}) error) error {
-	err := t.Launch(op, func(stop <-chan struct{}) error {
+	return c.launchAs(op, peer, t, false, 0, fn)
+}
+
+// launchAs is launch; now says that fn cannot block and moves n bytes
+// (Thread.LaunchNow: it runs in the calling goroutine when the thread is
+// eager and idle).
+func (c *Comm) launchAs(op string, peer int, t *Thread, now bool, n int64, fn func(stop <-chan struct{}) error) error {
+	body := func(stop <-chan struct{}) error {
 		if err := fn(stop); err != nil {
 			return c.taskFailed(op, peer, err) // metrics.go: wraps, counts, logs
 		}
 		return nil
-	})
+	}
+	var err error
+	if now {
+		err = t.LaunchNow(op, n, body)
+	} else {
+		err = t.Launch(op, body)
+	}
 	if err != nil {
 		return c.errorf(op, peer, ResultOf(err), err, "")
 	}

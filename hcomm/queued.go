@@ -35,7 +35,7 @@ func readOnThread(op string, t *Thread, ch *Channel, dst, src device.Ptr, n int6
 	if err != nil {
 		return err
 	}
-	return c.launch(op, ch.RemoteRank(), t, body)
+	return c.launchAs(op, ch.RemoteRank(), t, ch.quick(), n, body)
 }
 
 // WriteReduceOnThread enqueues peer[dst] = peer[dst] op local[src] over count
@@ -100,7 +100,7 @@ func reduceOnThread(op, dir string, t *Thread, ch *Channel, dst, src device.Ptr,
 	if err != nil {
 		return err
 	}
-	return c.launch(op, ch.RemoteRank(), t, body)
+	return c.launchAs(op, ch.RemoteRank(), t, ch.quick(), count*int64(dt.Size()), body)
 }
 
 // ChannelNotifyRecordOnThread enqueues a record of the peer's notify
@@ -115,7 +115,7 @@ func ChannelNotifyRecordOnThread(t *Thread, ch *Channel, remoteIdx int) error {
 	if err != nil {
 		return err
 	}
-	return c.launch(op, ch.RemoteRank(), t, body)
+	return c.launchAs(op, ch.RemoteRank(), t, ch.quick(), 0, body)
 }
 
 // ChannelNotifyWaitOnThread enqueues a wait for local notify localIdx of ch,
@@ -282,7 +282,7 @@ func LocalCopyOnThread(t *Thread, dst, src device.Ptr, n int64) error {
 		}
 	}
 	c, _ := t.Owner().(*Comm)
-	return t.Launch("LocalCopyOnThread", func(<-chan struct{}) error {
+	return t.LaunchNow("LocalCopyOnThread", n, func(<-chan struct{}) error {
 		c.chargeLocal(n) // the simulator's clock (custom.go)
 		d, err := dev.Bytes(dst, n)
 		if err != nil {
@@ -338,7 +338,7 @@ func localReduce(op string, t *Thread, dst, a, b device.Ptr, count int64, dt Dat
 		}
 	}
 	c, _ := t.Owner().(*Comm)
-	return t.Launch(op, func(<-chan struct{}) error {
+	return t.LaunchNow(op, n, func(<-chan struct{}) error {
 		c.chargeLocal(n) // the simulator's clock (custom.go)
 		d, err := dev.Bytes(dst, n)
 		if err != nil {
@@ -384,5 +384,5 @@ func writeOnThread(op string, t *Thread, ch *Channel, dst, src device.Ptr, n int
 	if err != nil {
 		return err
 	}
-	return c.launch(op, ch.RemoteRank(), t, body)
+	return c.launchAs(op, ch.RemoteRank(), t, ch.quick(), n, body)
 }

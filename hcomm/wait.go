@@ -13,6 +13,7 @@ import (
 	"github.com/hcomm-dev/hcomm/channel"
 	"github.com/hcomm-dev/hcomm/device"
 	"github.com/hcomm-dev/hcomm/internal/bootstrap"
+	"github.com/hcomm-dev/hcomm/internal/spin"
 	"github.com/hcomm-dev/hcomm/notify"
 )
 
@@ -30,11 +31,40 @@ const slowWait = time.Second
 // reset it) within timeout (0: forever), timed for the metrics, and on
 // failure an error naming the notify, the channel and the collective the
 // thread was issuing.
+//
+// On a channel of mapped memory (inproc, shm) an eager thread polls for the
+// record in the calling goroutine first (Thread.LaunchPoll); a record found
+// so counts in the metrics as a wait that took no time, as
+// ChannelNotifyTryWait's does.
 func (c *Comm) launchWait(op string, t *Thread, ch *Channel, idx int, n *notify.Notify, timeout time.Duration) error {
 	tag := c.opOf(t)
-	return c.launch(op, ch.RemoteRank(), t, func(stop <-chan struct{}) error {
+	wait := func(stop <-chan struct{}) error {
 		return c.awaitNotify(op, ch, idx, n, timeout, tag, stop)
-	})
+	}
+	if !ch.quick() {
+		return c.launch(op, ch.RemoteRank(), t, wait)
+	}
+	poll := func(d time.Duration) bool {
+		var found bool
+		if ch.tr.Name() == TransportInproc {
+			found = spin.Until(d, n.TryReset)
+		} else { // the peer may be waiting for this core: yield it between polls
+			found = spin.UntilYield(d, n.TryReset)
+		}
+		if found && c.cfg.metrics != nil {
+			c.cfg.metrics.ObserveWait(ch.tr.Name(), 0)
+		}
+		return found
+	}
+	if err := t.LaunchPoll(op, poll, func(stop <-chan struct{}) error {
+		if err := wait(stop); err != nil {
+			return c.taskFailed(op, ch.RemoteRank(), err)
+		}
+		return nil
+	}); err != nil {
+		return c.errorf(op, ch.RemoteRank(), ResultOf(err), err, "")
+	}
+	return nil
 }
 
 // awaitNotify is the body of a channel notify wait, queued (launchWait) or

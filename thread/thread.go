@@ -28,6 +28,8 @@ type Thread struct {
 	notifies []*notify.Notify
 	owner    any // set once, before the thread is shared (SetOwner)
 	freed    atomic.Bool
+	eager    atomic.Int64 // SetEager's poll bound in nanoseconds; 0: off
+	most     atomic.Int64 // SetEager's bound on the bytes of a task run now
 
 	bmu   sync.Mutex
 	batch *batch // the open batch (BeginBatch), or nil
@@ -122,6 +124,95 @@ func (t *Thread) Launch(name string, fn func(stop <-chan struct{}) error) error 
 	}
 	t.bmu.Unlock()
 	return t.stream.Launch(name, fn)
+}
+
+// Eager issuing. A task enqueued on an idle stream is run by the stream's
+// goroutine, which the enqueue must wake: a hand-off between goroutines
+// that costs a microsecond or more, several per call when a schedule is a
+// chain of short tasks, and far more when goroutines outnumber processors.
+// While a thread is eager (SetEager), a task that cannot block — a copy, a
+// reduction, a write into mapped memory, a record — runs in the calling
+// goroutine instead whenever the stream is idle (LaunchNow), and a wait
+// first polls there for up to the eager bound (LaunchPoll). A task run so
+// is a stream task like any other (device.Stream.RunInline): stream order,
+// events, Query and Synchronize see no difference, and a failure is the
+// stream's, reported by its Synchronize, as a queued task's would be. Once
+// the stream is busy (a wait that polled in vain, and everything behind
+// it) the calls enqueue as Launch does. Eagerness only moves work from the
+// stream's goroutine to the caller's, never earlier than the stream would
+// have run it: an eager call may take longer to return, by the task's
+// work or the bound, and the work is done when it returns.
+
+// SetEager turns eager issuing on with poll as the bound of a wait's poll
+// in the calling goroutine and most as the bytes a task run now may move
+// (a larger one is enqueued: the caller would otherwise work where the
+// stream's goroutine could, beside it), or off (poll <= 0). A caller
+// issuing a chain of short tasks that it, or its peers, will wait for
+// anyway sets it around the chain (the collectives do, for a call among
+// ranks that share memory). Safe for concurrent use.
+func (t *Thread) SetEager(poll time.Duration, most int64) {
+	t.most.Store(most)
+	t.eager.Store(int64(max(poll, 0)))
+}
+
+// eagerNow reports the eager bound when a task may run inline now: the
+// thread is eager, not freed, and no batch is open.
+func (t *Thread) eagerNow() time.Duration {
+	d := time.Duration(t.eager.Load())
+	if d <= 0 || t.freed.Load() || t.Batching() {
+		return 0
+	}
+	return d
+}
+
+// LaunchNow is Launch for a task that runs to its end without waiting for
+// another goroutine or process, moving n bytes: while the thread is eager,
+// n is within its bound and the stream idle, fn runs now in the calling
+// goroutine, as the stream's next task; otherwise it is enqueued. A
+// failure of fn run now is the stream's, as a queued task's would be:
+// LaunchNow returns nil for it.
+func (t *Thread) LaunchNow(name string, n int64, fn func(stop <-chan struct{}) error) error {
+	if t.eagerNow() > 0 && n <= t.most.Load() {
+		if ran, err := t.stream.RunInline(name, fn); ran || err != nil {
+			if !ran {
+				return fmt.Errorf("thread: %s: %s: %w", t.name, name, err)
+			}
+			return nil
+		}
+	}
+	return t.Launch(name, fn)
+}
+
+// LaunchPoll is Launch for a wait, fn, whose condition poll tests (and
+// takes, when it holds: a notify's record) for up to the bound it is given:
+// while the thread is eager and its stream idle, poll runs now in the
+// calling goroutine, as the stream's next task, for up to the eager bound,
+// and when it succeeds the wait is over and nothing is enqueued; otherwise
+// fn is enqueued, as Launch does.
+func (t *Thread) LaunchPoll(name string, poll func(d time.Duration) bool, fn func(stop <-chan struct{}) error) error {
+	if d := t.eagerNow(); d > 0 {
+		p := eagerPoll{poll: poll, d: d}
+		ran, err := t.stream.RunInline(name, p.run)
+		if !ran && err != nil {
+			return fmt.Errorf("thread: %s: %s: %w", t.name, name, err)
+		}
+		if p.found {
+			return nil
+		}
+	}
+	return t.Launch(name, fn)
+}
+
+// eagerPoll is LaunchPoll's inline task.
+type eagerPoll struct {
+	poll  func(d time.Duration) bool
+	d     time.Duration
+	found bool
+}
+
+func (p *eagerPoll) run(<-chan struct{}) error {
+	p.found = p.poll(p.d)
+	return nil
 }
 
 // BeginBatch opens a batch on the thread (HcommBatchModeStart): until
