@@ -41,7 +41,7 @@ func (c *Comm) launchWait(op string, t *Thread, ch *Channel, idx int, n *notify.
 	wait := func(stop <-chan struct{}) error {
 		return c.awaitNotify(op, ch, idx, n, timeout, tag, stop)
 	}
-	if !ch.quick() {
+	if !ch.quick() || !t.Eager() {
 		return c.launch(op, ch.RemoteRank(), t, wait)
 	}
 	poll := func(d time.Duration) bool {

@@ -165,6 +165,11 @@ func (t *Thread) eagerNow() time.Duration {
 	return d
 }
 
+// Eager reports whether a LaunchNow or LaunchPoll would run in the calling
+// goroutine now: the thread is eager and its stream idle. A snapshot, for a
+// caller that would otherwise prepare the inline form for nothing.
+func (t *Thread) Eager() bool { return t.eagerNow() > 0 && t.stream.Pending() == 0 }
+
 // LaunchNow is Launch for a task that runs to its end without waiting for
 // another goroutine or process, moving n bytes: while the thread is eager,
 // n is within its bound and the stream idle, fn runs now in the calling
