@@ -115,15 +115,14 @@ func allGather(c *hcomm.Comm, name string, h header, send device.Ptr, sendCount 
 			// The input goes from send straight into every peer's hello
 			// slot or line (the same payload for each: blockOf), not
 			// through this rank's own slot first: a copy less per call.
-			x := &helloCall{}
-			x.bind()
+			x := helloPool.Get().(*helloCall)
 			x.blockOf = func(int) device.Ptr { return send }
-			at := sc.helloWith(x, h, sc.others(), send, sendCount*es, nil, nil)
+			hs := sc.helloWith(x, h, sc.others(), send, sendCount*es, nil, nil)
 			for p := 0; p < c.Size(); p++ {
 				if p == me {
 					sc.copy(out(p), send, sendCount*es)
 				} else {
-					sc.copy(out(p), at(p), counts[p]*es)
+					sc.copy(out(p), hs.at(p), counts[p]*es)
 				}
 			}
 		case AlgoRD:

@@ -169,8 +169,7 @@ func alltoall(c *hcomm.Comm, name string, h header, send device.Ptr, sc_, sd []i
 func alltoAllOneShot(sc *sched, h header, send, recv device.Ptr, block int64) {
 	h.algo = AlgoOneShot
 	me, n := sc.st.comm.Rank(), sc.st.comm.Size()
-	x := &helloCall{}
-	x.bind()
+	x := helloPool.Get().(*helloCall)
 	x.blockOf = func(p int) device.Ptr { return send.Add(int64(p) * block) }
 	sc.helloWith(x, h, sc.others(), 0, block, nil, func(x *helloCall) error {
 		if block == 0 {

@@ -87,9 +87,9 @@ func broadcastOneShot(sc *sched, h header, buf device.Ptr, bytes int64, root int
 	if me == root {
 		inline = bytes
 	}
-	at := sc.hello(h, sc.others(), buf, inline, nil)
+	hs := sc.hello(h, sc.others(), buf, inline, nil)
 	if me != root {
-		sc.copy(buf, at(root), bytes)
+		sc.copy(buf, hs.at(root), bytes)
 	}
 }
 

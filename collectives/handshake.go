@@ -213,7 +213,7 @@ func digest(xs ...[]int64) uint64 {
 // one-shot slots safe to reuse: a rank writes into a peer's hello slot of
 // parity p only after the peer has checked the hello that used it two
 // collectives ago.
-func (s *sched) hello(h header, peers []int, src device.Ptr, n int64, extra func(p int, payload []byte) error) (at func(rank int) device.Ptr) {
+func (s *sched) hello(h header, peers []int, src device.Ptr, n int64, extra func(p int, payload []byte) error) helloSlots {
 	return s.helloThen(h, peers, src, n, extra, nil)
 }
 
@@ -221,15 +221,14 @@ func (s *sched) hello(h header, peers []int, src device.Ptr, n int64, extra func
 // check, once the check has passed: a schedule puts its first local step
 // there (the one-shot all-reduce its reduction), so that the check costs no
 // task of its own.
-func (s *sched) helloThen(h header, peers []int, src device.Ptr, n int64, extra func(p int, payload []byte) error, then func(x *helloCall) error) (at func(rank int) device.Ptr) {
-	x := &helloCall{}
-	x.bind()
-	return s.helloWith(x, h, peers, src, n, extra, then)
+func (s *sched) helloThen(h header, peers []int, src device.Ptr, n int64, extra func(p int, payload []byte) error, then func(x *helloCall) error) helloSlots {
+	return s.helloWith(helloPool.Get().(*helloCall), h, peers, src, n, extra, then)
 }
 
-// helloPool recycles the helloCalls of the one-shot all-reduce, whose only
-// user is the hello's own task (it keeps neither at nor x): a small
-// all-reduce then allocates almost nothing.
+// helloPool recycles the helloCalls: a hello's only user is its own task
+// (the call's schedule keeps the helloSlots, which hold nothing of it, and a
+// then or extra gets x from the task), so that a small collective allocates
+// almost nothing for its handshake.
 var helloPool sync.Pool
 
 func init() {
@@ -245,26 +244,27 @@ func (x *helloCall) release() {
 	if !x.pooled {
 		return
 	}
-	atFn, runFn, firstFn, restFn := x.atFn, x.runFn, x.firstFn, x.restFn
-	*x = helloCall{pooled: true, atFn: atFn, runFn: runFn, firstFn: firstFn, restFn: restFn}
+	runFn, firstFn, restFn := x.runFn, x.firstFn, x.restFn
+	*x = helloCall{pooled: true, runFn: runFn, firstFn: firstFn, restFn: restFn}
 	helloPool.Put(x)
 }
 
 // bind makes x's method values once, so that issuing a hello allocates
 // none.
 func (x *helloCall) bind() {
-	x.atFn, x.runFn, x.firstFn, x.restFn = x.at, x.run, x.first, x.rest
+	x.runFn, x.firstFn, x.restFn = x.run, x.first, x.rest
 }
 
 // helloWith is helloThen on a helloCall the caller provides (fresh, or from
 // helloPool).
-func (s *sched) helloWith(x *helloCall, h header, peers []int, src device.Ptr, n int64, extra func(p int, payload []byte) error, then func(x *helloCall) error) (at func(rank int) device.Ptr) {
+func (s *sched) helloWith(x *helloCall, h header, peers []int, src device.Ptr, n int64, extra func(p int, payload []byte) error, then func(x *helloCall) error) (at helloSlots) {
 	st := s.st
 	me := st.comm.Rank()
 	// The channels to peers met for the first time (state.go); a setup
 	// that failed leaves the hello counters as they were.
 	if s.need(peers); s.unset {
-		return x.atFn
+		x.release()
+		return helloSlots{}
 	}
 	if h.kind != kSendRecv { // point-to-point numbers its hellos per pair
 		h.seq = st.seq
@@ -294,19 +294,22 @@ func (s *sched) helloWith(x *helloCall, h header, peers []int, src device.Ptr, n
 	if n > st.lay.inline() {
 		s.do(fmt.Errorf("%v: %d bytes of inline payload, the hello slots hold %d", h.kind, n, st.lay.inline()))
 	}
-	if !s.ok() {
-		return x.atFn
+	at = helloSlots{s: s, me: int32(me), mine: x.mine}
+	if len(x.par) <= len(at.par) {
+		copy(at.par[:], x.par)
+	} else {
+		at.big = x.par // made for this call: not x's to reuse
 	}
-	if len(peers) == 0 && n == 0 && then == nil {
-		return x.atFn
+	if !s.ok() || len(peers) == 0 && n == 0 && then == nil {
+		x.release()
+		return at
 	}
 	x.check = len(peers) > 0 && !st.noCheck
 	// The whole exchange is one stream task, in which the writes, records
 	// and waits are hcomm's immediate calls: a latency-bound collective
 	// (the one-shot all-reduce) then costs about one task per rank.
 	// x belongs to the task from here on: a pooled x may be reset as soon
-	// as the task has run.
-	at = x.atFn
+	// as the task has run (at holds nothing of it).
 	s.jitter()
 	s.launchHello(x)
 	return at
@@ -569,8 +572,7 @@ type helloCall struct {
 	mine    device.Ptr
 	dev     *device.Device
 	check   bool
-	opSeq   uint64 // the collective's number from BeginOp, for wait errors
-	atFn    func(rank int) device.Ptr
+	opSeq   uint64                           // the collective's number from BeginOp, for wait errors
 	runFn   func(stop <-chan struct{}) error // x.run, made once
 	firstFn func(stop <-chan struct{}) error // x.first
 	restFn  func(stop <-chan struct{}) error // x.rest
@@ -627,12 +629,32 @@ func (x *helloCall) payload(rank int) []byte {
 	return x.slot(rank)[headerSize : headerSize+x.n]
 }
 
-// at returns where rank's inline payload lies in this rank's HCCL buffer.
-func (x *helloCall) at(rank int) device.Ptr {
-	if int32(rank) == x.h.from {
-		return x.mine.Add(headerSize)
+// helloSlots says where each rank's inline payload of one hello lies in
+// this rank's HCCL buffer (for this rank: its own copy). It is made when the
+// hello is issued and holds nothing of the helloCall, which its task may
+// recycle as soon as it has run. The zero value (a hello that was not
+// issued) gives 0.
+type helloSlots struct {
+	s    *sched
+	me   int32
+	mine device.Ptr
+	par  [helloFullMax]uint64 // the hello's parity with each rank
+	big  []uint64             // par, above helloFullMax ranks
+}
+
+// at returns where rank's inline payload lies.
+func (a helloSlots) at(rank int) device.Ptr {
+	if a.s == nil {
+		return 0
 	}
-	return x.s.mySlot(x.s.st.lay.helloOff(rank, x.par[rank])).Add(headerSize)
+	if int32(rank) == a.me {
+		return a.mine.Add(headerSize)
+	}
+	par := a.big
+	if par == nil {
+		par = a.par[:]
+	}
+	return a.s.mySlot(a.s.st.lay.helloOff(rank, par[rank])).Add(headerSize)
 }
 
 // prepare (a stream task) writes the header and inline payload into this

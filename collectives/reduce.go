@@ -36,15 +36,15 @@ func Reduce(send, recv device.Ptr, count int64, dt hcomm.DataType, op hcomm.Redu
 		switch algo {
 		case AlgoOneShot:
 			h.algo = algo
-			at := sc.hello(h, sc.others(), send, count*es, nil)
+			hs := sc.hello(h, sc.others(), send, count*es, nil)
 			switch {
 			case me != root || count == 0:
 			case n == 1:
 				sc.copy(recv, send, count*es)
 			default:
-				sc.reduceTo(recv, at(0), at(1), count, dt, op)
+				sc.reduceTo(recv, hs.at(0), hs.at(1), count, dt, op)
 				for p := 2; p < n; p++ {
-					sc.reduce(recv, at(p), count, dt, op)
+					sc.reduce(recv, hs.at(p), count, dt, op)
 				}
 			}
 		case AlgoRD:

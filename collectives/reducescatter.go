@@ -116,8 +116,7 @@ func reduceScatterOneShot(sc *sched, h header, send, recv device.Ptr, cnt int64,
 	h.algo = AlgoOneShot
 	es := int64(dt.Size())
 	me, n := sc.st.comm.Rank(), sc.st.comm.Size()
-	x := &helloCall{}
-	x.bind()
+	x := helloPool.Get().(*helloCall)
 	x.blockOf = func(p int) device.Ptr { return send.Add(displs[p] * es) }
 	sc.helloWith(x, h, sc.others(), 0, cnt*es, nil, func(x *helloCall) error {
 		if cnt == 0 {
