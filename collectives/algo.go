@@ -98,6 +98,15 @@ func (s *sched) launchStop(name string, fn func(stop <-chan struct{}) error) {
 	}
 }
 
+// launchNow is launchStop for a task that cannot block and moves n bytes:
+// on the schedule's eager thread, with its stream idle, it runs now in the
+// calling goroutine (hcomm.Thread's LaunchNow).
+func (s *sched) launchNow(name string, n int64, fn func(stop <-chan struct{}) error) {
+	if s.ok() {
+		s.do(s.t.LaunchNow(name, n, fn))
+	}
+}
+
 func (s *sched) read(peer int, dst, src device.Ptr, n int64) {
 	if s.ok() && n > 0 {
 		s.do(hcomm.ReadOnThread(s.t, s.ch(peer), dst, src, n))

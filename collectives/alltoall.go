@@ -195,8 +195,10 @@ func alltoAllOneShot(sc *sched, h header, send, recv device.Ptr, block int64) {
 }
 
 // countTable copies counts (one int64 per rank, little-endian), and then
-// extra, into this rank's scratch slot by a stream copy, for a hello to
-// carry.
+// extra, into this rank's scratch slot by a stream task (a previous call's
+// hello, still queued, may be reading the slot), for a hello to carry. On
+// an eager thread whose stream is idle the task runs now, so that the hello
+// after it may too.
 func (s *sched) countTable(counts []int64, extra ...uint64) device.Ptr {
 	p := s.mySlot(s.st.lay.scratchOff())
 	b := make([]byte, 8*(len(counts)+len(extra)))
@@ -206,8 +208,7 @@ func (s *sched) countTable(counts []int64, extra ...uint64) device.Ptr {
 	for i, v := range extra {
 		binary.LittleEndian.PutUint64(b[8*(len(counts)+i):], v)
 	}
-	if s.ok() {
-		s.do(s.t.Stream().MemcpyHtoDAsync(p, b))
-	}
+	dev := s.st.comm.Device()
+	s.launchNow("collective count table", int64(len(b)), func(<-chan struct{}) error { return dev.MemcpyHtoD(p, b) })
 	return p
 }

@@ -287,69 +287,75 @@ func TestHelloPollSetting(t *testing.T) {
 
 // A small collective whose peers call it at the same time is done when its
 // call returns: the hello polls in the caller, and the rest of the
-// schedule — the copies out of the hellos, the reads, the records, the
-// waits — runs there too while the stream is idle (Thread.SetEager), so
-// nothing is left on the stream. Without that the copies were queued, and
-// the call returned with them pending. (The poll is set long, so that a
-// rank late by a scheduling quantum, or the race detector, does not send
-// the call to the queue.)
+// schedule — the copies out of the hellos, the count table, the lent
+// reads, the records, the waits — runs there too while the stream is idle
+// (Thread.SetEager), so nothing is left on the stream. Without that the
+// copies were queued, and the call returned with them pending. The sizes
+// take the one-shot schedules (inputs in the hellos) and, at 16 KiB a rank,
+// the direct all-gather and broadcast, whose receivers read the senders'
+// buffers. (The poll is set long, so that a rank late by a scheduling
+// quantum, or the race detector, does not send the call to the queue.)
 func TestSmallCollectivesDoneInCaller(t *testing.T) {
 	t.Setenv("HCOMM_HELLO_POLL", "50ms")
 	const rounds = 30
-	const k = 100 // elements a rank contributes
 	type op struct {
 		name  string
-		issue func(c *hcomm.Comm, s *device.Stream, send, recv device.Ptr) error
-		out   func(send, recv device.Ptr) (device.Ptr, int) // where the result is, and its elements
-		want  func(i int) float32                           // its element i (rank r's input is r+1)
+		issue func(c *hcomm.Comm, s *device.Stream, send, recv device.Ptr, k int64) error
+		out   func(send, recv device.Ptr, k int) (device.Ptr, int) // where the result is, and its elements
+		want  func(i, k int) float32                               // its element i (rank r's input is r+1)
 	}
 	ops := []op{
-		{"AllGather", func(c *hcomm.Comm, s *device.Stream, send, recv device.Ptr) error {
+		{"AllGather", func(c *hcomm.Comm, s *device.Stream, send, recv device.Ptr, k int64) error {
 			return collectives.AllGather(send, recv, k, hcomm.Float32, c, s, nil)
-		}, func(_, recv device.Ptr) (device.Ptr, int) { return recv, 2 * k }, func(i int) float32 { return float32(i/k + 1) }},
-		{"Broadcast", func(c *hcomm.Comm, s *device.Stream, send, _ device.Ptr) error {
+		}, func(_, recv device.Ptr, k int) (device.Ptr, int) { return recv, 2 * k }, func(i, k int) float32 { return float32(i/k + 1) }},
+		{"Broadcast", func(c *hcomm.Comm, s *device.Stream, send, _ device.Ptr, k int64) error {
 			return collectives.Broadcast(send, k, hcomm.Float32, 1, c, s, nil)
-		}, func(send, _ device.Ptr) (device.Ptr, int) { return send, k }, func(int) float32 { return 2 }},
-		{"AlltoAll", func(c *hcomm.Comm, s *device.Stream, send, recv device.Ptr) error {
+		}, func(send, _ device.Ptr, k int) (device.Ptr, int) { return send, k }, func(int, int) float32 { return 2 }},
+		{"AlltoAll", func(c *hcomm.Comm, s *device.Stream, send, recv device.Ptr, k int64) error {
 			return collectives.AlltoAll(send, k, hcomm.Float32, recv, k, hcomm.Float32, c, s, nil)
-		}, func(_, recv device.Ptr) (device.Ptr, int) { return recv, 2 * k }, func(i int) float32 { return float32(i/k + 1) }},
-		{"ReduceScatter", func(c *hcomm.Comm, s *device.Stream, send, recv device.Ptr) error {
+		}, func(_, recv device.Ptr, k int) (device.Ptr, int) { return recv, 2 * k }, func(i, k int) float32 { return float32(i/k + 1) }},
+		{"ReduceScatter", func(c *hcomm.Comm, s *device.Stream, send, recv device.Ptr, k int64) error {
 			return collectives.ReduceScatter(send, recv, k, hcomm.Float32, hcomm.Sum, c, s, nil)
-		}, func(_, recv device.Ptr) (device.Ptr, int) { return recv, k }, func(int) float32 { return 3 }},
+		}, func(_, recv device.Ptr, k int) (device.Ptr, int) { return recv, k }, func(int, int) float32 { return 3 }},
 	}
 	for _, o := range ops {
-		t.Run(o.name, func(t *testing.T) {
-			hcommtest.Options{Config: &hcomm.Config{BufferSize: 1 << 20, Name: "eager"}}.Run(t, 2, hcommtest.Inproc, func(t testing.TB, c *hcomm.Comm) {
-				s, err := c.Device().CreateStream()
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer s.Destroy()
-				me := c.Rank()
-				send := deviceFloats(t, c, 2*k, float32(me+1))
-				recv := deviceFloats(t, c, 2*k, -1)
-				done := 0
-				for i := 0; i < rounds; i++ {
-					if err := o.issue(c, s, send, recv); err != nil {
+		for _, k := range []int{100, 4096} {
+			if k > 100 && o.name != "AllGather" && o.name != "Broadcast" {
+				continue
+			}
+			t.Run(fmt.Sprintf("%s/%d", o.name, k), func(t *testing.T) {
+				hcommtest.Options{Config: &hcomm.Config{BufferSize: 1 << 20, Name: "eager"}}.Run(t, 2, hcommtest.Inproc, func(t testing.TB, c *hcomm.Comm) {
+					s, err := c.Device().CreateStream()
+					if err != nil {
 						t.Fatal(err)
 					}
-					if s.Pending() == 0 {
-						done++
+					defer s.Destroy()
+					me := c.Rank()
+					send := deviceFloats(t, c, 2*k, float32(me+1))
+					recv := deviceFloats(t, c, 2*k, -1)
+					done := 0
+					for i := 0; i < rounds; i++ {
+						if err := o.issue(c, s, send, recv, int64(k)); err != nil {
+							t.Fatal(err)
+						}
+						if s.Pending() == 0 {
+							done++
+						}
+						if err := s.SynchronizeWithTimeout(60 * time.Second); err != nil {
+							t.Fatal(err)
+						}
 					}
-					if err := s.SynchronizeWithTimeout(60 * time.Second); err != nil {
-						t.Fatal(err)
+					if done < rounds*2/3 {
+						t.Errorf("%d of %d calls done when they returned, want most", done, rounds)
 					}
-				}
-				if done < rounds*2/3 {
-					t.Errorf("%d of %d calls done when they returned, want most", done, rounds)
-				}
-				out, count := o.out(send, recv)
-				for i, v := range readFloats(t, c, out, count) {
-					if w := o.want(i); v != w {
-						t.Fatalf("element %d is %v, want %v", i, v, w)
+					out, count := o.out(send, recv, k)
+					for i, v := range readFloats(t, c, out, count) {
+						if w := o.want(i, k); v != w {
+							t.Fatalf("element %d is %v, want %v", i, v, w)
+						}
 					}
-				}
+				})
 			})
-		})
+		}
 	}
 }
