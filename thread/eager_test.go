@@ -36,15 +36,28 @@ func where(t *testing.T, th *thread.Thread, launch func(fn func(<-chan struct{})
 	return here.Load()
 }
 
-func TestLaunchNow(t *testing.T) {
-	d, _ := device.Open(0)
-	defer d.Close()
-	ts, err := thread.Acquire(d, "eager", 1, 1)
+// newThread acquires a thread on a device of its own, both released when
+// the test ends.
+func newThread(t *testing.T) *thread.Thread {
+	t.Helper()
+	d, err := device.Open(0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	th := ts[0]
-	defer th.Free()
+	ts, err := thread.Acquire(d, "eager", 1, 1)
+	if err != nil {
+		d.Close()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ts[0].Free()
+		d.Close()
+	})
+	return ts[0]
+}
+
+func TestLaunchNow(t *testing.T) {
+	th := newThread(t)
 	now := func(n int64) func(fn func(<-chan struct{}) error) error {
 		return func(fn func(<-chan struct{}) error) error { return th.LaunchNow("now", n, fn) }
 	}
@@ -110,14 +123,7 @@ func TestLaunchNow(t *testing.T) {
 }
 
 func TestLaunchPoll(t *testing.T) {
-	d, _ := device.Open(0)
-	defer d.Close()
-	ts, err := thread.Acquire(d, "eager", 1, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	th := ts[0]
-	defer th.Free()
+	th := newThread(t)
 	th.SetEager(2*time.Millisecond, 1<<10)
 	var queued atomic.Int32
 	wait := func(<-chan struct{}) error { queued.Add(1); return nil }
