@@ -39,12 +39,12 @@
 // payload — polled in place, with a wake word for a receiver that sleeps);
 // HCOMM_LL=0 turns it off.
 //
-// A small all-reduce whose call finds everything in place takes the lane
-// (lane.go): the one-shot hello without a schedule, its writes prepared once
-// (hcomm.PrepareWriteWithNotify), its buffers checked once per allocation
-// epoch, the peers' notifies polled with a load. It is the one-shot
-// schedule on the wire, so whether a call takes it is each rank's own
-// business; HCOMM_LANE=0 turns it off.
+// A small all-reduce or all-gather whose call finds everything in place
+// takes the lane (lane.go): the one-shot hello without a schedule, its
+// writes prepared once (hcomm.PrepareWriteWithNotify), its buffers checked
+// once per allocation epoch, the peers' notifies polled with a load. It is
+// the one-shot schedule on the wire, so whether a call takes it is each
+// rank's own business; HCOMM_LANE=0 turns it off.
 //
 // On an idle stream the hello runs in the calling goroutine
 // (device.Stream.RunInline) and polls for the peers' for a few

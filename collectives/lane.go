@@ -10,7 +10,9 @@ import (
 	"github.com/hcomm-dev/hcomm/internal/spin"
 )
 
-// The small all-reduce's lane. A one-shot all-reduce is one hello: every
+// The small all-reduce's lane, which the one-shot all-gather takes too (the
+// same hello; each rank copies the inputs to their places where the
+// all-reduce reduces them). A one-shot all-reduce is one hello: every
 // rank writes its header and its input into every peer's hello slot,
 // records the peer's hello notify, waits for the peers' hellos, checks them
 // and reduces the inputs in rank order. Issued through issue, it also pays
@@ -37,12 +39,13 @@ import (
 // whose stream is busy, or whose peers do not answer within the poll bound,
 // goes on as a queued stream task exactly as a schedule's hello does.
 
-// laneCall is one all-reduce of the lane. A state keeps one (st.lane) for the
+// laneCall is one call of the lane. A state keeps one (st.lane) for the
 // calls that complete in their caller's goroutine; a call that leaves work
 // to its stream hands its laneCall to the task and the state makes another.
 type laneCall struct {
 	st    *state
 	h     header
+	name  string // the collective's, for errors
 	in    []byte // send's bytes (the host's view: the lane runs where views are the memory)
 	out   []byte // recv's
 	count int64
@@ -125,7 +128,26 @@ func newLaneCall(st *state) *laneCall {
 // whether it did; when it did not, nothing happened and the caller issues
 // the schedule. The arguments have been checked (checkArgs).
 func laneAllReduce(c *hcomm.Comm, s *device.Stream, o *Options, send, recv device.Ptr, count int64, dt hcomm.DataType, op hcomm.ReduceOp) (bool, error) {
-	const name = "AllReduce"
+	n := count * int64(dt.Size())
+	h := header{kind: kAllReduce, dt: dt, op: op, flags: flagOp, count: count, algo: AlgoOneShot}
+	return laneRun(c, s, o, "AllReduce", h, send, recv, n, n)
+}
+
+// laneAllGather is laneAllReduce for AllGather: the same hello (the
+// one-shot all-gather's: every rank's input inline in its hello to every
+// peer), and each rank copies the n inputs, its own included, to their
+// places in recv. A call whose buffers lie in a window is the schedule's
+// (it reads windows in place).
+func laneAllGather(c *hcomm.Comm, s *device.Stream, o *Options, send, recv device.Ptr, count int64, dt hcomm.DataType) (bool, error) {
+	n := count * int64(dt.Size())
+	h := header{kind: kAllGather, dt: dt, count: count, algo: AlgoOneShot}
+	return laneRun(c, s, o, "AllGather", h, send, recv, n, n*int64(c.Size()))
+}
+
+// laneRun runs the call of header h (its kind, types, count and algorithm
+// set; the lane numbers and addresses it) in the lane when it can: n bytes
+// of send inline in the hello, out bytes of recv written.
+func laneRun(c *hcomm.Comm, s *device.Stream, o *Options, name string, h header, send, recv device.Ptr, n, outN int64) (bool, error) {
 	if o != nil && (o.level || o.Algorithm != AlgoAuto && o.Algorithm != AlgoOneShot) {
 		return false, nil
 	}
@@ -133,20 +155,27 @@ func laneAllReduce(c *hcomm.Comm, s *device.Stream, o *Options, send, recv devic
 	if st == nil {
 		return false, nil // the first collective of c: issue sets up
 	}
-	n := count * int64(dt.Size())
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	if st.group == nil {
 		st.group = groupOf(c)
 	}
-	if st.group.open.Load() || !st.laneReady(s, kAllReduce, n, algoOf(o)) { // an open group issues the call at GroupEnd
+	if st.group.open.Load() || !st.laneReady(s, h.kind, n, algoOf(o)) { // an open group issues the call at GroupEnd
 		return false, nil
+	}
+	if h.kind != kAllReduce && len(st.wins) > 0 {
+		if _, _, in := st.windowOf(send, n); in {
+			return false, nil
+		}
+		if _, _, in := st.windowOf(recv, outN); in {
+			return false, nil
+		}
 	}
 	in, err := st.laneIn.get(c, name, "send", send, n)
 	if err != nil {
 		return true, err
 	}
-	out, err := st.laneOut.get(c, name, "recv", recv, n)
+	out, err := st.laneOut.get(c, name, "recv", recv, outN)
 	if err != nil {
 		return true, err
 	}
@@ -157,9 +186,9 @@ func laneAllReduce(c *hcomm.Comm, s *device.Stream, o *Options, send, recv devic
 		st.lane = x
 	}
 	st.seq++
-	x.h = header{kind: kAllReduce, dt: dt, op: op, flags: flagOp, count: count, algo: AlgoOneShot,
-		seq: st.seq, from: int32(c.Rank()), size: int32(c.Size())}
-	x.in, x.out, x.count, x.n, x.next, x.pending = in, out, count, n, 0, false
+	h.seq, h.from, h.size = st.seq, int32(c.Rank()), int32(c.Size())
+	x.h, x.name = h, name
+	x.in, x.out, x.count, x.n, x.next, x.pending = in, out, h.count, n, 0, false
 	for _, p := range st.others {
 		x.par[p] = st.hellos[p] % 2
 		x.flag[p] = st.helloFlag(p, st.hellos[p])
@@ -228,14 +257,15 @@ func noEnd() error { return nil }
 // everything else it looks at (the channels, the layout, the selector's
 // inputs) is set once when the state is prepared.
 type laneFit struct {
+	k    kind
 	n    int64
 	algo Algorithm
 	ok   bool
 }
 
 // laneReady reports whether a call of kind k with n bytes per rank on s,
-// algo asked for by its Options, can take the lane (st.mu held; the lane
-// serves one kind, and an open group is checked by the caller).
+// algo asked for by its Options, can take the lane (st.mu held; an open
+// group is checked by the caller).
 func (st *state) laneReady(s *device.Stream, k kind, n int64, algo Algorithm) bool {
 	switch {
 	case st.err != nil, testIssue != nil, testJitter != nil:
@@ -243,13 +273,13 @@ func (st *state) laneReady(s *device.Stream, k kind, n int64, algo Algorithm) bo
 	case st.lastStream != s, st.lastThread == nil:
 		return false // the first call on s, or after one on another stream: begin orders them
 	}
-	if f := st.laneFit; f.ok && f.n == n && f.algo == algo {
+	if f := st.laneFit; f.ok && f.k == k && f.n == n && f.algo == algo {
 		return true
 	}
 	if !st.laneFits(k, n, algo) {
 		return false
 	}
-	st.laneFit = laneFit{n: n, algo: algo, ok: true}
+	st.laneFit = laneFit{k: k, n: n, algo: algo, ok: true}
 	return true
 }
 
@@ -265,10 +295,11 @@ func (st *state) laneFits(k kind, n int64, algo Algorithm) bool {
 	if algo == AlgoAuto {
 		algo = st.forced[k]
 	}
-	if algo == AlgoAuto && !st.strict {
+	strict := st.strict && reduces(k)
+	if algo == AlgoAuto && !strict {
 		algo = choose(k, n, size, st.lay, st.costs, st.mapped, st.multiHost, false)
 	}
-	if algo != AlgoOneShot && !(algo == AlgoAuto && st.strict) { // strict picks oneshot at this size (strictAlgo)
+	if algo != AlgoOneShot && !(algo == AlgoAuto && strict) { // strict picks oneshot at this size (strictAlgo)
 		return false
 	}
 	st.remote = false
@@ -442,7 +473,7 @@ func (x *laneCall) first(stop <-chan struct{}) error {
 // countOp numbers the call with CountOp, once, unless BeginOp has.
 func (x *laneCall) countOp() {
 	if x.number {
-		x.opSeq, _ = x.st.comm.CountOp(kAllReduce.String(), algoOneShot)
+		x.opSeq, _ = x.st.comm.CountOp(x.name, algoOneShot)
 		x.number = false
 	}
 }
@@ -453,12 +484,12 @@ func (x *laneCall) rest(stop <-chan struct{}) error {
 	st := x.st
 	for ; x.next < len(st.others); x.next++ {
 		p := st.others[x.next]
-		if err := st.awaitHello(stop, p, x.par[p], x.flag[p], opTag{kAllReduce, x.opSeq, AlgoOneShot}); err != nil {
+		if err := st.awaitHello(stop, p, x.par[p], x.flag[p], opTag{x.h.kind, x.opSeq, AlgoOneShot}); err != nil {
 			return err
 		}
 		// The line stays as it came until this rank's next hello to p.
 		if x.packed && !channel.TakeLine(x.got[p][:], st.peerLine(p, x.par[p]), x.flag[p]) {
-			return collErr(st.comm, "AllReduce", hcomm.ErrInternal, nil, "rank %d's hello line went between its arrival and its reading", p)
+			return collErr(st.comm, x.name, hcomm.ErrInternal, nil, "rank %d's hello line went between its arrival and its reading", p)
 		}
 		if err := st.hello.Fetch(st.lay.helloOff(p, x.par[p]), headerSize+x.n); err != nil {
 			return err
@@ -476,7 +507,7 @@ func (x *laneCall) run(stop <-chan struct{}) error {
 }
 
 // finish checks the peers' headers and reduces every rank's payload, in
-// rank order, into recv.
+// rank order, into recv (an all-gather's: copies each to its place).
 func (x *laneCall) finish() error {
 	st := x.st
 	me, size := int(x.h.from), st.comm.Size()
@@ -511,6 +542,14 @@ func (x *laneCall) finish() error {
 		}
 	}
 	if x.count == 0 {
+		return nil
+	}
+	if x.h.kind == kAllGather {
+		// Every rank's input to its place, this rank's from its own
+		// hello's copy (an in-place call's input is its place).
+		for r := 0; r < size; r++ {
+			copy(x.out[int64(r)*x.n:], x.pay[r])
+		}
 		return nil
 	}
 	return reduceRanks(x.out, size, x.count, x.h.dt, x.h.op, x.payloadFn)

@@ -19,9 +19,10 @@ import (
 // ranks whose memory is mapped, over inproc and over shm.
 var laneTransports = []hcommtest.Transport{hcommtest.Inproc, hcommtest.Shm}
 
-// The lane under every timing: hundreds of all-reduces whose sizes fall on
-// both sides of the one-shot limit (so that the lane and the ring's schedule
-// alternate back to back), in place and out of place, on two streams in
+// The lane under every timing: hundreds of all-reduces and all-gathers,
+// one kind or the other at random, whose sizes fall on both sides of the
+// one-shot limit (so that the lane and the schedules alternate back to
+// back), in place and out of place, on two streams in
 // turn now and then (so that begin orders them and the lane steps aside),
 // each rank pausing at random for up to a poll bound and beyond, with 2 and 3
 // ranks and with 4 ranks on one processor. Every result is checked exactly,
@@ -61,10 +62,12 @@ func stressAllReduce(t testing.TB, c *hcomm.Comm, calls int, lane bool) {
 	}
 	rng := rand.New(rand.NewPCG(uint64(c.Rank()), 9))
 	order := rand.New(rand.NewPCG(2, 2)) // the same on every rank: the calls
-	const most = 20000
-	send := deviceFloats(t, c, most, 0)
+	// The largest all-reduce; the buffers hold 4 ranks' all-gather of one
+	// element past the one-shot limit (16384 floats a rank here).
+	const most, room = 20000, 70000
+	send := deviceFloats(t, c, room, 0)
 	defer c.Device().Free(send)
-	recv := deviceFloats(t, c, most, 0)
+	recv := deviceFloats(t, c, room, 0)
 	defer c.Device().Free(recv)
 	// The first call sets the collectives up; then the
 	// limit is known and the sizes straddle it.
@@ -72,10 +75,14 @@ func stressAllReduce(t testing.TB, c *hcomm.Comm, calls int, lane bool) {
 		t.Fatal(err)
 	}
 	lim := int(collectives.InlineBytes(c) / 4)
-	sizes := []int{0, 1, 2, 13, 64, lim - 1, lim, lim + 1, most}
 	n, s := c.Size(), ss[0]
+	sizes := []int{0, 1, 2, 13, 64, lim - 1, lim, lim + 1, most}
 	for k := 0; k < calls; k++ {
 		count := sizes[order.IntN(len(sizes))]
+		gather := order.IntN(3) == 0 // an all-gather of count elements a rank
+		if gather {
+			count = min(count, room/n) // n of them in the buffers
+		}
 		if order.IntN(8) == 0 {
 			s = ss[order.IntN(2)]
 		}
@@ -84,7 +91,12 @@ func stressAllReduce(t testing.TB, c *hcomm.Comm, calls int, lane bool) {
 		for i := range in {
 			in[i] = float32((i+k)%7 + c.Rank())
 		}
-		if err := c.Device().MemcpyHtoD(send, f32s(in...)); err != nil {
+		// An in-place all-gather's input is its own part of the output.
+		at := send
+		if gather && inPlace {
+			at = send.Add(int64(4 * count * c.Rank()))
+		}
+		if err := c.Device().MemcpyHtoD(at, f32s(in...)); err != nil {
 			t.Fatal(err)
 		}
 		switch r := rng.IntN(10); {
@@ -97,14 +109,27 @@ func stressAllReduce(t testing.TB, c *hcomm.Comm, calls int, lane bool) {
 		if inPlace {
 			out = send
 		}
-		if err := collectives.AllReduce(send, out, int64(count), hcomm.Float32, hcomm.Sum, c, s, nil); err != nil {
+		var err error
+		if gather {
+			err = collectives.AllGather(at, out, int64(count), hcomm.Float32, c, s, nil)
+		} else {
+			err = collectives.AllReduce(send, out, int64(count), hcomm.Float32, hcomm.Sum, c, s, nil)
+		}
+		if err != nil {
 			t.Fatal(err)
 		}
 		if err := s.SynchronizeWithTimeout(time.Minute); err != nil {
-			t.Fatalf("call %d (%d elements): %v", k, count, err)
+			t.Fatalf("call %d (%d elements, all-gather %v): %v", k, count, gather, err)
 		}
-		got := readFloats(t, c, out, count)
-		for i, v := range got {
+		if gather {
+			for i, v := range readFloats(t, c, out, n*count) {
+				if want := float32((i%count+k)%7 + i/count); v != want {
+					t.Fatalf("all-gather %d (%d elements a rank, in place %v): element %d is %v, want %v", k, count, inPlace, i, v, want)
+				}
+			}
+			continue
+		}
+		for i, v := range readFloats(t, c, out, count) {
 			if want := float32(n*((i+k)%7) + n*(n-1)/2); v != want {
 				t.Fatalf("call %d (%d elements, in place %v): element %d is %v, want %v", k, count, inPlace, i, v, want)
 			}
@@ -119,7 +144,8 @@ func stressAllReduce(t testing.TB, c *hcomm.Comm, calls int, lane bool) {
 
 // HCOMM_LANE=0 sends every call through its schedule (to measure the lane
 // against it); by default a run of small all-reduces on one stream takes
-// the lane from its second call.
+// the lane from its second call, and so do the small all-gathers after
+// them.
 func TestLaneSwitch(t *testing.T) {
 	for _, off := range []bool{false, true} {
 		t.Run(fmt.Sprintf("off=%v", off), func(t *testing.T) {
@@ -140,11 +166,23 @@ func TestLaneSwitch(t *testing.T) {
 						return err
 					}
 				}
+				all := deviceFloats(t, c, 8, -1)
+				defer c.Device().Free(all)
+				for k := 0; k < 10; k++ {
+					if err := collectives.AllGather(buf, all, 4, hcomm.Float32, c, s, nil); err != nil {
+						return err
+					}
+				}
 				if err := s.SynchronizeWithTimeout(time.Minute); err != nil {
 					return err
 				}
+				for i, v := range readFloats(t, c, all, 8) {
+					if v != 1 {
+						return fmt.Errorf("rank %d: all-gathered element %d is %v, want 1", c.Rank(), i, v)
+					}
+				}
 				inline, pending, queued := collectives.LaneRuns(c)
-				if got := inline + pending + queued; off && got != 0 || !off && got != 9 {
+				if got := inline + pending + queued; off && got != 0 || !off && got != 19 {
 					return fmt.Errorf("rank %d: %d calls took the lane with HCOMM_LANE off=%v", c.Rank(), got, off)
 				}
 				return nil
