@@ -148,8 +148,8 @@ func BenchmarkCollectives(b *testing.B) {
 			for _, size := range benchCollSizes {
 				for _, a := range algos {
 					b.Run(fmt.Sprintf("%s/ranks=%d/%s/%v", op.name, n, units.SizeIEC(size), a), func(b *testing.B) {
-						if a == collectives.AlgoOneShot && size/int64(n) > 64<<10 {
-							b.Skip("larger than the one-shot slots")
+						if (a == collectives.AlgoOneShot || a == collectives.AlgoRD) && size/int64(n) > 64<<10 {
+							b.Skipf("larger than the %v hellos carry", a) // both move their data inline in hellos
 						}
 						benchColl(b, n, size, op.factor(n), func(c *hcomm.Comm, s *device.Stream, send, recv device.Ptr, count int64) error {
 							return op.call(c, s, send, recv, count*4, n, a)
