@@ -83,3 +83,31 @@ func TestEagerThread(t *testing.T) {
 		})
 	}
 }
+
+// An eager wait's poll in the caller ends when the stream is aborted, not
+// only at its bound: with the bound at 20 s, a wait whose record never
+// comes returns within moments of the Abort, and the stream reports the
+// abort.
+func TestEagerWaitEndsOnAbort(t *testing.T) {
+	for _, tr := range []string{hcomm.TransportInproc, hcomm.TransportShm} {
+		t.Run(tr, func(t *testing.T) {
+			p := pairOn(t, tr)
+			p.th[1].SetEager(20*time.Second, 1<<20)
+			s := p.th[1].Stream()
+			go func() {
+				time.Sleep(50 * time.Millisecond)
+				s.Abort()
+			}()
+			start := time.Now()
+			if err := hcomm.ChannelNotifyWaitOnThread(p.th[1], p.ch[1], 2, 30*time.Second); err != nil {
+				t.Fatal(err)
+			}
+			if d := time.Since(start); d > 5*time.Second {
+				t.Fatalf("the eager wait returned %v after it started; the abort at 50 ms must end its poll", d)
+			}
+			if err := s.SynchronizeWithTimeout(10 * time.Second); err == nil {
+				t.Fatal("the aborted stream reports no failure")
+			}
+		})
+	}
+}

@@ -44,12 +44,23 @@ func (c *Comm) launchWait(op string, t *Thread, ch *Channel, idx int, n *notify.
 	if !ch.quick() || !t.Eager() {
 		return c.launch(op, ch.RemoteRank(), t, wait)
 	}
-	poll := func(d time.Duration) bool {
-		var found bool
+	poll := func(d time.Duration, stop <-chan struct{}) bool {
+		found := false
+		look := func() bool { // ends at the record or an abort
+			if found = n.TryReset(); found {
+				return true
+			}
+			select {
+			case <-stop:
+				return true
+			default:
+				return false
+			}
+		}
 		if ch.tr.Name() == TransportInproc {
-			found = spin.Until(d, n.TryReset)
+			spin.Until(d, look)
 		} else { // the peer may be waiting for this core: yield it between polls
-			found = spin.UntilYield(d, n.TryReset)
+			spin.UntilYield(d, look)
 		}
 		if found && c.cfg.metrics != nil {
 			c.cfg.metrics.ObserveWait(ch.tr.Name(), 0)

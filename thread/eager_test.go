@@ -130,7 +130,7 @@ func TestLaunchPoll(t *testing.T) {
 
 	// The condition holds: polled in the caller, nothing queued.
 	var polls atomic.Int32
-	if err := th.LaunchPoll("holds", func(d time.Duration) bool { polls.Add(1); return d == 2*time.Millisecond }, wait); err != nil {
+	if err := th.LaunchPoll("holds", func(d time.Duration, _ <-chan struct{}) bool { polls.Add(1); return d == 2*time.Millisecond }, wait); err != nil {
 		t.Fatal(err)
 	}
 	th.Stream().SynchronizeWithTimeout(5 * time.Second)
@@ -140,7 +140,7 @@ func TestLaunchPoll(t *testing.T) {
 
 	// It does not: the wait is queued, and whatever follows waits behind it.
 	release := make(chan struct{})
-	if err := th.LaunchPoll("later", func(time.Duration) bool { return false }, func(<-chan struct{}) error { <-release; queued.Add(1); return nil }); err != nil {
+	if err := th.LaunchPoll("later", func(time.Duration, <-chan struct{}) bool { return false }, func(<-chan struct{}) error { <-release; queued.Add(1); return nil }); err != nil {
 		t.Fatal(err)
 	}
 	var after atomic.Bool
@@ -154,7 +154,7 @@ func TestLaunchPoll(t *testing.T) {
 	// Not eager: the wait is queued without a poll.
 	th.SetEager(0, 0)
 	polls.Store(0)
-	th.LaunchPoll("off", func(time.Duration) bool { polls.Add(1); return true }, wait)
+	th.LaunchPoll("off", func(time.Duration, <-chan struct{}) bool { polls.Add(1); return true }, wait)
 	th.Stream().SynchronizeWithTimeout(5 * time.Second)
 	if polls.Load() != 0 || queued.Load() != 2 {
 		t.Fatalf("polls %d, queued waits %d: want no poll and the wait queued", polls.Load(), queued.Load())

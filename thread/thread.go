@@ -148,8 +148,8 @@ func (t *Thread) Launch(name string, fn func(stop <-chan struct{}) error) error 
 // (a larger one is enqueued: the caller would otherwise work where the
 // stream's goroutine could, beside it), or off (poll <= 0). A caller
 // issuing a chain of short tasks that it, or its peers, will wait for
-// anyway sets it around the chain (the collectives do, for a call among
-// ranks that share memory). Safe for concurrent use.
+// anyway sets it around the chain (the collectives do, around each call
+// they issue). Safe for concurrent use.
 func (t *Thread) SetEager(poll time.Duration, most int64) {
 	t.most.Store(most)
 	t.eager.Store(int64(max(poll, 0)))
@@ -189,12 +189,13 @@ func (t *Thread) LaunchNow(name string, n int64, fn func(stop <-chan struct{}) e
 }
 
 // LaunchPoll is Launch for a wait, fn, whose condition poll tests (and
-// takes, when it holds: a notify's record) for up to the bound it is given:
+// takes, when it holds: a notify's record) for up to the bound it is given,
+// or until stop (the stream's: Abort) closes:
 // while the thread is eager and its stream idle, poll runs now in the
 // calling goroutine, as the stream's next task, for up to the eager bound,
 // and when it succeeds the wait is over and nothing is enqueued; otherwise
 // fn is enqueued, as Launch does.
-func (t *Thread) LaunchPoll(name string, poll func(d time.Duration) bool, fn func(stop <-chan struct{}) error) error {
+func (t *Thread) LaunchPoll(name string, poll func(d time.Duration, stop <-chan struct{}) bool, fn func(stop <-chan struct{}) error) error {
 	if d := t.eagerNow(); d > 0 {
 		p := eagerPoll{poll: poll, d: d}
 		ran, err := t.stream.RunInline(name, p.run)
@@ -210,13 +211,13 @@ func (t *Thread) LaunchPoll(name string, poll func(d time.Duration) bool, fn fun
 
 // eagerPoll is LaunchPoll's inline task.
 type eagerPoll struct {
-	poll  func(d time.Duration) bool
+	poll  func(d time.Duration, stop <-chan struct{}) bool
 	d     time.Duration
 	found bool
 }
 
-func (p *eagerPoll) run(<-chan struct{}) error {
-	p.found = p.poll(p.d)
+func (p *eagerPoll) run(stop <-chan struct{}) error {
+	p.found = p.poll(p.d, stop)
 	return nil
 }
 
