@@ -304,7 +304,6 @@ func (s *sched) helloWith(x *helloCall, h header, peers []int, src device.Ptr, n
 		x.release()
 		return at
 	}
-	x.check = len(peers) > 0 && !st.noCheck
 	// The whole exchange is one stream task, in which the writes, records
 	// and waits are hcomm's immediate calls: a latency-bound collective
 	// (the one-shot all-reduce) then costs about one task per rank.
@@ -571,7 +570,6 @@ type helloCall struct {
 	flagBuf [helloFullMax]uint32
 	mine    device.Ptr
 	dev     *device.Device
-	check   bool
 	opSeq   uint64                           // the collective's number from BeginOp, for wait errors
 	runFn   func(stop <-chan struct{}) error // x.run, made once
 	firstFn func(stop <-chan struct{}) error // x.first
@@ -680,9 +678,6 @@ func (x *helloCall) verify() error {
 	st := x.s.st
 	mine := x.slot(int(x.h.from))[:headerSize]
 	for _, p := range x.peers {
-		if !x.check {
-			break
-		}
 		if err := st.checkHello(x.h, mine, x.slot(p), p, x.extra, x.n); err != nil {
 			return err
 		}
@@ -713,9 +708,12 @@ func (st *state) checkHello(h header, mine, b []byte, p int, extra func(p int, p
 	// The common case: the peer's header is this rank's, byte for byte,
 	// but for the sender's rank. Anything else is decoded and compared
 	// field by field (same ignores what the call does not use, such as a
-	// broadcast's reduce op).
-	if extra == nil && sameHello(b, mine, p) {
-		return nil
+	// broadcast's reduce op). With the check off (HCOMM_COLL_CHECK=0) the
+	// header is taken as it is, but what the payload carries beyond it —
+	// the buffer addresses of a loan — is still read: the schedule needs
+	// it.
+	if st.noCheck || extra == nil && sameHello(b, mine, p) {
+		return st.helloExtra(h, b, p, extra, n)
 	}
 	me, comm := int(h.from), st.comm
 	got, err := decodeHeader(b)
@@ -730,11 +728,18 @@ func (st *state) checkHello(h header, mine, b []byte, p int, extra func(p int, p
 			Msg: fmt.Sprintf("collective mismatch: rank %d called %s as its collective #%d, rank %d called %s as its #%d",
 				me, h.call(), h.seq, p, got.call(), got.seq)}
 	}
-	if extra != nil {
-		if err := extra(p, b[headerSize:headerSize+n]); err != nil {
-			return &hcomm.Error{Op: h.kind.String(), Comm: comm.Name(), Rank: me, Peer: p, Code: hcomm.ErrPara, Err: ErrMismatch,
-				Msg: fmt.Sprintf("collective mismatch at #%d (%s): %v", h.seq, h.call(), err)}
-		}
+	return st.helloExtra(h, b, p, extra, n)
+}
+
+// helloExtra runs extra, when not nil, on peer p's inline payload of n
+// bytes in its hello b (checkHello's last step).
+func (st *state) helloExtra(h header, b []byte, p int, extra func(p int, payload []byte) error, n int64) error {
+	if extra == nil {
+		return nil
+	}
+	if err := extra(p, b[headerSize:headerSize+n]); err != nil {
+		return &hcomm.Error{Op: h.kind.String(), Comm: st.comm.Name(), Rank: int(h.from), Peer: p, Code: hcomm.ErrPara, Err: ErrMismatch,
+			Msg: fmt.Sprintf("collective mismatch at #%d (%s): %v", h.seq, h.call(), err)}
 	}
 	return nil
 }

@@ -359,3 +359,30 @@ func TestReadsInProcess(t *testing.T) {
 		})
 	}
 }
+
+// TestLentWithCheckOff: with the handshake's check off (HCOMM_COLL_CHECK=0,
+// for measuring its cost) the hellos that carry a loan's buffer addresses
+// are still read, so the lent all-gather, all-to-all and broadcast move
+// their data exactly, in one process, between shm ranks and over tcp.
+// Before, the check's skip skipped the addresses too, and every lent read
+// or write failed ("has no send buffer address").
+func TestLentWithCheckOff(t *testing.T) {
+	t.Setenv("HCOMM_COLL_CHECK", "0")
+	for _, tr := range []hcommtest.Transport{hcommtest.Inproc, hcommtest.Shm, hcommtest.TCP} {
+		t.Run(tr.String(), func(t *testing.T) {
+			comms := hcommtest.Options{Config: &hcomm.Config{BufferSize: 1 << 20}}.New(t, 2, tr)
+			w0, _ := collectives.LentWrites()
+			r0 := collectives.LentReads()
+			for _, count := range []int64{(40 << 10) / 4, 40001} {
+				m := matrixCase{dt: hcomm.Float32, op: hcomm.Sum, count: count, inline: 1 << 40}
+				testAllGather(t, comms, m, collectives.AlgoAuto, false)
+				testAllGather(t, comms, m, collectives.AlgoAuto, true)
+				testAlltoAll(t, comms, m, collectives.AlgoPairwise)
+				broadcastCase[float32](t, comms, int(count), 1, collectives.AlgoDirect)
+			}
+			if w, _ := collectives.LentWrites(); w == w0 && collectives.LentReads() == r0 {
+				t.Fatal("no lent write or read ran")
+			}
+		})
+	}
+}
