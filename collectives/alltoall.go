@@ -73,6 +73,11 @@ func alltoall(c *hcomm.Comm, name string, h header, send device.Ptr, sc_, sd []i
 			return nil // group.go: GroupEnd issues it
 		}
 	}
+	if h.kind == kAlltoAll {
+		if done, err := laneAlltoAll(c, s, o, send, recv, h.count, dt); done { // laneread.go
+			return err
+		}
+	}
 	return issue(c, name, h.kind, s, o, extent(sc_, sd)*es, func(sched *sched, algo Algorithm) error {
 		switch {
 		case algo == AlgoOneShot && h.kind == kAlltoAll:

@@ -22,6 +22,9 @@ func Broadcast(buf device.Ptr, count int64, dt hcomm.DataType, root int, c *hcom
 	if err := checkBuf(c, name, "buf", buf, n); err != nil {
 		return err
 	}
+	if done, err := laneBroadcast(c, s, o, buf, count, dt, root); done { // laneread.go
+		return err
+	}
 	h := header{kind: kBroadcast, dt: dt, flags: flagRoot, root: int32(root), count: count}
 	if grouping(c) {
 		o := o.copy() // the call as it was made, whatever the caller does to *o before GroupEnd

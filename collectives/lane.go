@@ -69,9 +69,18 @@ type laneCall struct {
 	got    [helloFullMax][channel.LineData]byte
 	// pending: first left the waits for the peers' hellos to rest.
 	pending bool
+	// algo: the algorithm the call's hello names, and its name.
+	algo     Algorithm
+	algoName string
+	// rd: the call reads its peers' buffers where they lie (laneread.go);
+	// x.in is then its hello's payload, the loan's words, and the fields
+	// below are the read's.
+	rd bool
+	readCall
 
 	firstFn, restFn, runFn func(stop <-chan struct{}) error // bound once
 	payloadFn              func(r int) []byte
+	learnFn                func(p int, payload []byte) error
 }
 
 // How the lane's calls ran (state.laneRuns, for tests): all in the
@@ -120,7 +129,7 @@ const lanePolls = 64
 
 func newLaneCall(st *state) *laneCall {
 	x := &laneCall{st: st}
-	x.firstFn, x.restFn, x.runFn, x.payloadFn = x.first, x.rest, x.run, x.payload
+	x.firstFn, x.restFn, x.runFn, x.payloadFn, x.learnFn = x.first, x.rest, x.run, x.payload, x.learn
 	return x
 }
 
@@ -130,7 +139,7 @@ func newLaneCall(st *state) *laneCall {
 func laneAllReduce(c *hcomm.Comm, s *device.Stream, o *Options, send, recv device.Ptr, count int64, dt hcomm.DataType, op hcomm.ReduceOp) (bool, error) {
 	n := count * int64(dt.Size())
 	h := header{kind: kAllReduce, dt: dt, op: op, flags: flagOp, count: count, algo: AlgoOneShot}
-	return laneRun(c, s, o, "AllReduce", h, send, recv, n, n)
+	return laneRun(c, s, o, "AllReduce", h, send, recv, n, n, n)
 }
 
 // laneAllGather is laneAllReduce for AllGather: the same hello (the
@@ -141,14 +150,16 @@ func laneAllReduce(c *hcomm.Comm, s *device.Stream, o *Options, send, recv devic
 func laneAllGather(c *hcomm.Comm, s *device.Stream, o *Options, send, recv device.Ptr, count int64, dt hcomm.DataType) (bool, error) {
 	n := count * int64(dt.Size())
 	h := header{kind: kAllGather, dt: dt, count: count, algo: AlgoOneShot}
-	return laneRun(c, s, o, "AllGather", h, send, recv, n, n*int64(c.Size()))
+	return laneRun(c, s, o, "AllGather", h, send, recv, n, n, n*int64(c.Size()))
 }
 
-// laneRun runs the call of header h (its kind, types, count and algorithm
-// set; the lane numbers and addresses it) in the lane when it can: n bytes
-// of send inline in the hello, out bytes of recv written.
-func laneRun(c *hcomm.Comm, s *device.Stream, o *Options, name string, h header, send, recv device.Ptr, n, outN int64) (bool, error) {
-	if o != nil && (o.level || o.Algorithm != AlgoAuto && o.Algorithm != AlgoOneShot) {
+// laneRun runs the call of header h (its kind, types and count set; the
+// lane numbers and addresses it, and names its algorithm) in the lane when
+// it can: sel bytes are what the selector weighs (issue's), n bytes of send
+// go inline in the hello (the one-shot's) or are read by each peer (the
+// read lane's, laneread.go), outN bytes of recv are written.
+func laneRun(c *hcomm.Comm, s *device.Stream, o *Options, name string, h header, send, recv device.Ptr, sel, n, outN int64) (bool, error) {
+	if o != nil && o.level {
 		return false, nil
 	}
 	st, _ := c.Value(stateKey{}, nil).(*state)
@@ -160,7 +171,11 @@ func laneRun(c *hcomm.Comm, s *device.Stream, o *Options, name string, h header,
 	if st.group == nil {
 		st.group = groupOf(c)
 	}
-	if st.group.open.Load() || !st.laneReady(s, h.kind, n, algoOf(o)) { // an open group issues the call at GroupEnd
+	if st.group.open.Load() { // an open group issues the call at GroupEnd
+		return false, nil
+	}
+	fit, ok := st.laneReady(s, h.kind, sel, algoOf(o))
+	if !ok || fit.rd && (st.readers[0] != nil || st.readers[1] != nil) { // every schedule drains its readers (drainGathers)
 		return false, nil
 	}
 	if h.kind != kAllReduce && len(st.wins) > 0 {
@@ -171,7 +186,11 @@ func laneRun(c *hcomm.Comm, s *device.Stream, o *Options, name string, h header,
 			return false, nil
 		}
 	}
-	in, err := st.laneIn.get(c, name, "send", send, n)
+	inN := n
+	if fit.rd && h.kind == kAlltoAll {
+		inN = outN // every block
+	}
+	in, err := st.laneIn.get(c, name, "send", send, inN)
 	if err != nil {
 		return true, err
 	}
@@ -189,6 +208,11 @@ func laneRun(c *hcomm.Comm, s *device.Stream, o *Options, name string, h header,
 	h.seq, h.from, h.size = st.seq, int32(c.Rank()), int32(c.Size())
 	x.h, x.name = h, name
 	x.in, x.out, x.count, x.n, x.next, x.pending = in, out, h.count, n, 0, false
+	x.algo, x.algoName, x.rd = AlgoOneShot, algoOneShot, fit.rd
+	if fit.rd {
+		x.readArgs(fit.algo, send, recv, in, n)
+	}
+	x.h.algo = x.algo
 	for _, p := range st.others {
 		x.par[p] = st.hellos[p] % 2
 		x.flag[p] = st.helloFlag(p, st.hellos[p])
@@ -206,13 +230,16 @@ func laneRun(c *hcomm.Comm, s *device.Stream, o *Options, name string, h header,
 	endOp := noEnd
 	x.opSeq, x.number = 0, !c.TimesOps()
 	if !x.number {
-		x.opSeq, endOp = c.BeginOp(t, name, algoOneShot)
+		x.opSeq, endOp = c.BeginOp(t, name, x.algoName)
 	}
 	ran, err := s.RunInline(name, x.firstFn)
 	if !ran && err != nil { // the stream is unusable: nothing ran
 		st.seq--
 		for _, p := range st.others {
 			st.hellos[p]--
+		}
+		if x.rd {
+			x.unclaim()
 		}
 		endOp()
 		return true, collErr(c, name, hcomm.ResultOf(err), err, "")
@@ -257,60 +284,71 @@ func noEnd() error { return nil }
 // everything else it looks at (the channels, the layout, the selector's
 // inputs) is set once when the state is prepared.
 type laneFit struct {
-	k    kind
-	n    int64
-	algo Algorithm
-	ok   bool
+	k     kind
+	n     int64
+	asked Algorithm // the Options'
+	algo  Algorithm // the call's: the one-shot's, or the read lane's (rd)
+	rd    bool
+	ok    bool
 }
 
-// laneReady reports whether a call of kind k with n bytes per rank on s,
-// algo asked for by its Options, can take the lane (st.mu held; an open
-// group is checked by the caller).
-func (st *state) laneReady(s *device.Stream, k kind, n int64, algo Algorithm) bool {
+// laneReady reports whether a call of kind k of sel bytes (the selector's)
+// on s, algo asked for by its Options, can take the lane, and how (st.mu
+// held; an open group is checked by the caller).
+func (st *state) laneReady(s *device.Stream, k kind, sel int64, algo Algorithm) (laneFit, bool) {
 	switch {
 	case st.err != nil, testIssue != nil, testJitter != nil:
-		return false
+		return laneFit{}, false
 	case st.lastStream != s, st.lastThread == nil:
-		return false // the first call on s, or after one on another stream: begin orders them
+		return laneFit{}, false // the first call on s, or after one on another stream: begin orders them
 	}
-	if f := st.laneFit; f.ok && f.k == k && f.n == n && f.algo == algo {
-		return true
+	if f := st.laneFit; f.ok && f.k == k && f.n == sel && f.asked == algo {
+		return f, true
 	}
-	if !st.laneFits(k, n, algo) {
-		return false
+	f, ok := st.laneFits(k, sel, algo)
+	if !ok {
+		return laneFit{}, false
 	}
-	st.laneFit = laneFit{k: k, n: n, algo: algo, ok: true}
-	return true
+	f.k, f.n, f.asked, f.ok = k, sel, algo, true
+	st.laneFit = f
+	return f, true
 }
 
-// laneFits reports whether the one-shot schedule is the one asked for or the
-// one the selector picks for n bytes, every channel it needs is there, and
-// nothing asks for the schedule's machinery.
-func (st *state) laneFits(k kind, n int64, algo Algorithm) bool {
+// laneFits reports whether the schedule that issue would run for a call of
+// kind k, sel bytes and algo asked for is one the lane runs — the one-shot
+// (its input inline in the hello) or a read of every peer's buffer in place
+// (readFits) — every channel it needs is there, and nothing asks for the
+// schedule's machinery.
+func (st *state) laneFits(k kind, sel int64, algo Algorithm) (laneFit, bool) {
 	c := st.comm
 	size := c.Size()
-	if !st.prepared || st.noLane || size < 2 || size > helloFullMax || !st.hello.Mapped() || n > st.lay.inline() {
-		return false
+	if !st.prepared || st.noLane || size < 2 || size > helloFullMax || !st.hello.Mapped() {
+		return laneFit{}, false
 	}
 	if algo == AlgoAuto {
 		algo = st.forced[k]
 	}
 	strict := st.strict && reduces(k)
 	if algo == AlgoAuto && !strict {
-		algo = choose(k, n, size, st.lay, st.costs, st.mapped, st.multiHost, false)
-	}
-	if algo != AlgoOneShot && !(algo == AlgoAuto && strict) { // strict picks oneshot at this size (strictAlgo)
-		return false
+		// As issue chooses.
+		algo = choose(k, sel, size, st.lay, st.costs, st.mapped, st.multiHost, false)
+		algo = preferLent(k, sel, size, st, algo)
 	}
 	st.remote = false
-	for _, p := range st.others {
+	for _, p := range st.peers() { // st.others, which the lane uses from here on
 		ch := st.chans[p]
 		if ch == nil || !ch.Flagged() { // not set up yet, or not mapped (tcp)
-			return false
+			return laneFit{}, false
 		}
 		st.remote = st.remote || ch.Transport() != hcomm.TransportInproc
 	}
-	return true
+	switch {
+	case (algo == AlgoOneShot || algo == AlgoAuto && strict) && (k == kAllReduce || k == kAllGather): // strict picks oneshot at this size (strictAlgo)
+		return laneFit{algo: AlgoOneShot}, sel <= st.lay.inline()
+	case st.readFits(k, sel, algo):
+		return laneFit{algo: algo, rd: true}, true
+	}
+	return laneFit{}, false
 }
 
 // post writes this rank's hello — the header, then the payload — into its
@@ -322,7 +360,7 @@ func (x *laneCall) post(stop <-chan struct{}) error {
 	st := x.st
 	me := int(x.h.from)
 	off := st.lay.helloOff(me, 0)
-	x.packed = st.ll && packHeader(x.line[:], x.h, x.in)
+	x.packed = st.ll && !x.rd && packHeader(x.line[:], x.h, x.in)
 	if !x.packed {
 		// The header and payload in this rank's slot, which finish checks
 		// against and the writes (or the full line) go from.
@@ -467,13 +505,20 @@ func (x *laneCall) first(stop <-chan struct{}) error {
 		x.pending = true
 		return nil
 	}
-	return x.finish()
+	if !x.rd {
+		return x.finish()
+	}
+	if err := x.finishRead(stop); err != nil {
+		return err
+	}
+	x.pending = !x.drained()
+	return nil
 }
 
 // countOp numbers the call with CountOp, once, unless BeginOp has.
 func (x *laneCall) countOp() {
 	if x.number {
-		x.opSeq, _ = x.st.comm.CountOp(x.name, algoOneShot)
+		x.opSeq, _ = x.st.comm.CountOp(x.name, x.algoName)
 		x.number = false
 	}
 }
@@ -482,9 +527,12 @@ func (x *laneCall) countOp() {
 // see, checks them all and reduces.
 func (x *laneCall) rest(stop <-chan struct{}) error {
 	st := x.st
+	if x.rd && x.read {
+		return x.drain(stop) // first read: only the peers' dones remain
+	}
 	for ; x.next < len(st.others); x.next++ {
 		p := st.others[x.next]
-		if err := st.awaitHello(stop, p, x.par[p], x.flag[p], opTag{x.h.kind, x.opSeq, AlgoOneShot}); err != nil {
+		if err := st.awaitHello(stop, p, x.par[p], x.flag[p], opTag{x.h.kind, x.opSeq, x.algo}); err != nil {
 			return err
 		}
 		// The line stays as it came until this rank's next hello to p.
@@ -494,6 +542,12 @@ func (x *laneCall) rest(stop <-chan struct{}) error {
 		if err := st.hello.Fetch(st.lay.helloOff(p, x.par[p]), headerSize+x.n); err != nil {
 			return err
 		}
+	}
+	if x.rd {
+		if err := x.finishRead(stop); err != nil {
+			return err
+		}
+		return x.drain(stop)
 	}
 	return x.finish()
 }

@@ -352,3 +352,151 @@ func TestLaneCountsItsCalls(t *testing.T) {
 		})
 	}
 }
+
+// TestLaneFirstAfterRD: the lane's first call on a communicator whose
+// collectives so far met only their recursive-doubling partners (the
+// all-reduce forced to rd). The lane must still find every peer: before,
+// it looked at a list of peers no schedule had made yet, found none, and
+// over shm or in process returned this rank's own input as the sum; over
+// tcp, where the lane must not run at all, it tried to write lines.
+func TestLaneFirstAfterRD(t *testing.T) {
+	for _, tr := range []hcommtest.Transport{hcommtest.Inproc, hcommtest.Shm, hcommtest.TCP} {
+		t.Run(tr.String(), func(t *testing.T) {
+			hcommtest.Options{}.Run(t, 4, tr, func(t testing.TB, c *hcomm.Comm) {
+				s, err := c.Device().CreateStream()
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer s.Destroy()
+				n := c.Size()
+				send := deviceFloats(t, c, 4*n, float32(c.Rank()+1))
+				defer c.Device().Free(send)
+				recv := deviceFloats(t, c, 4*n, 0)
+				defer c.Device().Free(recv)
+				if err := collectives.AllReduce(send, recv, 4, hcomm.Float32, hcomm.Sum, c, s, &collectives.Options{Algorithm: collectives.AlgoRD}); err != nil {
+					t.Fatal(err)
+				}
+				for k := 0; k < 3; k++ {
+					if err := collectives.AllReduce(send, recv, 4, hcomm.Float32, hcomm.Sum, c, s, nil); err != nil {
+						t.Fatal(err)
+					}
+					if err := s.SynchronizeWithTimeout(time.Minute); err != nil {
+						t.Fatal(err)
+					}
+					for i, v := range readFloats(t, c, recv, 4) {
+						if want := float32(n * (n + 1) / 2); v != want {
+							t.Fatalf("rank %d, call %d: element %d of the sum is %v, want %v", c.Rank(), k, i, v, want)
+						}
+					}
+				}
+			})
+		})
+	}
+}
+
+// TestReadLaneMeetsSchedule: whether a call takes the lane is each rank's
+// own business, so a rank in the read lane (laneread.go) must meet a rank
+// in the schedule as two schedules meet. Rank 0 issues every call on the
+// other of its two streams (a call after one on another stream never takes
+// the lane), the others on one stream (their calls take it): all-gathers,
+// all-to-alls and broadcasts (every root in turn) whose inputs, blocks and
+// root's buffer are read where they lie, with small all-reduces, one-shot
+// all-gathers and broadcasts of the schedules between them, back to back,
+// each rank late now and then, results exact. The gather slots' counters
+// must stay in step across the two paths, or a later call reads a peer's
+// buffer too early or waits forever.
+func TestReadLaneMeetsSchedule(t *testing.T) {
+	for _, tr := range laneTransports {
+		for _, n := range []int{2, 3} {
+			t.Run(fmt.Sprintf("%v/ranks=%d", tr, n), func(t *testing.T) {
+				o := hcommtest.Options{Config: &hcomm.Config{ExecTimeout: 60 * time.Second, BufferSize: 1 << 20}}
+				o.Run(t, n, tr, func(t testing.TB, c *hcomm.Comm) {
+					var ss [2]*device.Stream
+					for i := range ss {
+						s, err := c.Device().CreateStream()
+						if err != nil {
+							t.Fatal(err)
+						}
+						defer s.Destroy()
+						ss[i] = s
+					}
+					me := c.Rank()
+					const room = 3 * 20000
+					send := deviceFloats(t, c, room, 0)
+					defer c.Device().Free(send)
+					recv := deviceFloats(t, c, room, 0)
+					defer c.Device().Free(recv)
+					// Blocks of 1 element to 80 KB, on both sides of the
+					// read lane's thresholds over inproc and shm.
+					counts := []int{1, 600, 5000, 20000, 3, 4097}
+					rng := rand.New(rand.NewPCG(uint64(me), 5))
+					for k := 0; k < 5*len(counts); k++ {
+						s := ss[0]
+						if me == 0 {
+							s = ss[k%2]
+						}
+						count := counts[k%len(counts)]
+						kind := k / len(counts) % 4 // all-gather, all-to-all, all-reduce, broadcast
+						root := k % n
+						val := func(r, p, i int) float32 { return float32((r*7 + p*3 + i + k) % 251) }
+						in := make([]float32, n*count)
+						for i := range in {
+							in[i] = val(me, i/count, i%count)
+						}
+						if err := c.Device().MemcpyHtoD(send, f32s(in...)); err != nil {
+							t.Fatal(err)
+						}
+						if rng.IntN(3) == 0 { // a late rank: the others' polls give up, their waits queue
+							time.Sleep(time.Duration(rng.IntN(300)) * time.Microsecond)
+						}
+						var err error
+						switch kind {
+						case 0:
+							err = collectives.AllGather(send, recv, int64(count), hcomm.Float32, c, s, nil)
+						case 1:
+							err = collectives.AlltoAll(send, int64(count), hcomm.Float32, recv, int64(count), hcomm.Float32, c, s, nil)
+						case 2:
+							err = collectives.AllReduce(send, recv, int64(count), hcomm.Float32, hcomm.Sum, c, s, nil)
+						default:
+							if err = c.Device().MemcpyHtoD(recv, f32s(in[:count]...)); err == nil {
+								err = collectives.Broadcast(recv, int64(count), hcomm.Float32, root, c, s, nil)
+							}
+						}
+						if err != nil {
+							t.Fatal(err)
+						}
+						if err := s.SynchronizeWithTimeout(time.Minute); err != nil {
+							t.Fatalf("call %d (kind %d, %d elements): %v", k, kind, count, err)
+						}
+						got := readFloats(t, c, recv, n*count)
+						if kind >= 2 {
+							got = got[:count]
+						}
+						for i, v := range got {
+							var want float32
+							switch kind {
+							case 0: // rank i/count's block 0
+								want = val(i/count, 0, i%count)
+							case 1: // rank i/count's block me
+								want = val(i/count, me, i%count)
+							case 2:
+								for r := 0; r < n; r++ {
+									want += val(r, 0, i)
+								}
+							default: // the root's block 0
+								want = val(root, 0, i)
+							}
+							if v != want {
+								t.Fatalf("call %d (kind %d, %d elements): element %d is %v, want %v", k, kind, count, i, v, want)
+							}
+						}
+					}
+					inline, pending, queued := collectives.LaneRuns(c)
+					if lane := inline + pending + queued; me == 0 && lane != 0 || me != 0 && lane < 5*len(counts)/2 {
+						t.Errorf("rank %d: %d calls took the lane; want none on rank 0 and most on the others", me, lane)
+					}
+				})
+			})
+		}
+	}
+}

@@ -3,6 +3,7 @@ package collectives
 import (
 	"encoding/binary"
 	"fmt"
+	"runtime"
 	"sync/atomic"
 
 	"github.com/hcomm-dev/hcomm/channel"
@@ -390,11 +391,20 @@ func preferLent(k kind, bytes int64, n int, st *state, a Algorithm) Algorithm {
 			return AlgoDirect
 		}
 	}
-	if st.allInproc && (k == kBroadcast || k == kAllGather) && bytes >= readMin {
+	if st.allInproc && (k == kBroadcast && bytes >= readMin || k == kAllGather && bytes >= inprocGatherMin(n)) {
 		// In one process every receiver reads the root's buffer, or
 		// every peer's input below inprocPullMax, the same way (the
 		// one-shot at 64 KiB, 2 ranks: all-gather 12.2–13.7 µs).
 		return AlgoDirect
+	}
+	if st.allInproc && k == kAlltoAll && (n <= runtime.NumCPU() || bytes/int64(n) >= readMin) {
+		// In one process, the pairwise all-to-all reads every block
+		// where it lies, in the read lane (laneread.go): 2 ranks, 1 KiB
+		// 1.3 µs against the one-shot's 2.4–2.6, 64 KiB 2.9–3.1 against
+		// 8.7–8.9; 4 ranks on 2 cores (goroutines outnumbering the
+		// cores), 64 KiB 17.0–17.8 against 21.9–22.1 and 256 KiB 43–45
+		// against 70, but alike at 16 KiB and behind below.
+		return AlgoPairwise
 	}
 	if st.cma {
 		switch {
@@ -409,6 +419,20 @@ func preferLent(k kind, bytes int64, n int, st *state, a Algorithm) Algorithm {
 		return AlgoDirect
 	}
 	return a
+}
+
+// inprocGatherMin is the least input of an all-gather among n ranks of one
+// process that the direct schedule reads where it lies (the read lane,
+// laneread.go) rather than the one-shot lane carrying it in the hellos. 2
+// ranks: 2 KiB inputs 1.0–1.2 µs against 1.1–1.3, 8 KiB 1.2–1.5 against
+// 2.2–2.6; 4 ranks on 2 cores, 1 KiB 9.0–10.0 against 6.9–7.1, 4 KiB
+// 11.7–12.5 against 10.1–10.3, 8 KiB 12.9–13.1 against 14.3–15.7. Every
+// rank of a process sees the same NumCPU, so all choose alike.
+func inprocGatherMin(n int) int64 {
+	if n <= runtime.NumCPU() {
+		return 2 << 10
+	}
+	return 8 << 10
 }
 
 // lendsDirect reports whether the direct all-gather of bytes a rank takes

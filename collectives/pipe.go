@@ -201,16 +201,19 @@ func (s *sched) readGather(owner int, k uint64, dst device.Ptr, off, n int64) {
 
 // others returns every rank but this one, in rank order (shared: do not
 // modify).
-func (s *sched) others() []int {
-	if s.st.others == nil {
-		me, n := s.st.comm.Rank(), s.st.comm.Size()
+func (s *sched) others() []int { return s.st.peers() }
+
+// peers is sched.others, for the state: st.others, made on first use.
+func (st *state) peers() []int {
+	if st.others == nil {
+		me, n := st.comm.Rank(), st.comm.Size()
 		ps := make([]int, 0, n-1)
 		for p := 0; p < n; p++ {
 			if p != me {
 				ps = append(ps, p)
 			}
 		}
-		s.st.others = ps
+		st.others = ps
 	}
-	return s.st.others
+	return st.others
 }

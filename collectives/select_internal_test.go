@@ -1,6 +1,7 @@
 package collectives
 
 import (
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -262,7 +263,11 @@ func TestPreferLent(t *testing.T) {
 		{"in process, 4 MiB", proc, kAllGather, 2, 4 << 20, AlgoRing, AlgoDirect},
 		{"in process, 64 MiB", proc, kAllGather, 4, 64 << 20, AlgoRing, AlgoDirect},
 		{"in process, at inline", proc, kAllGather, 2, in, AlgoOneShot, AlgoDirect},
-		{"in process, below readMin", proc, kAllGather, 2, readMin - 1, AlgoOneShot, AlgoOneShot},
+		{"in process, below the read lane's least input", proc, kAllGather, 8, inprocGatherMin(8) - 1, AlgoOneShot, AlgoOneShot},
+		{"in process, at the read lane's least input", proc, kAllGather, 8, inprocGatherMin(8), AlgoOneShot, AlgoDirect},
+		{"in process, all-to-all blocks at readMin", proc, kAlltoAll, 4, 4 * readMin, AlgoOneShot, AlgoPairwise},
+		{"in process, all-to-all of a rank a core", proc, kAlltoAll, 2, 64, AlgoOneShot, map[bool]Algorithm{true: AlgoPairwise, false: AlgoOneShot}[runtime.NumCPU() >= 2]},
+		{"in process, all-to-all of more ranks than cores", proc, kAlltoAll, runtime.NumCPU() + 1, 64, AlgoOneShot, AlgoOneShot},
 		{"in process, 9 ranks", proc, kAllGather, 9, 64 << 20, AlgoRing, AlgoRing},
 		{"in process, broadcast at readMin", proc, kBroadcast, 2, readMin, AlgoOneShot, AlgoDirect},
 		{"in process, broadcast below readMin", proc, kBroadcast, 2, readMin - 1, AlgoOneShot, AlgoOneShot},
