@@ -358,8 +358,12 @@ const readMin = 16 << 10
 // streamed copy, and the spread of the all-gather's pieces, which pay from
 // there on). 2 ranks in process, 64 KiB: all-gather 12.8–13.1 µs written
 // against 8.0–9.7 read, all-to-all 13.5–15.1 against 9.0–11.0; 1 MiB:
-// all-gather 69–76 against 78–88.
-const inprocPullMax = memcopy.ReadMin
+// all-gather 69–76 against 78–88 (stop 21, the schedules). Since the read
+// lane (laneread.go) the reads win at 1 MiB too (512 KiB blocks and
+// inputs, 2 ranks, six launches interleaved: all-to-all 57–66 read against
+// 70–129 written, all-gather 56–70 against 64–104; Open MPI 60–79 and
+// 55–58).
+const inprocPullMax = 2 * memcopy.ReadMin
 
 // preferLent turns the selector's choice for an all-gather over tcp (or
 // among the ranks of one process), up to helloFullMax ranks, with inputs

@@ -160,6 +160,7 @@ type state struct {
 	lastSmall  bool          // the previous collective was one hello (launchHello may wait for it)
 	helloPoll  time.Duration // HCOMM_HELLO_POLL: the inline poll's bound; negative: no inline hello
 	pollSet    bool          // HCOMM_HELLO_POLL is set: callers poll for tcp peers too (overNetwork)
+	crowded    bool          // the ranks of this host (its processes, or this process's ranks) outnumber its cores
 
 	lane      *laneCall                 // the lane's call, reused while calls complete inline (lane.go)
 	laneIn    laneView                  // the lane's send buffer, checked once for a run of calls
@@ -299,6 +300,7 @@ func (st *state) init1() {
 	if st.err == nil {
 		st.helloPoll, st.err = envHelloPoll(c.ProcessesHere(), runtime.NumCPU()) // handshake.go
 		st.pollSet = os.Getenv("HCOMM_HELLO_POLL") != ""
+		st.crowded = c.ProcessesHere() > runtime.NumCPU() || c.ProcessesHere() == 1 && c.Size() > runtime.NumCPU()
 	}
 	if st.err == nil {
 		st.costs, st.err = envCostModel()
