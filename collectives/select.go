@@ -83,6 +83,10 @@ func has(k kind, a Algorithm) bool {
 	return false
 }
 
+// mappedRDMin is the all-reduce above which choose takes recursive
+// doubling over the one-shot among 4 or 8 ranks of one host.
+const mappedRDMin = 48 << 10
+
 // choose is the selector: the algorithm for a collective of kind k moving
 // bytes per rank (the size the one-shot path would carry inline) among n
 // ranks, given the layout, the cost model, and whether every peer's memory
@@ -130,6 +134,16 @@ func choose(k kind, bytes int64, n int, l layout, cm CostModel, mapped, multiHos
 			// 131–200; 64 KiB 254–494 against 364–421). With a fold
 			// (n not a power of two) rd takes two steps more: not
 			// measured, the one-shot stays.
+			return AlgoRD
+		}
+		if k == kAllReduce && mapped && n >= 4 && n&(n-1) == 0 && bytes > mappedRDMin && bytes <= l.inline() {
+			// Between ranks of one host, once the data outweighs the
+			// hand-offs, recursive doubling's log2(n) exchanges move less
+			// than the one-shot's n-1 writes and n-1 reductions, lane or
+			// not (stop 23, 4 ranks, 64 KiB, three launches each: in
+			// process 51–59 µs against 61–69, 4 shm processes 42–51
+			// against 55–64, Open MPI 63–69; at 48 KiB alike, 44–55
+			// against 44–54; 2 ranks stay one-shot: 17–19 against 13).
 			return AlgoRD
 		}
 		// The all-to-all's one-shot carries a block per hello, so it runs

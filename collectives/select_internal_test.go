@@ -181,6 +181,34 @@ func TestChooseSmallAllReduce(t *testing.T) {
 	}
 }
 
+// Among 4 or 8 ranks of one host an all-reduce past mappedRDMin (and
+// within what a hello carries) is recursive doubling; at it, with 2 or 3
+// ranks, or over the network's rule, the one-shot stays.
+func TestChooseMappedAllReduce(t *testing.T) {
+	for _, tc := range []struct {
+		n     int
+		bytes int64
+		want  Algorithm
+	}{
+		{4, mappedRDMin, AlgoOneShot},
+		{4, mappedRDMin + 1, AlgoRD},
+		{8, 64 << 10, AlgoRD},
+		{2, 64 << 10, AlgoOneShot},
+		{3, 64 << 10, AlgoOneShot},
+	} {
+		l, err := newLayout(tc.n, 256<<20)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tc.bytes > l.inline() {
+			t.Fatalf("%d bytes exceed the %d-byte hellos of %d ranks: the case tests nothing", tc.bytes, l.inline(), tc.n)
+		}
+		if a := choose(kAllReduce, tc.bytes, tc.n, l, DefaultCostModel(), true, false, false); a != tc.want {
+			t.Errorf("all-reduce of %d bytes among %d mapped ranks: %v, want %v", tc.bytes, tc.n, a, tc.want)
+		}
+	}
+}
+
 // The ordered algorithm is for HCCL_DETERMINISTIC=strict (or when asked
 // for): without strict the selector keeps the ring for reduce-scatter, whose
 // last listed algorithm ordered now is.
