@@ -45,13 +45,13 @@ func TestLLWaitEnds(t *testing.T) {
 	}
 	never := func() bool { return false }
 	start := time.Now()
-	err = llWait(nil, chs[0], 50*time.Millisecond, never)
+	err = llWait(nil, chs[0], 50*time.Millisecond, true, never)
 	if err == nil || !strings.Contains(err.Error(), "execution timeout") || time.Since(start) > 5*time.Second {
 		t.Fatalf("llWait with words that never come: %v after %v; want the execution timeout", err, time.Since(start))
 	}
 	stop := make(chan struct{})
 	close(stop)
-	if err := llWait(stop, chs[0], -1, never); err == nil || !strings.Contains(err.Error(), "stopped") {
+	if err := llWait(stop, chs[0], -1, true, never); err == nil || !strings.Contains(err.Error(), "stopped") {
 		t.Fatalf("llWait after stop: %v", err)
 	}
 }

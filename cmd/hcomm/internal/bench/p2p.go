@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"strings"
 	"time"
 
@@ -85,6 +86,9 @@ type p2pRun struct {
 	// buffer's host view.
 	lines   [3]*hcomm.PreparedLine
 	srcData []byte
+	// tight: the host's ranks have a core each, so a wait for a line
+	// polls without yielding for a while (llTight) before it yields.
+	tight bool
 }
 
 // The LL protocol of the small sizes (-ll 1, the default). Over a channel
@@ -153,6 +157,11 @@ func setupP2P(c *hcomm.Comm, o Options) (s *p2pRun, release func(), err error) {
 		return nil, nil, err
 	}
 	s = &p2pRun{c: c, dev: dev, n: n, me: me, recvBuf: recvBuf, llOff: dataLen, chans: make([]*hcomm.Channel, n), dsts: make([]device.Ptr, n)}
+	here := c.ProcessesHere()
+	if here == 1 {
+		here = n // every rank a goroutine of this process
+	}
+	s.tight = here <= runtime.NumCPU()
 	if v, err := dev.Map(recvBuf.Add(dataLen), p2pLLArea); err == nil && v.Mapped() && o.LL {
 		s.ll = v.Bytes() // polled in place: only where the view is the memory itself
 	}
@@ -403,7 +412,7 @@ func (s *p2pRun) llIter(stop <-chan struct{}, ch *hcomm.Channel, k int, sender, 
 	}
 	if receiver {
 		l := s.ll[llWords(par) : llWords(par)+channel.LineSize]
-		if err := llWait(stop, ch, s.c.Config().ExecTimeout, func() bool { return channel.TakeLine(s.recvData, l, flag) }); err != nil {
+		if err := llWait(stop, ch, s.c.Config().ExecTimeout, s.tight, func() bool { return channel.TakeLine(s.recvData, l, flag) }); err != nil {
 			return err
 		}
 		if bidir {
@@ -412,17 +421,26 @@ func (s *p2pRun) llIter(stop <-chan struct{}, ch *hcomm.Channel, k int, sender, 
 		return s.lines[2].Put(nil, flag)
 	}
 	l := s.ll[llAnswer : llAnswer+channel.LineSize]
-	return llWait(stop, ch, s.c.Config().ExecTimeout, func() bool { return channel.TakeLine(nil, l, flag) })
+	return llWait(stop, ch, s.c.Config().ExecTimeout, s.tight, func() bool { return channel.TakeLine(nil, l, flag) })
 }
 
-// llWait polls take until it reports true: tightly, then yielding the
+// llWait polls take until it reports true: tightly (for up to llTight
+// when tight, the ranks of the host having a core each), then yielding the
 // processor between looks, and now and then looking whether stop has
 // closed (the run's context: -T, an error elsewhere), the channel's peer is
 // gone (its notifies broken) or the communicator's execution timeout
 // (HCCL_EXEC_TIMEOUT, as a notify wait's) has passed, any of which ends
 // the wait.
-func llWait(stop <-chan struct{}, ch *hcomm.Channel, exec time.Duration, take func() bool) error {
+func llWait(stop <-chan struct{}, ch *hcomm.Channel, exec time.Duration, tight bool, take func() bool) error {
 	start := time.Now()
+	for i := 0; tight; i++ {
+		if take() {
+			return nil
+		}
+		if i&255 == 255 && time.Since(start) >= llTight {
+			break
+		}
+	}
 	for {
 		if spin.UntilYield(time.Millisecond, take) {
 			return nil
@@ -440,6 +458,13 @@ func llWait(stop <-chan struct{}, ch *hcomm.Channel, exec time.Duration, take fu
 		}
 	}
 }
+
+// llTight bounds llWait's poll without yields. A waiter that yields (a
+// system call, 0.3 µs here) between looks answers a line a yield late, and
+// when both ends of a ping-pong yield each round trip pays two: 2 shm
+// processes on 2 cores measured 0.29–0.36 µs in most launches and 0.6–1.5
+// in some (pingpong shm 0.24–0.32), the slow ones both ends yielding.
+const llTight = 50 * time.Microsecond
 
 // p2pRow reports one size: the pairs' mean time and its bandwidth, and the
 // wrong bytes with -c 1.
