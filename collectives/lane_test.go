@@ -500,3 +500,72 @@ func TestReadLaneMeetsSchedule(t *testing.T) {
 		}
 	}
 }
+
+// TestReadLanePeerGone: a call of the read lane whose peer is gone — before
+// the call, or while the call waits for it (its poll over, its waits
+// queued) — fails at once with an error naming the peer, instead of
+// waiting out the execution timeout; calls whose peer stays are exact.
+func TestReadLanePeerGone(t *testing.T) {
+	for _, tr := range laneTransports {
+		t.Run(tr.String(), func(t *testing.T) {
+			o := hcommtest.Options{Config: &hcomm.Config{ExecTimeout: 60 * time.Second}}
+			o.Run(t, 2, tr, func(t testing.TB, c *hcomm.Comm) {
+				s, err := c.Device().CreateStream()
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer s.Destroy()
+				const count = 8192 // 32 KiB a rank: read in place in process and between shm processes
+				send := deviceFloats(t, c, count, float32(c.Rank()+1))
+				defer c.Device().Free(send)
+				recv := deviceFloats(t, c, 2*count, 0)
+				defer c.Device().Free(recv)
+				cfg := &hcomm.Config{BufferSize: 1 << 20, Transport: tr.Name, ExecTimeout: 60 * time.Second}
+				gather := func(sub *hcomm.Comm) error {
+					if err := collectives.AllGather(send, recv, count, hcomm.Float32, sub, s, nil); err != nil {
+						return err
+					}
+					return s.SynchronizeWithTimeout(time.Minute)
+				}
+				for i, before := range []bool{true, false} { // in this order on every rank
+					sub, err := c.CreateSubComm([]int{0, 1}, uint64(200+i), cfg)
+					if err != nil {
+						t.Fatal(err)
+					}
+					for k := 0; k < 3; k++ { // the first sets up; the others take the lane
+						if err := gather(sub); err != nil {
+							t.Fatal(err)
+						}
+						for j, v := range readFloats(t, c, recv, 2*count) {
+							if want := float32(j/count + 1); v != want {
+								t.Fatalf("call %d: element %d is %v, want %v", k, j, v, want)
+							}
+						}
+					}
+					if inline, pending, queued := collectives.LaneRuns(sub); inline+pending+queued == 0 {
+						t.Fatal("no all-gather took the lane")
+					}
+					if c.Rank() == 1 {
+						if !before {
+							time.Sleep(200 * time.Millisecond)
+						}
+						sub.Destroy()
+						continue
+					}
+					if before {
+						time.Sleep(100 * time.Millisecond) // rank 1 is gone
+					}
+					start := time.Now()
+					err = gather(sub)
+					sub.Destroy()
+					if err == nil || !strings.Contains(err.Error(), "rank 1") {
+						t.Fatalf("an all-gather with rank 1 gone (before the call: %v): %v; want an error naming rank 1", before, err)
+					}
+					if d := time.Since(start); d > 10*time.Second {
+						t.Fatalf("the all-gather with rank 1 gone (before the call: %v) failed after %v; the loss must end it, not the timeout", before, d)
+					}
+				}
+			})
+		})
+	}
+}

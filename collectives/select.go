@@ -98,9 +98,13 @@ const mappedRDMin = 48 << 10
 //     which the caller asks after choose);
 //   - where memory is mapped, an all-gather from a window reads in place
 //     (direct);
-//   - up to helloFullMax ranks, what fits a hello slot goes one-shot, and
+//   - up to helloFullMax ranks, what fits a hello slot goes one-shot —
+//     but an all-reduce among 4 or 8 ranks takes recursive doubling, over
+//     a network at every size, in mapped memory above mappedRDMin — and
 //     the rest is the tuning table's (tuning.go), whose rows cite their
-//     measurements (made at 2 to 8 ranks);
+//     measurements (made at 2 to 8 ranks); preferLent (lent.go) then turns
+//     the choice into a schedule that writes or reads the peers' buffers
+//     in place where the transport allows it;
 //   - the direct schedules are for mapped memory only (over a network a
 //     read is a round trip per piece and peer);
 //   - above helloFullMax ranks every collective opens with the butterfly,
