@@ -402,14 +402,16 @@ func TestLaneFirstAfterRD(t *testing.T) {
 // all-to-alls and broadcasts (every root in turn) whose inputs, blocks and
 // root's buffer are read where they lie, with small all-reduces, one-shot
 // all-gathers and broadcasts of the schedules between them, back to back,
-// each rank late now and then, results exact. The gather slots' counters
+// each rank late now and then, 2 and 3 ranks and 4 on one processor, sizes
+// on and around every threshold of the read lane, results exact. The gather slots' counters
 // must stay in step across the two paths, or a later call reads a peer's
 // buffer too early or waits forever.
 func TestReadLaneMeetsSchedule(t *testing.T) {
 	for _, tr := range laneTransports {
-		for _, n := range []int{2, 3} {
-			t.Run(fmt.Sprintf("%v/ranks=%d", tr, n), func(t *testing.T) {
-				o := hcommtest.Options{Config: &hcomm.Config{ExecTimeout: 60 * time.Second, BufferSize: 1 << 20}}
+		for _, shape := range []struct{ n, procs int }{{2, 0}, {3, 0}, {4, 1}} {
+			n := shape.n
+			t.Run(fmt.Sprintf("%v/ranks=%d/gomaxprocs=%d", tr, n, shape.procs), func(t *testing.T) {
+				o := hcommtest.Options{Config: &hcomm.Config{ExecTimeout: 60 * time.Second, BufferSize: 1 << 20}, GOMAXPROCS: shape.procs}
 				o.Run(t, n, tr, func(t testing.TB, c *hcomm.Comm) {
 					var ss [2]*device.Stream
 					for i := range ss {
@@ -421,14 +423,16 @@ func TestReadLaneMeetsSchedule(t *testing.T) {
 						ss[i] = s
 					}
 					me := c.Rank()
-					const room = 3 * 20000
+					const room = 4 * 20000
 					send := deviceFloats(t, c, room, 0)
 					defer c.Device().Free(send)
 					recv := deviceFloats(t, c, room, 0)
 					defer c.Device().Free(recv)
 					// Blocks of 1 element to 80 KB, on both sides of the
-					// read lane's thresholds over inproc and shm.
-					counts := []int{1, 600, 5000, 20000, 3, 4097}
+					// read lane's thresholds over inproc and shm: the
+					// in-process all-gather's 2 and 8 KiB inputs, readMin
+					// (16 KiB), the lane's 64 KiB bounds.
+					counts := []int{1, 511, 512, 600, 2047, 2048, 5000, 20000, 3, 4095, 4096, 4097, 16384, 16385}
 					rng := rand.New(rand.NewPCG(uint64(me), 5))
 					for k := 0; k < 5*len(counts); k++ {
 						s := ss[0]
