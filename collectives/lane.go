@@ -81,6 +81,7 @@ type laneCall struct {
 	firstFn, restFn, runFn func(stop <-chan struct{}) error // bound once
 	payloadFn              func(r int) []byte
 	learnFn                func(p int, payload []byte) error
+	seenFn, doneFn         func() bool
 }
 
 // How the lane's calls ran (state.laneRuns, for tests): all in the
@@ -130,6 +131,7 @@ const lanePolls = 64
 func newLaneCall(st *state) *laneCall {
 	x := &laneCall{st: st}
 	x.firstFn, x.restFn, x.runFn, x.payloadFn, x.learnFn = x.first, x.rest, x.run, x.payload, x.learn
+	x.seenFn, x.doneFn = x.seen, x.doneSeen
 	return x
 }
 
@@ -490,18 +492,9 @@ func (x *laneCall) first(stop <-chan struct{}) error {
 		return err
 	}
 	x.countOp()
-	// A peer making the same call answers within a cache line's round
-	// trip: a tight poll first, before the polls that yield.
-	for i := 0; i < lanePolls && !x.seen(); i++ {
-	}
-	if x.next < len(x.st.others) && x.poll > 0 {
-		if x.st.remote {
-			spin.UntilYield(x.poll, x.seen)
-		} else {
-			spin.Until(x.poll, x.seen)
-		}
-	}
-	if x.next < len(x.st.others) {
+	// seen gives up early on a broken notify, leaving x.next short: the
+	// queued wait names the loss.
+	if x.pollUntil(x.seenFn); x.next < len(x.st.others) {
 		x.pending = true
 		return nil
 	}
@@ -513,6 +506,26 @@ func (x *laneCall) first(stop <-chan struct{}) error {
 	}
 	x.pending = !x.drained()
 	return nil
+}
+
+// pollUntil polls cond for up to the lane's poll bound, reporting whether
+// it became true (seen and doneSeen also stop it at a broken notify: their
+// counts tell). A peer making the same call answers within a cache line's
+// round trip: a tight poll first, before the polls that yield (the core to
+// other processes, when some peer is one: st.remote).
+func (x *laneCall) pollUntil(cond func() bool) bool {
+	for i := 0; i < lanePolls; i++ {
+		if cond() {
+			return true
+		}
+	}
+	switch {
+	case x.poll <= 0:
+		return false
+	case x.st.remote:
+		return spin.UntilYield(x.poll, cond)
+	}
+	return spin.Until(x.poll, cond)
 }
 
 // countOp numbers the call with CountOp, once, unless BeginOp has.

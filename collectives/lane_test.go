@@ -264,33 +264,44 @@ func TestLanePeerGone(t *testing.T) {
 					if err := lane(sub, 3); err != nil { // both parities prepared: the next call posts
 						t.Fatal(err)
 					}
-					if c.Rank() == 1 {
-						if !before {
-							time.Sleep(200 * time.Millisecond)
+					rankGone(t, c, sub, before, "all-reduce", func() error {
+						err := collectives.AllReduce(buf, buf, 4, hcomm.Float32, hcomm.Sum, sub, s, nil)
+						if err == nil {
+							err = s.SynchronizeWithTimeout(time.Minute)
 						}
-						sub.Destroy()
-						continue
-					}
-					if before {
-						time.Sleep(100 * time.Millisecond) // rank 1 is gone
-					}
-					start := time.Now()
-					err = collectives.AllReduce(buf, buf, 4, hcomm.Float32, hcomm.Sum, sub, s, nil)
-					if err == nil {
-						err = s.SynchronizeWithTimeout(time.Minute)
-					}
-					sub.Destroy()
-					if err == nil || !strings.Contains(err.Error(), "rank 1") {
-						t.Fatalf("an all-reduce with rank 1 gone (before the call: %v): %v; want an error naming rank 1", before, err)
-					}
-					if d := time.Since(start); d > 10*time.Second {
-						t.Fatalf("the all-reduce with rank 1 gone (before the call: %v) failed after %v; the loss must end it, not the timeout", before, d)
-					}
-					t.Logf("before the call: %v: %v", before, err)
+						return err
+					})
 				}
 			})
 		})
 	}
+}
+
+// rankGone ends a lane's test of a lost peer on sub, a communicator of
+// ranks 0 and 1: rank 1 destroys its end before rank 0's call (before) or
+// while rank 0 waits in it; rank 0's call, then destroying its end, must
+// fail within 10 s with an error naming rank 1.
+func rankGone(t testing.TB, c, sub *hcomm.Comm, before bool, what string, call func() error) {
+	if c.Rank() == 1 {
+		if !before {
+			time.Sleep(200 * time.Millisecond)
+		}
+		sub.Destroy()
+		return
+	}
+	if before {
+		time.Sleep(100 * time.Millisecond) // rank 1 is gone
+	}
+	start := time.Now()
+	err := call()
+	sub.Destroy()
+	if err == nil || !strings.Contains(err.Error(), "rank 1") {
+		t.Fatalf("an %s with rank 1 gone (before the call: %v): %v; want an error naming rank 1", what, before, err)
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Fatalf("the %s with rank 1 gone (before the call: %v) failed after %v; the loss must end it, not the timeout", what, before, d)
+	}
+	t.Logf("%s, before the call: %v: %v", what, before, err)
 }
 
 // The lane's calls are collectives like the others: numbered in turn with
@@ -549,25 +560,7 @@ func TestReadLanePeerGone(t *testing.T) {
 					if inline, pending, queued := collectives.LaneRuns(sub); inline+pending+queued == 0 {
 						t.Fatal("no all-gather took the lane")
 					}
-					if c.Rank() == 1 {
-						if !before {
-							time.Sleep(200 * time.Millisecond)
-						}
-						sub.Destroy()
-						continue
-					}
-					if before {
-						time.Sleep(100 * time.Millisecond) // rank 1 is gone
-					}
-					start := time.Now()
-					err = gather(sub)
-					sub.Destroy()
-					if err == nil || !strings.Contains(err.Error(), "rank 1") {
-						t.Fatalf("an all-gather with rank 1 gone (before the call: %v): %v; want an error naming rank 1", before, err)
-					}
-					if d := time.Since(start); d > 10*time.Second {
-						t.Fatalf("the all-gather with rank 1 gone (before the call: %v) failed after %v; the loss must end it, not the timeout", before, d)
-					}
+					rankGone(t, c, sub, before, "all-gather", func() error { return gather(sub) })
 				}
 			})
 		})

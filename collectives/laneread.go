@@ -7,7 +7,6 @@ import (
 	"github.com/hcomm-dev/hcomm/channel"
 	"github.com/hcomm-dev/hcomm/device"
 	"github.com/hcomm-dev/hcomm/hcomm"
-	"github.com/hcomm-dev/hcomm/internal/spin"
 )
 
 // The read lane: the lane (lane.go) for the calls whose schedule reads
@@ -294,15 +293,7 @@ func (x *laneCall) readPeer(stop <-chan struct{}, p int, dst device.Ptr) error {
 // drained polls for the peers' dones (every peer has read this rank's
 // send buffer) for up to the lane's poll bound, reporting whether all came.
 func (x *laneCall) drained() bool {
-	for i := 0; i < lanePolls && !x.doneSeen(); i++ {
-	}
-	if x.dones < len(x.st.others) && x.poll > 0 {
-		if x.st.remote {
-			spin.UntilYield(x.poll, x.doneSeen)
-		} else {
-			spin.Until(x.poll, x.doneSeen)
-		}
-	}
+	x.pollUntil(x.doneFn)
 	return x.dones == len(x.st.others)
 }
 
