@@ -172,7 +172,7 @@ func allGather(c *hcomm.Comm, name string, h header, send device.Ptr, sendCount 
 				}
 				break
 			}
-			if sc.st.lendsDirect(sendCount*es) && h.kind == kAllGather && !sc.sparse() {
+			if sc.st.lendsDirect(sendCount*es, c.Size()) && h.kind == kAllGather && !sc.sparse() {
 				// Over tcp or in one process (lent.go): every rank's
 				// input written straight to its place in every peer's
 				// output; between processes of a host whose kernel lets

@@ -48,7 +48,7 @@ func Broadcast(buf device.Ptr, count int64, dt hcomm.DataType, root int, c *hcom
 				broadcastWindow(sc, w, off, buf, n, root)
 				break
 			}
-			if (sc.st.cma || sc.st.allInproc) && n >= readMin && !sc.sparse() {
+			if (sc.st.cma || sc.st.allInproc) && n >= readLeast(c.Size(), sc.st.allInproc) && !sc.sparse() {
 				// Between processes of a host that read lent memory, or
 				// in one process: every other rank reads the root's buf
 				// straight into its own (pairs that cannot: through the

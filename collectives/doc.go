@@ -220,7 +220,8 @@
 // memory file (device.FileOf), and each peer reads its data straight from
 // there into its own output (hcomm.ReadLentNbi): the pairwise AlltoAll and
 // AlltoAllV's blocks, the direct AllGather's inputs, the direct Broadcast's
-// buffer, from 16 KiB a peer on (readMin) — which the selector then prefers
+// buffer, from 16 KiB a peer on (readMin; between 2 processes from 4 KiB,
+// the all-gather's inputs from 8 KiB: readLeast) — which the selector then prefers
 // over the one-shot, the ring and the gather slots, whose staging takes two
 // copies. The shm channel maps the peer's memory file read-only, after
 // checking it is the file the peer named and sealed against shrinking, and

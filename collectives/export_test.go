@@ -61,5 +61,8 @@ func LentReads() int64 { return lentReads.Load() }
 // ReadMin is the least data a pair reads lent.
 const ReadMin = readMin
 
+// PairReadMin is pairReadMin: readMin between 2 ranks and in one process.
+const PairReadMin = pairReadMin
+
 // InprocPullMax: in process, what is read rather than written lent.
 const InprocPullMax = inprocPullMax

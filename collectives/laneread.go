@@ -64,7 +64,7 @@ func (st *state) readFits(k kind, sel int64, algo Algorithm) bool {
 	switch {
 	case k == kAllGather && algo == AlgoDirect:
 		block = sel
-		if !st.lendsDirect(block) {
+		if !st.lendsDirect(block, int(size)) {
 			return false
 		}
 		pull = st.allInproc && block < inprocPullMax
@@ -76,7 +76,7 @@ func (st *state) readFits(k kind, sel int64, algo Algorithm) bool {
 		pull = st.allInproc && block < inprocPullMax
 	case k == kBroadcast && algo == AlgoDirect:
 		block, pull = sel, true // every pair that can read does (Broadcast)
-		if !(st.cma || st.allInproc) || block < readMin || block > laneBroadcastMax {
+		if !(st.cma || st.allInproc) || block < readLeast(int(size), st.allInproc) || block > laneBroadcastMax {
 			return false
 		}
 	default:
@@ -88,7 +88,7 @@ func (st *state) readFits(k kind, sel int64, algo Algorithm) bool {
 	for _, p := range st.others {
 		ch := st.chans[p]
 		reads := pull && ch.ReadsLent() || !ch.TakesLent() && ch.ReadsLent() // lend's choice
-		if !reads || block < readMin && ch.Transport() != hcomm.TransportInproc {
+		if !reads || block < readLeast(int(size), st.allInproc) && ch.Transport() != hcomm.TransportInproc {
 			return false
 		}
 	}

@@ -67,6 +67,7 @@ type loan struct {
 	file      device.FileRef     // where send lies in its memory file (FD -1: nowhere), for the pairs that read
 	files     []channel.PeerFile // by rank: where the peer's send buffer lies in its memory file, from its hello
 	k         []uint64           // by rank: the gather slot whose nDone this rank's write or read records
+	least     int64              // the least data a pair that reads lent memory reads so (readLeast)
 }
 
 // lend sets up the loan of recv (n bytes) and send for the call: the pairs
@@ -83,7 +84,7 @@ func (s *sched) lend(recv device.Ptr, n int64, disp []int64, send device.Ptr, sd
 	size := s.st.comm.Size()
 	ln := &loan{recv: recv, send: send, disp: disp, sdisp: sdisp, lends: make([]bool, size), reads: make([]bool, size),
 		copies: make([]bool, size), at: make([]device.Ptr, size), from: make([]device.Ptr, size), k: make([]uint64, size),
-		files: make([]channel.PeerFile, size)}
+		files: make([]channel.PeerFile, size), least: readLeast(size, s.st.allInproc)}
 	if disp != nil {
 		ln.their = make([]int64, size)
 	}
@@ -205,10 +206,10 @@ func (ln *loan) fits(p int, n int64) bool {
 
 // readFits reports whether the n bytes one end of the pair with p sends
 // the other are read lent, from the sender's send buffer by the receiver:
-// the pair reads lent memory and n is at least readMin, or the read is a
+// the pair reads lent memory and n is at least ln.least, or the read is a
 // memory copy (inproc: any size). Both ends decide alike.
 func (ln *loan) readFits(p int, n int64) bool {
-	return ln != nil && ln.reads[p] && (n >= readMin || ln.copies[p])
+	return ln != nil && ln.reads[p] && (n >= ln.least || ln.copies[p])
 }
 
 // openLoan takes this call's turn in the gather slots: this rank's own,
@@ -343,14 +344,43 @@ func (s *sched) writeLentAll(ln *loan, peers []int, off, es int64, src device.Pt
 // (the pipes keep both directions' pieces going at once).
 const lentMax = 512 << 10
 
-// readMin is the least data a pair that reads lent memory reads so (ln.readFits);
-// less goes through the HCCL buffers.
 // readMin is the least data a pair that reads lent memory reads so
-// (ln.readFits), from a peer's block or input; less goes through the HCCL
-// buffers. A read from a peer's memory file mapped here costs a copy and
-// no system call (channel/shm): from 16 KiB it beat the one-shot's two
-// copies through a hello (preferLent's figures).
+// (ln.readFits), from a peer's block or input, among more than 2 ranks of
+// more than one process; less goes through the HCCL buffers. A read from a
+// peer's memory file mapped here costs a copy and no system call
+// (channel/shm): from 16 KiB it beat the one-shot's two copies through a
+// hello (preferLent's figures); below, with 4 processes on 2 cores, the
+// read lane's two hand-offs a peer (hello, done) lose to the one-shot's one
+// (16 KiB: all-to-all 21–24 µs read against 12.6–14.2, all-gather 20–23
+// against 9.0).
 const readMin = 16 << 10
+
+// pairReadMin is readMin between 2 ranks, and among the ranks of one
+// process: there the read lane's reads win from 4 KiB (2 shm processes,
+// 16 KiB: all-to-all 1.3–1.5 µs against 3.5–3.6, broadcast of 8 KiB
+// 0.9–1.0 against 2.2–2.4; in process a broadcast of 4 KiB 1.0–1.2
+// against 2.2–2.5), but the all-gather's one-shot lane holds to 8 KiB
+// inputs (4 KiB 1.65–1.74 against 1.9–2.1 read: gatherReadMin).
+const pairReadMin = 4 << 10
+
+// readLeast is the least data a pair that reads lent memory reads so among
+// n ranks (allInproc: all in one process). Every rank knows n and
+// allInproc alike, so the pairs' two ends and the selector agree.
+func readLeast(n int, allInproc bool) int64 {
+	if n == 2 || allInproc {
+		return pairReadMin
+	}
+	return readMin
+}
+
+// gatherReadMin is the least input the direct all-gather between processes
+// of a host reads where it lies (preferLent): readMin, or 8 KiB between 2.
+func gatherReadMin(n int) int64 {
+	if n == 2 {
+		return 2 * pairReadMin
+	}
+	return readMin
+}
 
 // inprocPullMax: between ranks of one process, blocks and inputs below it
 // are read by their receivers (the reader copies plainly, its output left
@@ -391,11 +421,11 @@ func preferLent(k kind, bytes int64, n int, st *state, a Algorithm) Algorithm {
 	}
 	if st.cma {
 		switch {
-		case (k == kAllGather || k == kBroadcast) && bytes >= readMin:
+		case k == kAllGather && bytes >= gatherReadMin(n), k == kBroadcast && bytes >= readLeast(n, false):
 			return AlgoDirect
 		}
 	}
-	if st.allInproc && (k == kBroadcast && bytes >= readMin || k == kAllGather && bytes >= inprocGatherMin(n)) {
+	if st.allInproc && (k == kBroadcast && bytes >= pairReadMin || k == kAllGather && bytes >= inprocGatherMin(n)) {
 		// In one process every receiver reads the root's buffer, or
 		// every peer's input below inprocPullMax, the same way (the
 		// one-shot at 64 KiB, 2 ranks: all-gather 12.2–13.7 µs).
@@ -412,14 +442,14 @@ func preferLent(k kind, bytes int64, n int, st *state, a Algorithm) Algorithm {
 	}
 	if st.cma {
 		switch {
-		case k == kAlltoAll && bytes/int64(n) >= readMin:
+		case k == kAlltoAll && bytes/int64(n) >= readLeast(n, false):
 			return AlgoPairwise
 		}
 	}
 	if k != kAllGather || bytes <= st.lay.inline() {
 		return a
 	}
-	if !st.mapped && st.netLends && bytes <= lentMax || st.mapped && st.lendsDirect(bytes) {
+	if !st.mapped && st.netLends && bytes <= lentMax || st.mapped && st.lendsDirect(bytes, n) {
 		return AlgoDirect
 	}
 	return a
@@ -441,10 +471,10 @@ func inprocGatherMin(n int) int64 {
 
 // lendsDirect reports whether the direct all-gather of bytes a rank takes
 // its lent form (every rank alike): over tcp, among the ranks of one
-// process, and between processes of a host from readMin on, unless
+// process, and among n processes of a host from readLeast on, unless
 // HCOMM_SHM_CMA_DISABLE (st.cma).
-func (st *state) lendsDirect(bytes int64) bool {
-	return !st.mapped || st.allInproc || st.cma && bytes >= readMin
+func (st *state) lendsDirect(bytes int64, n int) bool {
+	return !st.mapped || st.allInproc || st.cma && bytes >= readLeast(n, false)
 }
 
 // openLent opens a collective among every rank (at most helloFullMax: the

@@ -208,11 +208,11 @@ func TestAllGatherGatherPieces(t *testing.T) {
 // ends may read each other's memory through the kernel reads the peer's
 // block for it straight from the peer's send buffer (lent.go, readLent):
 // the all-to-all, AlltoAllV, direct all-gather (in place and out) and
-// direct broadcast (roots first and last) at and above readMin, exact
-// against the reference, with 2 to 4 ranks, blocks just below, at and
-// above readMin, odd ones, and calls of the staged forms (ring all-gather
-// and broadcast, blocks below readMin) back to back with them; the reads
-// are counted. With
+// direct broadcast (roots first and last) at and above readMin (between
+// 2 ranks pairReadMin), exact against the reference, with 2 to 4 ranks,
+// blocks just below, at and above it, odd ones, and calls of the staged
+// forms (ring all-gather and broadcast, blocks below it) back to back with
+// them; the reads are counted. With
 // HCOMM_SHM_CMA_DISABLE's Config field no pair reads and the results are the
 // same.
 func TestLentReadsOverShm(t *testing.T) {
@@ -231,6 +231,9 @@ func TestLentReadsOverShm(t *testing.T) {
 			reads := func() int64 { return collectives.LentReads() }
 			before := reads()
 			min := int64(collectives.ReadMin)
+			if tc.n == 2 {
+				min = collectives.PairReadMin // readLeast
+			}
 			for _, dt := range dts {
 				es := int64(dt.Size())
 				counts := []int64{min/es - 1, min / es, min/es + 3, (600 << 10) / es}
@@ -320,26 +323,26 @@ func TestLentReadsConfigMismatch(t *testing.T) {
 }
 
 // TestReadsInProcess: between ranks of one process the direct broadcast's
-// receivers read the root's buffer straight into theirs from readMin on,
+// receivers read the root's buffer straight into theirs from pairReadMin on,
 // and the direct all-gather's and pairwise all-to-all's receivers read
 // their peers' inputs and blocks below inprocPullMax
 // (inproc reads lent memory; forced, at any size below it); above, the
 // senders write. Exact against the reference with roots first and last, in
-// place and out, sizes around readMin and past a streamed copy's; no
-// broadcast below readMin is read lent.
+// place and out, sizes around pairReadMin and readMin and past a streamed
+// copy's; no broadcast below pairReadMin is read lent.
 func TestReadsInProcess(t *testing.T) {
 	for _, n := range []int{2, 3} {
 		t.Run(fmt.Sprintf("ranks=%d", n), func(t *testing.T) {
 			comms := hcommtest.Options{Config: &hcomm.Config{BufferSize: 256 << 10}}.New(t, n, hcommtest.Inproc)
-			for _, count := range []int64{collectives.ReadMin - 1, collectives.ReadMin, collectives.InprocPullMax - 1, collectives.InprocPullMax, 1<<20 + 3} {
+			for _, count := range []int64{collectives.PairReadMin - 1, collectives.PairReadMin, collectives.ReadMin - 1, collectives.ReadMin, collectives.InprocPullMax - 1, collectives.InprocPullMax, 1<<20 + 3} {
 				for _, root := range []int{0, n - 1} {
 					m := matrixCase{dt: hcomm.Int8, op: hcomm.Sum, count: count, root: root, inline: 1 << 40}
 					r0 := collectives.LentReads()
 					broadcastRaw(t, comms, m, collectives.AlgoAuto)
 					broadcastRaw(t, comms, m, collectives.AlgoDirect)
 					read := collectives.LentReads() > r0
-					if read != (count >= collectives.ReadMin) {
-						t.Fatalf("broadcast %v: read lent %v, want %v", m, read, count >= collectives.ReadMin)
+					if read != (count >= collectives.PairReadMin) {
+						t.Fatalf("broadcast %v: read lent %v, want %v", m, read, count >= collectives.PairReadMin)
 					}
 				}
 				m := matrixCase{dt: hcomm.Int8, op: hcomm.Sum, count: count, inline: 1 << 40}
