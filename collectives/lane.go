@@ -12,7 +12,8 @@ import (
 
 // The small all-reduce's lane, which the one-shot all-gather takes too (the
 // same hello; each rank copies the inputs to their places where the
-// all-reduce reduces them). A one-shot all-reduce is one hello: every
+// all-reduce reduces them), and the one-shot all-to-all and reduce-scatter,
+// whose hello to each peer carries a part of its own (postParts). A one-shot all-reduce is one hello: every
 // rank writes its header and its input into every peer's hello slot,
 // records the peer's hello notify, waits for the peers' hellos, checks them
 // and reduces the inputs in rank order. Issued through issue, it also pays
@@ -72,6 +73,12 @@ type laneCall struct {
 	// algo: the algorithm the call's hello names, and its name.
 	algo     Algorithm
 	algoName string
+	// part: the hello to each peer carries a payload of its own, n bytes
+	// of send from n times the peer's rank on (the one-shot all-to-all's
+	// block for it, the one-shot reduce-scatter's part), as helloCall's
+	// blockOf does; sendPtr is send.
+	part    bool
+	sendPtr device.Ptr
 	// rd: the call reads its peers' buffers where they lie (laneread.go);
 	// x.in is then its hello's payload, the loan's words, and the fields
 	// below are the read's.
@@ -189,8 +196,11 @@ func laneRun(c *hcomm.Comm, s *device.Stream, o *Options, name string, h header,
 		}
 	}
 	inN := n
-	if fit.rd && h.kind == kAlltoAll {
+	switch {
+	case fit.rd && h.kind == kAlltoAll:
 		inN = outN // every block
+	case fit.part:
+		inN = n * int64(c.Size()) // a part for every rank
 	}
 	in, err := st.laneIn.get(c, name, "send", send, inN)
 	if err != nil {
@@ -210,7 +220,7 @@ func laneRun(c *hcomm.Comm, s *device.Stream, o *Options, name string, h header,
 	h.seq, h.from, h.size = st.seq, int32(c.Rank()), int32(c.Size())
 	x.h, x.name = h, name
 	x.in, x.out, x.count, x.n, x.next, x.pending = in, out, h.count, n, 0, false
-	x.algo, x.algoName, x.rd = AlgoOneShot, algoOneShot, fit.rd
+	x.algo, x.algoName, x.rd, x.part, x.sendPtr = AlgoOneShot, algoOneShot, fit.rd, fit.part, send
 	if fit.rd {
 		x.readArgs(fit.algo, send, recv, in, n)
 	}
@@ -291,6 +301,7 @@ type laneFit struct {
 	asked Algorithm // the Options'
 	algo  Algorithm // the call's: the one-shot's, or the read lane's (rd)
 	rd    bool
+	part  bool // a payload of its own to each peer (laneCall.part)
 	ok    bool
 }
 
@@ -347,6 +358,8 @@ func (st *state) laneFits(k kind, sel int64, algo Algorithm) (laneFit, bool) {
 	switch {
 	case (algo == AlgoOneShot || algo == AlgoAuto && strict) && (k == kAllReduce || k == kAllGather): // strict picks oneshot at this size (strictAlgo)
 		return laneFit{algo: AlgoOneShot}, sel <= st.lay.inline()
+	case algo == AlgoOneShot && !strict && (k == kAlltoAll || k == kReduceScatter):
+		return laneFit{algo: AlgoOneShot, part: true}, sel/int64(size) <= st.lay.inline()
 	case st.readFits(k, sel, algo):
 		return laneFit{algo: algo, rd: true}, true
 	}
@@ -362,6 +375,10 @@ func (x *laneCall) post(stop <-chan struct{}) error {
 	st := x.st
 	me := int(x.h.from)
 	off := st.lay.helloOff(me, 0)
+	if x.part {
+		x.packed = false
+		return x.postParts(stop)
+	}
 	x.packed = st.ll && !x.rd && packHeader(x.line[:], x.h, x.in)
 	if !x.packed {
 		// The header and payload in this rank's slot, which finish checks
@@ -393,6 +410,29 @@ func (x *laneCall) post(stop <-chan struct{}) error {
 			return err
 		}
 		if err := w.Do(stop, headerSize+x.n); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// postParts is post for a call whose hello to each peer carries a payload
+// of its own (x.part): the header into this rank's slot with its own part
+// beside it (where finish reads it as it reads the peers': an in-place
+// reduce-scatter's recv is that part of send), and to each peer the header
+// and the peer's part of send, as the schedule's hello sends them
+// (sendHello: a line when they pack into one, else the part and then the
+// header's line).
+func (x *laneCall) postParts(stop <-chan struct{}) error {
+	st := x.st
+	me := int(x.h.from)
+	off := st.lay.helloOff(me, 0)
+	b := st.hello.Bytes()[off : off+headerSize+x.n]
+	x.h.encode(b)
+	copy(b[headerSize:], x.in[int64(me)*x.n:])
+	mine := st.buf.Add(off)
+	for _, p := range st.others {
+		if err := st.sendHello(stop, p, x.par[p], x.flag[p], mine, x.sendPtr.Add(int64(p)*x.n), x.n); err != nil {
 			return err
 		}
 	}
@@ -611,9 +651,10 @@ func (x *laneCall) finish() error {
 	if x.count == 0 {
 		return nil
 	}
-	if x.h.kind == kAllGather {
-		// Every rank's input to its place, this rank's from its own
-		// hello's copy (an in-place call's input is its place).
+	if x.h.kind == kAllGather || x.h.kind == kAlltoAll {
+		// Every rank's input (or block for this rank) to its place, this
+		// rank's from its own hello's copy (an in-place call's input is
+		// its place).
 		for r := 0; r < size; r++ {
 			copy(x.out[int64(r)*x.n:], x.pay[r])
 		}

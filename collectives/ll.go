@@ -220,8 +220,12 @@ func (st *state) wakeIfAsked(stop <-chan struct{}, p int, par uint64, flag uint3
 // as a line (flag) when the pair's hellos are lines, else as a write with
 // the hello notify.
 func (s *sched) sendHello(stop <-chan struct{}, p int, par uint64, flag uint32, src, payload device.Ptr, n int64) error {
-	st := s.st
-	dst := s.peerSlot(p, st.lay.helloOff(st.comm.Rank(), par))
+	return s.st.sendHello(stop, p, par, flag, src, payload, n)
+}
+
+// sendHello is sched.sendHello, for the lane (lane.go), which has no sched.
+func (st *state) sendHello(stop <-chan struct{}, p int, par uint64, flag uint32, src, payload device.Ptr, n int64) error {
+	dst := st.peerBuf[p].Add(st.lay.helloOff(st.comm.Rank(), par))
 	if flag == 0 && (n == 0 || payload == src.Add(headerSize)) {
 		return hcomm.WriteWithNotifyNbi(stop, st.chans[p], dst, src, headerSize+n, nHello+int(par))
 	}

@@ -13,12 +13,16 @@ func ReduceScatter(send, recv device.Ptr, recvCount int64, dt hcomm.DataType, op
 	if err := checkArgs(c, name, recvCount, dt, op, s); err != nil {
 		return err
 	}
+	h := header{kind: kReduceScatter, dt: dt, op: op, flags: flagOp, count: recvCount}
+	part := recvCount * int64(dt.Size())
 	n := c.Size()
+	if done, err := laneRun(c, s, o, name, h, send, recv, int64(n)*part, part, part); done { // lane.go
+		return err
+	}
 	counts, displs := make([]int64, n), make([]int64, n)
 	for p := range counts {
 		counts[p], displs[p] = recvCount, int64(p)*recvCount
 	}
-	h := header{kind: kReduceScatter, dt: dt, op: op, flags: flagOp, count: recvCount}
 	return reduceScatter(c, name, h, send, counts, displs, recv, dt, op, s, o)
 }
 
