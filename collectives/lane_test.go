@@ -579,3 +579,79 @@ func TestReadLanePeerGone(t *testing.T) {
 		})
 	}
 }
+
+// TestLaneZeroCount: calls of no elements in every lane — the one-shot's,
+// the parts', the read lane's (forced and chosen) — between calls with
+// data, on inproc and shm: each completes, and the calls after it are
+// exact (the counters the lanes advance stay in step).
+func TestLaneZeroCount(t *testing.T) {
+	for _, tr := range laneTransports {
+		t.Run(tr.String(), func(t *testing.T) {
+			o := hcommtest.Options{Config: &hcomm.Config{ExecTimeout: 60 * time.Second, BufferSize: 1 << 20}}
+			o.Run(t, 2, tr, func(t testing.TB, c *hcomm.Comm) {
+				s, err := c.Device().CreateStream()
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer s.Destroy()
+				const count = 8192
+				send := deviceFloats(t, c, 2*count, float32(c.Rank()+1))
+				defer c.Device().Free(send)
+				recv := deviceFloats(t, c, 2*count, 0)
+				defer c.Device().Free(recv)
+				f32 := hcomm.Float32
+				calls := []func(n int64, a collectives.Algorithm) error{
+					func(n int64, a collectives.Algorithm) error {
+						return collectives.AllReduce(send, recv, n, f32, hcomm.Sum, c, s, &collectives.Options{Algorithm: a})
+					},
+					func(n int64, a collectives.Algorithm) error {
+						return collectives.AllGather(send, recv, n, f32, c, s, &collectives.Options{Algorithm: a})
+					},
+					func(n int64, a collectives.Algorithm) error {
+						return collectives.AlltoAll(send, n, f32, recv, n, f32, c, s, &collectives.Options{Algorithm: a})
+					},
+					func(n int64, a collectives.Algorithm) error {
+						return collectives.ReduceScatter(send, recv, n, f32, hcomm.Sum, c, s, &collectives.Options{Algorithm: a})
+					},
+					func(n int64, a collectives.Algorithm) error {
+						return collectives.Broadcast(recv, n, f32, 0, c, s, &collectives.Options{Algorithm: a})
+					},
+				}
+				algos := [][]collectives.Algorithm{
+					{collectives.AlgoAuto, collectives.AlgoOneShot},
+					{collectives.AlgoAuto, collectives.AlgoOneShot, collectives.AlgoDirect},
+					{collectives.AlgoAuto, collectives.AlgoOneShot, collectives.AlgoPairwise},
+					{collectives.AlgoAuto, collectives.AlgoOneShot},
+					{collectives.AlgoAuto, collectives.AlgoDirect},
+				}
+				for i, call := range calls {
+					for _, a := range algos[i] {
+						for _, n := range []int64{4, 0, count, 0, 4} {
+							if err := call(n, a); err != nil {
+								t.Fatalf("call %d (%v, %d elements): %v", i, a, n, err)
+							}
+							if err := s.SynchronizeWithTimeout(time.Minute); err != nil {
+								t.Fatalf("call %d (%v, %d elements): %v", i, a, n, err)
+							}
+						}
+					}
+				}
+				// After them all, an all-reduce with data is exact.
+				if err := collectives.AllReduce(send, recv, 4, f32, hcomm.Sum, c, s, nil); err != nil {
+					t.Fatal(err)
+				}
+				if err := s.SynchronizeWithTimeout(time.Minute); err != nil {
+					t.Fatal(err)
+				}
+				for i, v := range readFloats(t, c, recv, 4) {
+					if v != 3 {
+						t.Fatalf("element %d of the last all-reduce is %v, want 3", i, v)
+					}
+				}
+				if inline, pending, queued := collectives.LaneRuns(c); inline+pending+queued == 0 {
+					t.Fatal("no call took a lane")
+				}
+			})
+		})
+	}
+}
