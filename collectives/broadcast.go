@@ -105,12 +105,7 @@ func broadcastOneShot(sc *sched, h header, buf device.Ptr, bytes int64, root int
 // counts stay the same on every rank whichever way each pair went.
 func broadcastDirect(sc *sched, buf device.Ptr, bytes int64, root int, ln *loan) {
 	me := sc.st.comm.Rank()
-	per := sc.piece()
-	if bytes >= 8*sc.st.lay.gpiece {
-		// Long enough that the pipeline's start is a small part: the
-		// gather slots' pieces, half the hand-offs (gatherPiece).
-		per = sc.st.lay.gpiece
-	}
+	per := broadcastPiece(sc.piece(), bytes, sc.st.lay)
 	var readers []int
 	for p := 0; p < sc.st.comm.Size(); p++ {
 		if p != root && !ln.readFits(p, bytes) {
@@ -132,6 +127,17 @@ func broadcastDirect(sc *sched, buf device.Ptr, bytes int64, root int, ln *loan)
 			sc.readGather(root, sc.nextGather(root), buf.Add(lo), 0, m)
 		}
 	}
+}
+
+// broadcastPiece is broadcastDirect's piece for bytes, per the schedule's:
+// from 8 gather slots' worth, long enough that the pipeline's start is a
+// small part, the gather slots' pieces, half the hand-offs (gatherPiece).
+// The read lane counts the root's pieces by it too (laneread.go).
+func broadcastPiece(per, bytes int64, l layout) int64 {
+	if bytes >= 8*l.gpiece {
+		return l.gpiece
+	}
+	return per
 }
 
 // broadcastWindow: buf lies at off in window w on every rank; every other

@@ -13,10 +13,11 @@ import (
 // The small all-reduce's lane, which the one-shot all-gather takes too (the
 // same hello; each rank copies the inputs to their places where the
 // all-reduce reduces them), and the one-shot all-to-all and reduce-scatter,
-// whose hello to each peer carries a part of its own (postParts). A one-shot all-reduce is one hello: every
-// rank writes its header and its input into every peer's hello slot,
-// records the peer's hello notify, waits for the peers' hellos, checks them
-// and reduces the inputs in rank order. Issued through issue, it also pays
+// whose hello to each peer carries a part of its own (postParts). A
+// one-shot all-reduce is one hello: every rank writes its header and its
+// input into every peer's hello slot, records the peer's hello notify,
+// waits for the peers' hellos, checks them and reduces the inputs in rank
+// order. Issued through issue, it also pays
 // for everything a schedule of many steps needs — a sched, the selector,
 // the piece size, the pipe and gather bookkeeping, a pooled helloCall and
 // the tasks' closures — which for 16 bytes between two ranks of one host is
@@ -548,24 +549,24 @@ func (x *laneCall) first(stop <-chan struct{}) error {
 	return nil
 }
 
-// pollUntil polls cond for up to the lane's poll bound, reporting whether
-// it became true (seen and doneSeen also stop it at a broken notify: their
-// counts tell). A peer making the same call answers within a cache line's
-// round trip: a tight poll first, before the polls that yield (the core to
-// other processes, when some peer is one: st.remote).
-func (x *laneCall) pollUntil(cond func() bool) bool {
+// pollUntil polls cond until it is true, for up to the lane's poll bound
+// (seen and doneSeen also end it at a broken notify: their counts tell the
+// caller what came). A peer making the same call answers within a cache
+// line's round trip: a tight poll first, before the polls that yield (the
+// core to other processes, when some peer is one: st.remote).
+func (x *laneCall) pollUntil(cond func() bool) {
 	for i := 0; i < lanePolls; i++ {
 		if cond() {
-			return true
+			return
 		}
 	}
 	switch {
 	case x.poll <= 0:
-		return false
 	case x.st.remote:
-		return spin.UntilYield(x.poll, cond)
+		spin.UntilYield(x.poll, cond)
+	default:
+		spin.Until(x.poll, cond)
 	}
-	return spin.Until(x.poll, cond)
 }
 
 // countOp numbers the call with CountOp, once, unless BeginOp has.

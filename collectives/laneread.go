@@ -54,11 +54,12 @@ type readCall struct {
 
 // readFits reports whether the schedule issue runs for a call of kind k,
 // sel bytes and algorithm algo reads every peer's data where it lies, as
-// the read lane does: the direct all-gather and the pairwise all-to-all
-// whose every pair reads lent memory (loan.readFits, decided as lend and
-// the schedules decide it).
+// the read lane does: the direct all-gather, the pairwise all-to-all and
+// the direct broadcast whose every pair reads lent memory (loan.readFits,
+// decided as lend and the schedules decide it).
 func (st *state) readFits(k kind, sel int64, algo Algorithm) bool {
 	size := int64(st.comm.Size())
+	least := readLeast(int(size), st.allInproc)
 	var block int64
 	var pull bool
 	switch {
@@ -76,7 +77,7 @@ func (st *state) readFits(k kind, sel int64, algo Algorithm) bool {
 		pull = st.allInproc && block < inprocPullMax
 	case k == kBroadcast && algo == AlgoDirect:
 		block, pull = sel, true // every pair that can read does (Broadcast)
-		if !(st.cma || st.allInproc) || block < readLeast(int(size), st.allInproc) || block > laneBroadcastMax {
+		if !(st.cma || st.allInproc) || block < least || block > laneBroadcastMax {
 			return false
 		}
 	default:
@@ -88,7 +89,7 @@ func (st *state) readFits(k kind, sel int64, algo Algorithm) bool {
 	for _, p := range st.others {
 		ch := st.chans[p]
 		reads := pull && ch.ReadsLent() || !ch.TakesLent() && ch.ReadsLent() // lend's choice
-		if !reads || block < readLeast(int(size), st.allInproc) && ch.Transport() != hcomm.TransportInproc {
+		if !reads || block < least && ch.Transport() != hcomm.TransportInproc {
 			return false
 		}
 	}
@@ -135,10 +136,7 @@ func (x *laneCall) readArgs(algo Algorithm, send, recv device.Ptr, in []byte, n 
 	if x.h.kind == kBroadcast {
 		// broadcastDirect counts the root's pieces on every rank, though
 		// none goes through a gather slot when every pair reads.
-		per := pieceFor(kBroadcast, AlgoDirect, n, size, st.mapped, st.lay.piece)
-		if n >= 8*st.lay.gpiece {
-			per = st.lay.gpiece
-		}
+		per := broadcastPiece(pieceFor(kBroadcast, AlgoDirect, n, size, st.mapped, st.lay.piece), n, st.lay)
 		x.pieces = uint64((n + per - 1) / per)
 		if me != int(x.h.root) {
 			x.dones = len(st.others) // only the root waits: for every reader's done
@@ -163,11 +161,9 @@ func (x *laneCall) readArgs(algo Algorithm, send, recv device.Ptr, in []byte, n 
 			put(uint64(x.count))
 		}
 	}
-	put(uint64(recv))
-	put(uint64(send))
-	put(uint64(int64(file.FD)))
-	put(file.Ino)
-	put(uint64(file.Off))
+	for _, w := range loanWordsOf(recv, send, file) {
+		put(w)
+	}
 	if x.h.kind == kAlltoAll {
 		for range 2 { // the receive displacements, then the send ones
 			for p := range size {
@@ -219,16 +215,12 @@ func (x *laneCall) learn(p int, pay []byte) error {
 		}
 		pay = pay[8*size:]
 	}
-	x.from[p] = device.Ptr(binary.LittleEndian.Uint64(pay[8:]))
-	x.files[p] = channel.PeerFile{FD: int64(binary.LittleEndian.Uint64(pay[16:])),
-		Ino: binary.LittleEndian.Uint64(pay[24:]), Off: int64(binary.LittleEndian.Uint64(pay[32:]))}
+	_, x.from[p], x.files[p] = loanOf(pay)
 	x.theirSend[p] = 0
 	if x.h.kind == kAlltoAll {
-		d := int64(binary.LittleEndian.Uint64(pay[8*loanWords+8*size+8*me:]))
-		if d < 0 {
-			return fmt.Errorf("rank %d's hello gives rank %d the send displacement %d", p, me, d)
-		}
-		x.theirSend[p] = d
+		var err error
+		x.theirSend[p], err = loanDisp(pay[8*loanWords+8*size:], me, p, "send displacement")
+		return err
 	}
 	return nil
 }

@@ -141,7 +141,8 @@ func (ln *loan) words() []uint64 {
 	if ln == nil || !ln.any {
 		return nil
 	}
-	w := []uint64{uint64(ln.recv), uint64(ln.send), uint64(int64(ln.file.FD)), ln.file.Ino, uint64(ln.file.Off)}
+	lw := loanWordsOf(ln.recv, ln.send, ln.file)
+	w := lw[:]
 	for _, d := range ln.disp {
 		w = append(w, uint64(d))
 	}
@@ -169,29 +170,45 @@ func (ln *loan) learn(me int) func(p int, rest []byte) error {
 		}
 		// A null address (a rank that sends or receives nothing may pass
 		// none) fails only a write or read of some bytes.
-		ln.at[p] = device.Ptr(binary.LittleEndian.Uint64(rest))
-		ln.from[p] = device.Ptr(binary.LittleEndian.Uint64(rest[8:]))
-		// The file is a hint the peer's channel end checks (channel/shm):
-		// a wrong one falls back to the kernel's copy.
-		ln.files[p] = channel.PeerFile{FD: int64(binary.LittleEndian.Uint64(rest[16:])),
-			Ino: binary.LittleEndian.Uint64(rest[24:]), Off: int64(binary.LittleEndian.Uint64(rest[32:]))}
+		ln.at[p], ln.from[p], ln.files[p] = loanOf(rest)
 		rest = rest[8*loanWords:]
+		var err error
 		if ln.their != nil {
-			d := int64(binary.LittleEndian.Uint64(rest[8*me:]))
-			if d < 0 {
-				return fmt.Errorf("rank %d's hello gives rank %d the displacement %d", p, me, d)
+			if ln.their[p], err = loanDisp(rest, me, p, "displacement"); err != nil {
+				return err
 			}
-			ln.their[p] = d
 		}
 		if ln.theirSend != nil {
-			d := int64(binary.LittleEndian.Uint64(rest[8*len(ln.their)+8*me:]))
-			if d < 0 {
-				return fmt.Errorf("rank %d's hello gives rank %d the send displacement %d", p, me, d)
-			}
-			ln.theirSend[p] = d
+			ln.theirSend[p], err = loanDisp(rest[8*len(ln.their):], me, p, "send displacement")
 		}
-		return nil
+		return err
 	}
+}
+
+// loanWordsOf is the loan's words a hello carries (loan.words, before the
+// displacements): the receive and send buffers' addresses, and where send
+// lies in its memory file.
+func loanWordsOf(recv, send device.Ptr, file device.FileRef) [loanWords]uint64 {
+	return [loanWords]uint64{uint64(recv), uint64(send), uint64(int64(file.FD)), file.Ino, uint64(file.Off)}
+}
+
+// loanOf reads loanWordsOf's words back from a peer's hello (at least
+// 8*loanWords bytes). The file is a hint the peer's channel end checks
+// (channel/shm): a wrong one falls back to the kernel's copy.
+func loanOf(b []byte) (recv, send device.Ptr, file channel.PeerFile) {
+	le := binary.LittleEndian
+	return device.Ptr(le.Uint64(b)), device.Ptr(le.Uint64(b[8:])),
+		channel.PeerFile{FD: int64(le.Uint64(b[16:])), Ino: le.Uint64(b[24:]), Off: int64(le.Uint64(b[32:]))}
+}
+
+// loanDisp reads peer p's displacement (what names it) for rank me from a
+// hello's table of one per rank, refusing a negative one.
+func loanDisp(table []byte, me, p int, what string) (int64, error) {
+	d := int64(binary.LittleEndian.Uint64(table[8*me:]))
+	if d < 0 {
+		return 0, fmt.Errorf("rank %d's hello gives rank %d the %s %d", p, me, what, d)
+	}
+	return d, nil
 }
 
 // takes reports whether the pair with p lends.
