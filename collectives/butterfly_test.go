@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/hcomm-dev/hcomm/collectives"
+	"github.com/hcomm-dev/hcomm/device"
 	"github.com/hcomm-dev/hcomm/hcomm"
 )
 
@@ -65,4 +66,59 @@ func TestCostModelFromEnv(t *testing.T) {
 	t.Setenv("HCOMM_COST_MODEL", "network:alpha=35us,beta=5GB/s;mapped:o=0.5us")
 	comms = initAll(t, 2, &hcomm.Config{BufferSize: 1 << 20})
 	allReduceCase[float32](t, comms, 7, hcomm.Sum, false, collectives.AlgoAuto)
+}
+
+// TestRDOverlappingBuffers: recursive doubling reads its input where it
+// lies and reduces its last round straight into the output; an output that
+// partly overlaps the input (recv one element past send: no in-place form,
+// yet not refused) still gets the exact result, the last round then going
+// through a free hello slot. 2 ranks (the one round reads both inputs in
+// place), 3 and 5 (folded ranks, whose result comes back whole), all-reduce
+// and reduce.
+func TestRDOverlappingBuffers(t *testing.T) {
+	for _, n := range []int{2, 3, 5} {
+		t.Run(fmt.Sprintf("ranks=%d", n), func(t *testing.T) {
+			comms := initAll(t, n, &hcomm.Config{BufferSize: 1 << 20})
+			dt, cnt := hcomm.Float32, 9
+			es := int64(dt.Size())
+			for _, coll := range []string{"AllReduce", "Reduce"} {
+				root := n - 1
+				withBuffers(t, comms,
+					func(int) int64 { return int64(cnt+1) * es }, func(int) int64 { return int64(cnt) * es },
+					func(r int) []byte {
+						return encodeAll(dt, cnt+1, func(i int) float64 {
+							if i == cnt {
+								return 0
+							}
+							return input(dt, r, i)
+						})
+					},
+					func(b *rankBufs) error {
+						recv := b.send.Add(es)
+						o := &collectives.Options{Algorithm: collectives.AlgoRD}
+						var err error
+						if coll == "AllReduce" {
+							err = collectives.AllReduce(b.send, recv, int64(cnt), dt, hcomm.Sum, b.c, b.s, o)
+						} else {
+							err = collectives.Reduce(b.send, recv, int64(cnt), dt, hcomm.Sum, root, b.c, b.s, o)
+						}
+						if err != nil {
+							return err
+						}
+						if coll == "Reduce" && b.c.Rank() != root {
+							return nil
+						}
+						return b.s.MemcpyAsync(b.recv, recv, int64(cnt)*es, device.MemcpyDeviceToDevice)
+					},
+					func(r int) []byte {
+						if coll == "Reduce" && r != root {
+							return nil
+						}
+						return encodeAll(dt, cnt, func(i int) float64 {
+							return ref(hcomm.Sum, n, func(q int) float64 { return input(dt, q, i) })
+						})
+					}, fmt.Sprintf("%s rd, recv = send + 1 element", coll))
+			}
+		})
+	}
 }

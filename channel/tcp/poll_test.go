@@ -1,8 +1,10 @@
 package tcp
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"math/rand/v2"
 	"net"
 	"runtime"
 	"strings"
@@ -428,6 +430,52 @@ func TestDrainStopsAfterAShortRead(t *testing.T) {
 		if string(mine[128:131]) != string(msg) {
 			t.Errorf("round %d: memory holds %q, want %q", round, mine[128:131], msg)
 		}
+	}
+}
+
+// TestDrainReadsALongPayloadInPlace: a read that begins a frame asks for
+// little more than directRead bytes, so that a long payload whose header
+// it brings goes mostly straight into its destination by the reads after
+// it — not into the socket's buffer and then a second time where it
+// belongs (a copy of every byte of every 64 KiB write, before).
+func TestDrainReadsALongPayloadInPlace(t *testing.T) {
+	rp := connectRaw(t, Options{Spin: time.Second})
+	c := rp.c1.Transport.(*conn)
+	s := c.socks[0]
+	if s.rc == nil {
+		t.Skip("no descriptor access: reads block on the background reader")
+	}
+	mine := rp.r1.bytes(t)
+	payload := make([]byte, 60000)
+	rng := rand.New(rand.NewPCG(1, 2)) // no period: a probe matches one place only
+	for i := range payload {
+		payload[i] = byte(rng.Uint32())
+	}
+	s.rtok.Lock()
+	clear(s.rx.buf)
+	rp.send(t, frameWrite, 0, 0, 0, uint64(rp.r1.buf.Addr), 0, payload)
+	rp.send(t, frameNotify, 0, 0, 0, 0, 0, []byte{0, 0, 0, 0, 0, 0, 0, 1})
+	deadline := time.Now().Add(5 * time.Second)
+	for !rawReadableN(t, s, 2*headerLen+len(payload)+8) {
+		if time.Now().After(deadline) {
+			s.rtok.Unlock()
+			t.Fatal("the frames did not arrive")
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+	_, err := c.drain(s)
+	s.rtok.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rp.c1.Notifies[0].TryReset() {
+		t.Fatal("the notify was not recorded")
+	}
+	if !bytes.Equal(mine[:len(payload)], payload) {
+		t.Fatal("the payload did not land whole")
+	}
+	if probe := payload[directRead+4096 : directRead+4352]; bytes.Contains(s.rx.buf, probe) {
+		t.Errorf("the payload's bytes past the first %d went through the socket's buffer", directRead)
 	}
 }
 

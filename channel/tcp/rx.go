@@ -19,7 +19,10 @@ import (
 // one holder is finished by the next.
 
 // rxBufSize is the buffer each socket reads into. A payload that still
-// lacks at least directRead bytes is read straight into its destination.
+// lacks at least directRead bytes is read straight into its destination,
+// and a read into the buffer asks for at most directRead bytes beyond the
+// frame in hand, so that a long payload is copied once, by the kernel, all
+// but its first directRead bytes.
 const (
 	rxBufSize  = 64 << 10
 	directRead = 16 << 10
@@ -371,6 +374,16 @@ func (c *conn) drain(s *sock) (bool, error) {
 		p, direct := r.buf, false
 		if r.phase == rxBody && r.sink != nil && r.need-r.got >= directRead {
 			p, direct = r.sink[r.got:r.need], true
+		} else {
+			// Not much more than what the frame in hand still lacks and
+			// directRead beyond: a long payload whose header this read
+			// brings then lands mostly where it goes, by the next reads,
+			// instead of here and again in its destination.
+			want := directRead
+			if r.phase == rxBody {
+				want += r.need - r.got
+			}
+			p = p[:min(len(p), want)]
 		}
 		r.pos, r.end = 0, 0
 		n, err := s.readSome(p)

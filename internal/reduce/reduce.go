@@ -63,6 +63,10 @@ func check(dst, a, b []byte, count int, dt DataType, op Op, fn, aName string) er
 	return nil
 }
 
+// PartialOverlap reports whether x and y share memory without starting at
+// the same address: what Reduce and Reduce3 refuse between dst and a source.
+func PartialOverlap(x, y []byte) bool { return partialOverlap(x, y) }
+
 // partialOverlap reports whether x and y share memory without starting at
 // the same address.
 func partialOverlap(x, y []byte) bool {
