@@ -20,9 +20,9 @@ import (
 
 // rxBufSize is the buffer each socket reads into. A payload that still
 // lacks at least directRead bytes is read straight into its destination,
-// and a read into the buffer asks for at most directRead bytes beyond the
-// frame in hand, so that a long payload is copied once, by the kernel, all
-// but its first directRead bytes.
+// and a read into the buffer asks for no more than the frame in hand and
+// one header and directRead bytes beyond, so that a long payload is copied
+// once, by the kernel, all but its first directRead bytes.
 const (
 	rxBufSize  = 64 << 10
 	directRead = 16 << 10
@@ -375,11 +375,12 @@ func (c *conn) drain(s *sock) (bool, error) {
 		if r.phase == rxBody && r.sink != nil && r.need-r.got >= directRead {
 			p, direct = r.sink[r.got:r.need], true
 		} else {
-			// Not much more than what the frame in hand still lacks and
-			// directRead beyond: a long payload whose header this read
-			// brings then lands mostly where it goes, by the next reads,
-			// instead of here and again in its destination.
-			want := directRead
+			// What the frame in hand still lacks and one more frame of
+			// a payload below directRead, at most: a long payload whose
+			// header this read brings then lands mostly where it goes,
+			// by the next reads, instead of here and again in its
+			// destination, and a short frame still comes whole.
+			want := headerLen + 8*maxStreams + directRead
 			if r.phase == rxBody {
 				want += r.need - r.got
 			}
