@@ -38,28 +38,35 @@ func Until(d time.Duration, cond func() bool) bool {
 	}
 }
 
-// tightPolls is how many times UntilYield polls before its first yield: a
+// TightPolls is how many times UntilYield polls before its first yield: a
 // peer on another core answers within a fraction of a microsecond, and a
 // yield costs a system call (0.3 µs on the machines hcomm is measured on)
 // even when nothing else wants the core. The shared notify's wait polls this
 // way: the 8-byte all-reduce of 2 processes on 2 cores went from 0.85 to
 // 0.6 µs when it stopped yielding on the first polls.
-const tightPolls = 256
+const TightPolls = 256
 
 // UntilYield is Until for a condition another process makes true (a peer
-// over shared memory): it polls tightPolls times in a row, then yields the
+// over shared memory): it polls TightPolls times in a row, then yields the
 // core to other processes (sched_yield) between polls — the peer may be
 // waiting for this very core when processes outnumber cores — and to this
 // process's goroutines only every 64th poll, for at most d. It never
 // sleeps.
 func UntilYield(d time.Duration, cond func() bool) bool {
+	return UntilYieldN(d, TightPolls, cond)
+}
+
+// UntilYieldN is UntilYield with tight polls in a row before the first
+// yield instead of TightPolls: fewer where the peer is likely not running
+// (a host whose ranks outnumber its cores).
+func UntilYieldN(d time.Duration, tight int, cond func() bool) bool {
 	if cond() {
 		return true
 	}
 	if d <= 0 {
 		return false
 	}
-	for i := 0; i < tightPolls; i++ {
+	for i := 0; i < tight; i++ {
 		if cond() {
 			return true
 		}

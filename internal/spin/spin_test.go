@@ -28,3 +28,24 @@ func TestUntilYield(t *testing.T) {
 		t.Fatal("UntilYield(0) must poll once")
 	}
 }
+
+// UntilYieldN polls tight times in a row before its first yield, then
+// looks at the clock every 8th yielding poll: with a bound already past,
+// a condition that never holds is polled 1 + tight + 8 times, whatever
+// tight is (UntilYield's is TightPolls).
+func TestUntilYieldNPollsTightFirst(t *testing.T) {
+	for _, tight := range []int{0, 32, TightPolls} {
+		calls := 0
+		if UntilYieldN(time.Nanosecond, tight, func() bool { calls++; return false }) {
+			t.Fatal("UntilYieldN reported a condition that never held")
+		}
+		if want := 1 + tight + 8; calls != want {
+			t.Errorf("UntilYieldN(tight %d) polled %d times, want %d", tight, calls, want)
+		}
+	}
+	calls := 0
+	UntilYield(time.Nanosecond, func() bool { calls++; return false })
+	if want := 1 + TightPolls + 8; calls != want {
+		t.Errorf("UntilYield polled %d times, want %d", calls, want)
+	}
+}
