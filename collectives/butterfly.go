@@ -322,8 +322,17 @@ func (x *bfCall) exchange(stop <-chan struct{}) error {
 				length = x.poison(b, bad)
 			}
 			payload, flushed := s.mySlot(own(cur)).Add(headerSize), length
-			if input != nil && bad == nil {
+			switch {
+			case bad != nil:
+			case input != nil:
 				payload, flushed = x.src, headerSize
+			case x.mode == bfGather && x.n > 0:
+				// Only the blocks this rank holds, which lie side by
+				// side: they land in the partner's slot from its
+				// payload's start (the partner knows which they are).
+				lo, hi := x.holds(stp)
+				payload = payload.Add(int64(lo) * x.block)
+				length, flushed = headerSize+int64(hi-lo)*x.block, headerSize+int64(hi)*x.block
 			}
 			if err := st.hello.Flush(own(cur), flushed); err != nil {
 				return err
@@ -364,10 +373,15 @@ func (x *bfCall) exchange(stop <-chan struct{}) error {
 		if x.mode == bfBcast && (have || !partnerHas(x.root)) {
 			continue
 		}
-		if err := st.hello.Fetch(off+headerSize, x.n); err != nil {
+		got, from := x.n, 0 // the partner's payload: from rank from's block on (bfGather)
+		if x.mode == bfGather {
+			lo, hi := rankSpan(size, partnerHas)
+			got, from = int64(hi-lo)*x.block, lo
+		}
+		if err := st.hello.Fetch(off+headerSize, got); err != nil {
 			return err
 		}
-		theirs := view[off+headerSize : off+headerSize+x.n]
+		theirs := view[off+headerSize : off+headerSize+got]
 		if stp.final {
 			result = theirs
 			continue
@@ -383,7 +397,7 @@ func (x *bfCall) exchange(stop <-chan struct{}) error {
 		case bfGather:
 			for q := 0; q < size; q++ {
 				if q != me && partnerHas(q) {
-					copy(mine[int64(q)*x.block:int64(q+1)*x.block], theirs[int64(q)*x.block:])
+					copy(mine[int64(q)*x.block:int64(q+1)*x.block], theirs[int64(q-from)*x.block:])
 				}
 			}
 		case bfReduce:
@@ -421,6 +435,36 @@ func (x *bfCall) exchange(stop <-chan struct{}) error {
 	defer out.Unmap()
 	copy(out.Bytes(), result[x.outLo:x.outLo+x.outN])
 	return out.Flush(0, x.outN)
+}
+
+// holds returns the ranks whose blocks a bfGather's rank holds when it
+// sends its hello of step stp, [lo, hi): its own (a folded rank handing
+// it over), every rank's (a folding rank handing the result back), or the
+// ranks of its half of the round — ranks side by side, since a virtual
+// rank below r stands for two neighbours.
+func (x *bfCall) holds(stp bfStep) (lo, hi int) {
+	me, size := int(x.h.from), x.s.st.comm.Size()
+	r := foldR(size)
+	bit := bitOf(me, stp.peer, r)
+	switch {
+	case bit == 0 && me%2 == 1:
+		return me, me + 1
+	case bit == 0:
+		return 0, size
+	}
+	return rankSpan(size, func(q int) bool { return virt(q, r)&^(bit-1) == virt(me, r)&^(bit-1) })
+}
+
+// rankSpan returns the first rank q below size with has(q) and one past the
+// last (0, 0: none).
+func rankSpan(size int, has func(q int) bool) (lo, hi int) {
+	lo, hi = size, 0
+	for q := 0; q < size; q++ {
+		if has(q) {
+			lo, hi = min(lo, q), q+1
+		}
+	}
+	return min(lo, hi), hi
 }
 
 // reduceOut is a bfReduce's last round: the part of lo + hi that this rank

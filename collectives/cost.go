@@ -189,7 +189,16 @@ func costOf(a Algorithm, sh shape, lc LinkCost) float64 {
 		case AlgoOneShot:
 			return mesh + (N-1)*S*lc.Beta
 		case AlgoRD:
-			return butterflyCost(n, lc, N*S, 0) + N*S*memBeta
+			// Each round's hello carries the blocks a rank holds so far:
+			// S, 2S, 4S, ..., (p-1)S in all; a fold adds the input in and
+			// the whole output back.
+			p := float64(int(1) << lg2(n))
+			step := lc.Alpha + 2*lc.Overhead
+			c := float64(lg2(n))*step + (p-1)*S*lc.Beta
+			if fold(n) {
+				c += 2*step + (1+N)*S*lc.Beta
+			}
+			return c + N*S*memBeta
 		case AlgoDirect:
 			// Each rank publishes its input and reads every other's:
 			// a publish and a read per piece and peer.

@@ -100,7 +100,8 @@ const mappedRDMin = 48 << 10
 //     (direct);
 //   - up to helloFullMax ranks, what fits a hello slot goes one-shot —
 //     but an all-reduce among 4 or 8 ranks takes recursive doubling, over
-//     a network at every size, in mapped memory above mappedRDMin — and
+//     a network at every size, in mapped memory above mappedRDMin, and so
+//     does an all-gather over a network — and
 //     the rest is the tuning table's (tuning.go), whose rows cite their
 //     measurements (made at 2 to 8 ranks); preferLent (lent.go) then turns
 //     the choice into a schedule that writes or reads the peers' buffers
@@ -138,6 +139,14 @@ func choose(k kind, bytes int64, n int, l layout, cm CostModel, mapped, multiHos
 			// 131–200; 64 KiB 254–494 against 364–421). With a fold
 			// (n not a power of two) rd takes two steps more: not
 			// measured, the one-shot stays.
+			return AlgoRD
+		}
+		if k == kAllGather && !mapped && n >= 4 && n&(n-1) == 0 && rdPayload(k, bytes, n) <= l.inline() {
+			// The same over the network for the all-gather, whose
+			// rounds carry only the blocks a rank holds so far (stop 24,
+			// tcp, 4 processes, two launches each: 4 KiB of output rd
+			// 34–36 µs against oneshot 42–44, 16 KiB 39–42 against 46–57,
+			// 64 KiB 61–63 against 72–75).
 			return AlgoRD
 		}
 		if k == kAllReduce && mapped && n >= 4 && n&(n-1) == 0 && bytes > mappedRDMin && bytes <= l.inline() {
