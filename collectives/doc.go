@@ -48,6 +48,9 @@
 // and broadcast whose schedules read their peers' buffers in place (lent.go)
 // take a lane of their own, the read lane (laneread.go): hello, checks, own
 // copy, reads and done records in the caller, the peers' dones polled there.
+// Where the host's ranks outnumber its cores a lane's poll yields the core
+// after a few dozen looks (laneCrowdedPolls), not a few hundred: the peer
+// it waits for is then often one that needs the core.
 //
 // On an idle stream the hello runs in the calling goroutine
 // (device.Stream.RunInline) and polls for the peers' for a few
@@ -86,7 +89,10 @@
 //   - rd: recursive doubling, the data inline in the butterfly handshake:
 //     log2(n) hand-offs for the whole collective (all-reduce, broadcast,
 //     reduce, reduce-scatter, all-gather of small messages among many
-//     ranks).
+//     ranks, and the all-reduce and all-gather among 4 or 8 ranks over a
+//     network). The input is sent and reduced where it lies and the last
+//     round reduces straight into the output; an all-gather's round
+//     carries only the blocks its sender holds so far.
 //   - ring: pieces through each neighbour's inbox slots; every link carries
 //     the data once. The all-reduce runs a ring reduce-scatter on blocks of
 //     n pieces, so that a block stays in cache from its first step to its

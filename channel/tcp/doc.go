@@ -57,7 +57,10 @@
 // Each socket has a background reader that sleeps in Go's network poller
 // until bytes arrive, and a receive engine (rx.go) that turns bytes into
 // applied frames whatever reads brought them: a frame may come in over many
-// reads. A caller that waits for the peer — hcomm's notify waits through
+// reads. A payload of 16 KiB or more is read by the kernel straight into
+// its destination, all but the part that came with its header (a read
+// that begins a frame asks for little more than a short frame), so that
+// each byte of a long write is copied once on this side. A caller that waits for the peer — hcomm's notify waits through
 // Poll (channel.Poller), Read, ReadReduce and Fence — does not sleep at
 // once: until Options.Spin (hcomm: Config.TCPSpin, HCOMM_TCP_SPIN; default
 // 200 µs) has passed without a byte read, it reads the channel's sockets
