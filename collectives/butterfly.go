@@ -3,6 +3,7 @@ package collectives
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	"github.com/hcomm-dev/hcomm/device"
 	"github.com/hcomm-dev/hcomm/hcomm"
@@ -130,6 +131,8 @@ type bfCall struct {
 	failed chan struct{} // closed when the task fails
 	outLo  int64         // the part of the payload that goes there
 	outN   int64
+	halve  bool  // bfReduce: recursive halving (a power-of-two rank count): each round sends the half of its range the partner keeps
+	part   int64 // halve: the bytes of one rank's part
 	opSeq  uint64
 }
 
@@ -167,6 +170,11 @@ func (s *sched) butterflyWith(x *bfCall, also []int) {
 	x.h.size = int32(st.comm.Size())
 	if x.n > st.lay.inline() {
 		s.do(fmt.Errorf("%v: %d bytes of inline payload, the hello slots hold %d", x.h.kind, x.n, st.lay.inline()))
+	}
+	if x.halve {
+		// The rounds from the highest bit down, so that every range a
+		// rank keeps or sends is one run of parts.
+		slices.Reverse(steps)
 	}
 	x.steps = steps
 	// A peer met twice (a fold) takes two parities, in the same order on
@@ -310,8 +318,18 @@ func (x *bfCall) exchange(stop <-chan struct{}) error {
 		bad    *bfFailure
 		result []byte // a folded rank's result, in its folder's hello
 	)
+	plo, phi := int64(0), int64(size) // halve: the parts this rank's partial result covers
 	for i, stp := range x.steps {
 		p := stp.peer
+		klo, khi, slo, shi := plo, phi, plo, phi // halve: the parts kept and sent this round
+		if x.halve {
+			mid := plo + (phi-plo)/2
+			if me&bitOf(me, p, r) == 0 {
+				khi, slo = mid, mid
+			} else {
+				klo, shi = mid, mid
+			}
+		}
 		if stp.send {
 			length := headerSize + x.n
 			if !have {
@@ -324,6 +342,14 @@ func (x *bfCall) exchange(stop <-chan struct{}) error {
 			payload, flushed := s.mySlot(own(cur)).Add(headerSize), length
 			switch {
 			case bad != nil:
+			case x.halve:
+				// The half the partner keeps, from the input or the slot.
+				length = headerSize + (shi-slo)*x.part
+				if input != nil {
+					payload, flushed = x.src.Add(slo*x.part), headerSize
+				} else {
+					payload, flushed = payload.Add(slo*x.part), headerSize+shi*x.part
+				}
 			case input != nil:
 				payload, flushed = x.src, headerSize
 			case x.mode == bfGather && x.n > 0:
@@ -374,9 +400,12 @@ func (x *bfCall) exchange(stop <-chan struct{}) error {
 			continue
 		}
 		got, from := x.n, 0 // the partner's payload: from rank from's block on (bfGather)
-		if x.mode == bfGather {
+		switch {
+		case x.mode == bfGather:
 			lo, hi := rankSpan(size, partnerHas)
 			got, from = int64(hi-lo)*x.block, lo
+		case x.halve:
+			got = (khi - klo) * x.part // its partial of the half this rank keeps
 		}
 		if err := st.hello.Fetch(off+headerSize, got); err != nil {
 			return err
@@ -401,22 +430,35 @@ func (x *bfCall) exchange(stop <-chan struct{}) error {
 				}
 			}
 		case bfReduce:
-			lo, hi := mine, theirs
-			if !stp.lowerMine {
-				lo, hi = theirs, mine
+			// The range this round reduces: all of it, or the half kept.
+			at, m := int64(0), x.n
+			if x.halve {
+				at, m = klo*x.part, (khi-klo)*x.part
 			}
+			lo, hi := mine[at:at+m], theirs[:m]
+			if !stp.lowerMine {
+				lo, hi = hi, lo
+			}
+			spare := view[own(1-cur)+headerSize : own(1-cur)+headerSize+x.n]
 			if i == len(x.steps)-1 {
 				// The last round: only the part this rank keeps, and
 				// straight into its place.
-				return x.reduceOut(lo, hi, view[own(1-cur)+headerSize:own(1-cur)+headerSize+x.n])
+				if x.halve {
+					if at != x.outLo || m != x.outN {
+						return fmt.Errorf("collectives: recursive halving ends with bytes [%d, +%d) on rank %d, whose part is [%d, +%d)", at, m, me, x.outLo, x.outN)
+					}
+					return x.reduceOut(lo, hi, spare)
+				}
+				return x.reduceOut(lo[x.outLo:x.outLo+x.outN], hi[x.outLo:x.outLo+x.outN], spare)
 			}
 			next := 1 - cur
 			dst := view[own(next) : own(next)+headerSize+x.n]
 			copy(dst[:headerSize], view[own(cur):own(cur)+headerSize])
-			if err := reduce.Reduce3(dst[headerSize:], lo, hi, int(x.red.count), x.red.dt, x.red.op); err != nil {
+			if err := reduce.Reduce3(dst[headerSize+at:headerSize+at+m], lo, hi, int(m)/x.red.dt.Size(), x.red.dt, x.red.op); err != nil {
 				return err
 			}
 			cur, input = next, nil
+			plo, phi = klo, khi
 		}
 	}
 	if bad != nil {
@@ -467,10 +509,10 @@ func rankSpan(size int, has func(q int) bool) (lo, hi int) {
 	return min(lo, hi), hi
 }
 
-// reduceOut is a bfReduce's last round: the part of lo + hi that this rank
-// keeps, reduced straight into its output (no output: nothing to do), or
-// through spare, a free hello slot's payload, where the output partly
-// overlaps the input that lo or hi may be.
+// reduceOut is a bfReduce's last round: lo + hi, the part this rank keeps
+// (x.outN bytes), reduced straight into its output (no output: nothing to
+// do), or through spare, a free hello slot's payload, where the output
+// partly overlaps the input that lo or hi may be.
 func (x *bfCall) reduceOut(lo, hi, spare []byte) error {
 	if x.outN == 0 {
 		return nil
@@ -480,7 +522,6 @@ func (x *bfCall) reduceOut(lo, hi, spare []byte) error {
 		return err
 	}
 	defer out.Unmap()
-	lo, hi = lo[x.outLo:x.outLo+x.outN], hi[x.outLo:x.outLo+x.outN]
 	dst, through := out.Bytes(), false
 	if reduce.PartialOverlap(dst, lo) || reduce.PartialOverlap(dst, hi) {
 		dst, through = spare[:x.outN], true
@@ -596,11 +637,25 @@ func reduceRD(sc *sched, h header, send, recv device.Ptr, count int64, dt hcomm.
 // reduceScatterRD is the recursive-doubling all-reduce of the whole input
 // (total elements) of which each rank keeps its part, cnt elements at off:
 // log2(n) hand-offs where the ring takes n-1 (small messages).
+//
+// Among a power-of-two count of ranks, a ReduceScatter (whose parts are all
+// alike: every rank knows that, where the V form's counts differ) halves
+// instead (recursive halving): each round, from the highest bit down, sends
+// the partner the half of the range the partner keeps and reduces the half
+// this rank keeps, so that a rank sends and reduces (n-1)/n of its input in
+// all where doubling moves all of it log2(n) times, in the same log2(n)
+// hand-offs (tcp, 4 processes, 64 KiB in all: 49–52 µs against the
+// one-shot's 63–68; 4 KiB 33 against 46–52).
 func reduceScatterRD(sc *sched, h header, send, recv device.Ptr, total, off, cnt int64, dt hcomm.DataType, op hcomm.ReduceOp) {
 	h.algo = AlgoRD
 	es := int64(dt.Size())
-	sc.butterflyWith(&bfCall{h: h, mode: bfReduce, src: send, n: total * es, red: reduceArgs{count: total, dt: dt, op: op},
-		out: recv, outLo: off * es, outN: cnt * es}, nil)
+	n := sc.st.comm.Size()
+	x := &bfCall{h: h, mode: bfReduce, src: send, n: total * es, red: reduceArgs{count: total, dt: dt, op: op},
+		out: recv, outLo: off * es, outN: cnt * es}
+	if h.kind == kReduceScatter && n&(n-1) == 0 {
+		x.halve, x.part = true, cnt*es
+	}
+	sc.butterflyWith(x, nil)
 }
 
 // allGatherRD is the recursive-doubling all-gather: each hello carries the

@@ -214,6 +214,10 @@ func costOf(a Algorithm, sh shape, lc LinkCost) float64 {
 			// Each peer's part in its hello, then n-1 reductions of a part.
 			return mesh + (N-1)/N*S*(lc.Beta+lc.Gamma)
 		case AlgoRD:
+			if sh.k == kReduceScatter && n&(n-1) == 0 {
+				// Recursive halving: S/2, S/4, ... sent and reduced.
+				return float64(lg2(n))*(lc.Alpha+2*lc.Overhead) + (N-1)/N*S*(lc.Beta+lc.Gamma)
+			}
 			return butterflyCost(n, lc, S, S)
 		case AlgoRing:
 			return hs + (N-1)*(lc.Alpha+2*math.Max(1, math.Ceil(S/N/float64(sh.piece)))*lc.Overhead) + (N-1)/N*S*(lc.Beta+lc.Gamma)

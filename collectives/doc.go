@@ -89,10 +89,12 @@
 //   - rd: recursive doubling, the data inline in the butterfly handshake:
 //     log2(n) hand-offs for the whole collective (all-reduce, broadcast,
 //     reduce, reduce-scatter, all-gather of small messages among many
-//     ranks, and the all-reduce and all-gather among 4 or 8 ranks over a
-//     network). The input is sent and reduced where it lies and the last
-//     round reduces straight into the output; an all-gather's round
-//     carries only the blocks its sender holds so far.
+//     ranks, and the all-reduce, all-gather and reduce-scatter among 4 or
+//     8 ranks over a network). The input is sent and reduced where it lies
+//     and the last round reduces straight into the output; an all-gather's
+//     round carries only the blocks its sender holds so far, and the
+//     reduce-scatter among a power-of-two count of ranks halves (each
+//     round sends the half of its range the partner keeps).
 //   - ring: pieces through each neighbour's inbox slots; every link carries
 //     the data once. The all-reduce runs a ring reduce-scatter on blocks of
 //     n pieces, so that a block stays in cache from its first step to its

@@ -101,7 +101,7 @@ const mappedRDMin = 48 << 10
 //   - up to helloFullMax ranks, what fits a hello slot goes one-shot —
 //     but an all-reduce among 4 or 8 ranks takes recursive doubling, over
 //     a network at every size, in mapped memory above mappedRDMin, and so
-//     does an all-gather over a network — and
+//     do an all-gather and a reduce-scatter over a network — and
 //     the rest is the tuning table's (tuning.go), whose rows cite their
 //     measurements (made at 2 to 8 ranks); preferLent (lent.go) then turns
 //     the choice into a schedule that writes or reads the peers' buffers
@@ -147,6 +147,14 @@ func choose(k kind, bytes int64, n int, l layout, cm CostModel, mapped, multiHos
 			// tcp, 4 processes, two launches each: 4 KiB of output rd
 			// 34–36 µs against oneshot 42–44, 16 KiB 39–42 against 46–57,
 			// 64 KiB 61–63 against 72–75).
+			return AlgoRD
+		}
+		if k == kReduceScatter && !mapped && n >= 4 && n&(n-1) == 0 && bytes <= l.inline() {
+			// And the reduce-scatter, which halves there (reduceScatterRD):
+			// log2(n) hand-offs where the one-shot takes n-1, the same
+			// bytes (stop 24, tcp, 4 processes, two launches each: 4 KiB
+			// in all 32.5–33.0 µs against 45.9–52.0, 64 KiB 49.2–51.8
+			// against 62.7–67.9).
 			return AlgoRD
 		}
 		if k == kAllReduce && mapped && n >= 4 && n&(n-1) == 0 && bytes > mappedRDMin && bytes <= l.inline() {

@@ -209,38 +209,43 @@ func TestChooseMappedAllReduce(t *testing.T) {
 	}
 }
 
-// Over a network an all-gather among 4 or 8 ranks whose output fits a
-// hello takes recursive doubling (its rounds carry only the blocks held so
-// far); 2 and 3 ranks, mapped memory and outputs past a hello stay as they
-// were.
-func TestChooseNetworkAllGather(t *testing.T) {
-	for _, tc := range []struct {
-		n      int
-		bytes  int64 // per rank
-		mapped bool
-		want   Algorithm
-	}{
-		{4, 16 << 10, false, AlgoRD},
-		{8, 1 << 10, false, AlgoRD},
-		{4, 16, false, AlgoRD},
-		{2, 16 << 10, false, AlgoOneShot},
-		{3, 16 << 10, false, AlgoOneShot},
-		{4, 16 << 10, true, AlgoOneShot},
-	} {
-		l, err := newLayout(tc.n, 256<<20)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if rdPayload(kAllGather, tc.bytes, tc.n) > l.inline() {
-			t.Fatalf("%d bytes from each of %d ranks exceed the %d-byte hellos: the case tests nothing", tc.bytes, tc.n, l.inline())
-		}
-		if a := choose(kAllGather, tc.bytes, tc.n, l, DefaultCostModel(), tc.mapped, false, false); a != tc.want {
-			t.Errorf("all-gather of %d bytes a rank among %d ranks (mapped %v): %v, want %v", tc.bytes, tc.n, tc.mapped, a, tc.want)
+// Over a network an all-gather or a reduce-scatter among 4 or 8 ranks
+// whose hellos fit takes recursive doubling (the all-gather's rounds carry
+// only the blocks held so far, the reduce-scatter halves); 2 and 3 ranks,
+// mapped memory and data past a hello stay as they were.
+func TestChooseNetworkRD(t *testing.T) {
+	for _, k := range []kind{kAllGather, kReduceScatter} {
+		for _, tc := range []struct {
+			n      int
+			bytes  int64 // the selector's: per rank (all-gather), in all (reduce-scatter)
+			mapped bool
+			want   Algorithm
+		}{
+			{4, 16 << 10, false, AlgoRD},
+			{8, 1 << 10, false, AlgoRD},
+			{4, 16, false, AlgoRD},
+			{2, 16 << 10, false, AlgoOneShot},
+			{3, 16 << 10, false, AlgoOneShot},
+			{4, 16 << 10, true, AlgoOneShot},
+		} {
+			l, err := newLayout(tc.n, 256<<20)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rdPayload(k, tc.bytes, tc.n) > l.inline() {
+				t.Fatalf("%v of %d bytes among %d ranks exceeds the %d-byte hellos: the case tests nothing", k, tc.bytes, tc.n, l.inline())
+			}
+			if a := choose(k, tc.bytes, tc.n, l, DefaultCostModel(), tc.mapped, false, false); a != tc.want {
+				t.Errorf("%v of %d bytes among %d ranks (mapped %v): %v, want %v", k, tc.bytes, tc.n, tc.mapped, a, tc.want)
+			}
 		}
 	}
 	l, _ := newLayout(4, 256<<20)
 	if a := choose(kAllGather, l.inline()/4+1, 4, l, DefaultCostModel(), false, false, false); a == AlgoRD {
 		t.Errorf("all-gather whose output exceeds a hello among 4 network ranks: rd")
+	}
+	if a := choose(kReduceScatter, l.inline()+1, 4, l, DefaultCostModel(), false, false, false); a == AlgoRD {
+		t.Errorf("reduce-scatter whose input exceeds a hello among 4 network ranks: rd")
 	}
 }
 
