@@ -49,8 +49,9 @@
 // take a lane of their own, the read lane (laneread.go): hello, checks, own
 // copy, reads and done records in the caller, the peers' dones polled there.
 // Where the host's ranks outnumber its cores a lane's poll yields the core
-// after a few dozen looks (laneCrowdedPolls), not a few hundred: the peer
-// it waits for is then often one that needs the core.
+// from its first look (between processes after a few dozen looks,
+// laneCrowdedPolls), not after a few hundred: the peer it waits for is
+// then often one that needs the core.
 //
 // On an idle stream the hello runs in the calling goroutine
 // (device.Stream.RunInline) and polls for the peers' for a few
