@@ -408,16 +408,7 @@ func TestDrainStopsAfterAShortRead(t *testing.T) {
 			// one read.
 			msg = bytes.Repeat(msg, directRead/3+1)[:directRead]
 		}
-		rp.send(t, frameWrite, 0, 0, 0, uint64(rp.r1.buf.Addr)+128, 0, msg)
-		rp.send(t, frameNotify, 0, 0, 0, 0, 0, []byte{0, 0, 0, 0, 0, 0, 0, byte(2*round + 1)}) // the ordering vector: the frames before it
-		deadline := time.Now().Add(5 * time.Second)
-		for !rawReadableN(t, s, 2*headerLen+len(msg)+8) {
-			if time.Now().After(deadline) {
-				s.rtok.Unlock()
-				t.Fatal("the frames did not arrive")
-			}
-			time.Sleep(100 * time.Microsecond)
-		}
+		sendWriteNotify(t, rp, s, 128, msg, byte(2*round+1))
 		reads := 0
 		orig := s.readFn
 		s.readFn = func(fd uintptr) { reads++; orig(fd) }
@@ -459,16 +450,7 @@ func TestDrainReadsALongPayloadInPlace(t *testing.T) {
 	}
 	s.rtok.Lock()
 	clear(s.rx.buf)
-	rp.send(t, frameWrite, 0, 0, 0, uint64(rp.r1.buf.Addr), 0, payload)
-	rp.send(t, frameNotify, 0, 0, 0, 0, 0, []byte{0, 0, 0, 0, 0, 0, 0, 1})
-	deadline := time.Now().Add(5 * time.Second)
-	for !rawReadableN(t, s, 2*headerLen+len(payload)+8) {
-		if time.Now().After(deadline) {
-			s.rtok.Unlock()
-			t.Fatal("the frames did not arrive")
-		}
-		time.Sleep(100 * time.Microsecond)
-	}
+	sendWriteNotify(t, rp, s, 0, payload, 1)
 	_, err := c.drain(s)
 	s.rtok.Unlock()
 	if err != nil {
@@ -482,6 +464,25 @@ func TestDrainReadsALongPayloadInPlace(t *testing.T) {
 	}
 	if probe := payload[directRead+4096 : directRead+4352]; bytes.Contains(s.rx.buf, probe) {
 		t.Errorf("the payload's bytes past the first %d went through the socket's buffer", directRead)
+	}
+}
+
+// sendWriteNotify sends, as rp's end of socket s, a WRITE of payload at off
+// bytes into r1's memory and a NOTIFY whose ordering vector counts vec
+// frames, and waits until s holds both. The caller holds s.rtok, so that
+// neither the background reader nor a poller takes them first; a failure
+// lets it go.
+func sendWriteNotify(t *testing.T, rp *rawPeer, s *sock, off uint64, payload []byte, vec byte) {
+	t.Helper()
+	rp.send(t, frameWrite, 0, 0, 0, uint64(rp.r1.buf.Addr)+off, 0, payload)
+	rp.send(t, frameNotify, 0, 0, 0, 0, 0, []byte{0, 0, 0, 0, 0, 0, 0, vec})
+	deadline := time.Now().Add(5 * time.Second)
+	for !rawReadableN(t, s, 2*headerLen+len(payload)+8) {
+		if time.Now().After(deadline) {
+			s.rtok.Unlock()
+			t.Fatal("the frames did not arrive")
+		}
+		time.Sleep(100 * time.Microsecond)
 	}
 }
 
