@@ -390,13 +390,7 @@ func awaitRecord(ctx context.Context, c *channel.Conn, poll bool) error {
 // applies what came and stops instead of reading again to hear EAGAIN (a
 // system call, and the socket's lock, per message).
 func TestDrainStopsAfterAShortRead(t *testing.T) {
-	rp := connectRaw(t, Options{Spin: time.Second})
-	c := rp.c1.Transport.(*conn)
-	s := c.socks[0]
-	if s.rc == nil {
-		t.Skip("no descriptor access: reads block on the background reader")
-	}
-	mine := rp.r1.bytes(t)
+	rp, c, s, mine := drainable(t)
 	for round := 0; round < 4; round++ {
 		// Hold the receive token: neither the background reader nor a
 		// poller reads while the frames arrive.
@@ -436,13 +430,7 @@ func TestDrainStopsAfterAShortRead(t *testing.T) {
 // it — not into the socket's buffer and then a second time where it
 // belongs (a copy of every byte of every 64 KiB write, before).
 func TestDrainReadsALongPayloadInPlace(t *testing.T) {
-	rp := connectRaw(t, Options{Spin: time.Second})
-	c := rp.c1.Transport.(*conn)
-	s := c.socks[0]
-	if s.rc == nil {
-		t.Skip("no descriptor access: reads block on the background reader")
-	}
-	mine := rp.r1.bytes(t)
+	rp, c, s, mine := drainable(t)
 	payload := make([]byte, 60000)
 	rng := rand.New(rand.NewPCG(1, 2)) // no period: a probe matches one place only
 	for i := range payload {
@@ -465,6 +453,20 @@ func TestDrainReadsALongPayloadInPlace(t *testing.T) {
 	if probe := payload[directRead+4096 : directRead+4352]; bytes.Contains(s.rx.buf, probe) {
 		t.Errorf("the payload's bytes past the first %d went through the socket's buffer", directRead)
 	}
+}
+
+// drainable connects a raw peer to a one-socket channel whose socket's
+// descriptor the test can read (skipping where it cannot), and returns the
+// peer, the channel's end, its socket and the memory the peer writes into.
+func drainable(t *testing.T) (*rawPeer, *conn, *sock, []byte) {
+	t.Helper()
+	rp := connectRaw(t, Options{Spin: time.Second})
+	c := rp.c1.Transport.(*conn)
+	s := c.socks[0]
+	if s.rc == nil {
+		t.Skip("no descriptor access: reads block on the background reader")
+	}
+	return rp, c, s, rp.r1.bytes(t)
 }
 
 // sendWriteNotify sends, as rp's end of socket s, a WRITE of payload at off
