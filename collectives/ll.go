@@ -18,7 +18,7 @@ import (
 // NCCL's LL protocol and of Open MPI's shared-memory fast boxes: one cache
 // line whose first word is a flag and whose other 56 bytes are the message
 // (channel.PutLine: the bytes with plain stores, the flag word last with one
-// atomic store). The receiver polls the line in its own memory
+// release store). The receiver polls the line in its own memory
 // (channel.TakeLine; the lines lie in flagged slots after the hello slots,
 // layout.flaggedOff) and has the hello as soon as the flag is there. No
 // notify is recorded and none is waited for: a small hello is one cache

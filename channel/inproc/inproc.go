@@ -227,7 +227,7 @@ func (t *Transport) WriteFlagged(_ <-chan struct{}, dst device.Ptr, src []byte, 
 }
 
 // WriteLine stores src into the line at the peer's dst (channel.PutLine):
-// plain stores of the data, then one atomic store of the flag word.
+// plain stores of the data, then one release store of the flag word.
 func (t *Transport) WriteLine(_ <-chan struct{}, dst device.Ptr, src []byte, flag uint32) error {
 	b, err := t.lineBytes(dst, len(src))
 	if err != nil {

@@ -379,7 +379,7 @@ func (t *Transport) WriteFlagged(_ <-chan struct{}, dst device.Ptr, src []byte, 
 }
 
 // WriteLine stores src into the line at the peer's dst (channel.PutLine):
-// plain stores into the shared mapping, then one atomic store of the flag
+// plain stores into the shared mapping, then one release store of the flag
 // word, which the peer polls in its own.
 func (t *Transport) WriteLine(_ <-chan struct{}, dst device.Ptr, src []byte, flag uint32) error {
 	t.mu.RLock()
