@@ -256,9 +256,9 @@ func laneRun(c *hcomm.Comm, s *device.Stream, o *Options, name string, h header,
 		// wait a moment for them, as launchHello does.
 		spin.Until(max(x.poll, helloPoll), func() bool { return s.Pending() == 0 })
 	}
-	// The call is numbered (CountOp) once its hello is out, while it waits
-	// for the peers' anyway; with metrics or TRACE on, BeginOp numbers it
-	// now and times it with tasks of its own.
+	// The call is numbered (CountOp) once its hello is out and its poll
+	// done; with metrics or TRACE on, BeginOp numbers it now and times it
+	// with tasks of its own.
 	endOp := noEnd
 	x.opSeq, x.number = 0, !c.TimesOps()
 	if !x.number {
@@ -551,10 +551,14 @@ func (x *laneCall) first(stop <-chan struct{}) error {
 	if err := x.post(stop); err != nil {
 		return err
 	}
-	x.countOp()
 	// seen gives up early on a broken notify, leaving x.next short: the
-	// queued wait names the loss.
-	if x.pollUntil(x.seenFn); x.next < len(x.st.others) {
+	// queued wait names the loss. The call is numbered after the poll: a
+	// lock's atomic right after the post would wait there for the lines
+	// just stored to reach their peers (storeRelease), where the poll's
+	// loads go on meanwhile.
+	x.pollUntil(x.seenFn)
+	x.countOp()
+	if x.next < len(x.st.others) {
 		x.pending = true
 		return nil
 	}
