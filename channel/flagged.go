@@ -14,7 +14,7 @@ import (
 // low-latency protocol in the spirit of NCCL's LL, in two forms: lines
 // (WriteLine: up to 56 bytes and a flag word in one cache line, see LineSize)
 // and flagged words. As flagged words, data travels in 8-byte
-// words, 4 bytes of data beside a 4-byte flag, each word one release store,
+// words, 4 bytes of data beside a 4-byte flag, each word one atomic store,
 // so that a receiver polling its own memory (TakeFlagged) sees a word's data
 // as soon as it sees the word's flag: the data and the signal that it has
 // landed are one store, and a hand-off costs one cache line's transfer per
@@ -64,8 +64,13 @@ type LinePut interface {
 // amd64 the release store is a plain store, which does not wait for the
 // line to reach the writer's cache (an atomic.StoreUint64 does: 2 ranks'
 // 16-byte all-reduce 0.54–0.73 → 0.36–0.48 µs in one process, 0.56–0.61 →
-// 0.43–0.44 between processes). As with flagged words, a sender must not
-// rewrite a line the receiver has not taken.
+// 0.43–0.44 between processes). A release store is not a full barrier: a
+// load the writer makes after it may be done before the line is visible to
+// the peer, so a protocol in which each side stores and then loads what the
+// other stored (a sleeper's wake word against the line it sleeps for) puts
+// a Fence between its PutLine and its load; flagged words (PutFlagged) are
+// sequentially consistent atomic stores and need none. As with flagged
+// words, a sender must not rewrite a line the receiver has not taken.
 const (
 	LineSize = 64
 	LineData = LineSize - 8
@@ -91,7 +96,7 @@ func CheckLine(dst device.Ptr, n int) error {
 }
 
 // PutLine stores src (at most LineData bytes) into line[8:], then flag into
-// the line's first word with one release store. line must be LineSize bytes,
+// the line's first word with one release store (see Fence). line must be LineSize bytes,
 // 8-byte aligned in memory.
 func PutLine(line, src []byte, flag uint32) {
 	_ = line[LineSize-1]
@@ -130,7 +135,7 @@ func CheckFlagged(dst device.Ptr, n int) error {
 
 // PutFlagged stores src into words as flagged words: word i (8 bytes,
 // little-endian) holds src[4i:4i+4] in its low half and flag in its high
-// half, written with one release store. words must be 8-byte aligned in
+// half, written with one atomic store. words must be 8-byte aligned in
 // memory and hold 2*len(src) bytes; len(src) must be a multiple of 4. The
 // words are stored in order, the last one last.
 func PutFlagged(words, src []byte, flag uint32) {
@@ -142,7 +147,7 @@ func PutFlagged(words, src []byte, flag uint32) {
 	w := unsafe.Slice((*uint64)(unsafe.Pointer(&words[0])), n)
 	hi := uint64(flag) << 32
 	for i := range w {
-		storeRelease(&w[i], hi|uint64(binary.LittleEndian.Uint32(src[4*i:])))
+		atomic.StoreUint64(&w[i], hi|uint64(binary.LittleEndian.Uint32(src[4*i:])))
 	}
 }
 

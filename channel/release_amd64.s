@@ -12,3 +12,8 @@ TEXT ·storeRelease(SB), NOSPLIT, $0-16
 	MOVQ v+8(FP), BX
 	MOVQ BX, (AX)
 	RET
+
+// func Fence()
+TEXT ·Fence(SB), NOSPLIT, $0-0
+	MFENCE
+	RET

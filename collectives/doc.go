@@ -44,7 +44,10 @@
 // writes prepared once (hcomm.PrepareWriteWithNotify), its buffers checked
 // once per allocation epoch, the peers' notifies polled with a load. It is
 // the one-shot schedule on the wire, so whether a call takes it is each
-// rank's own business; HCOMM_LANE=0 turns it off. The all-gather, all-to-all
+// rank's own business; HCOMM_LANE=0 turns it off. Over tcp (every peer over
+// the network, no more processes on the host than cores) its hellos are
+// frames and each look receives what the sockets hold, for up to
+// Config.TCPSpin. The all-gather, all-to-all
 // and broadcast whose schedules read their peers' buffers in place (lent.go)
 // take a lane of their own, the read lane (laneread.go): hello, checks, own
 // copy, reads and done records in the caller, the peers' dones polled there.

@@ -33,6 +33,15 @@ import (
 // are equal headers; only a line that differs is unpacked, for the check's
 // error) and their payloads reduced where they lie.
 //
+// Over tcp — every peer of the call over the network (laneCall.net), and no
+// more processes on the host than cores — the hello is the schedule's
+// write with its notify record (one frame pair, one system call), and a
+// look for a peer's hello receives what the channel's sockets hold
+// (hcomm.ChannelNotifyTryWait) for up to Config.TCPSpin (st.netPoll): the
+// caller itself is the progress engine, as Open MPI's is, and no stream
+// goroutine is handed the call (2 tcp processes, 16-byte all-reduce 6.0–6.2
+// → 5.2–5.4 µs).
+//
 // On the wire nothing differs from the one-shot schedule: the same header,
 // sequence number, slots, lines, parities and notifies. So whether a call takes
 // the lane is this rank's business alone: a rank in the lane and a rank in
@@ -80,6 +89,10 @@ type laneCall struct {
 	// blockOf does; sendPtr is send.
 	part    bool
 	sendPtr device.Ptr
+	// net: every peer is over the network (tcp), where hellos are writes
+	// with a notify record and a look for a peer's hello receives what
+	// its sockets hold (ChannelNotifyTryWait).
+	net bool
 	// rd: the call reads its peers' buffers where they lie (laneread.go);
 	// x.in is then its hello's payload, the loan's words, and the fields
 	// below are the read's.
@@ -240,7 +253,7 @@ func laneRun(c *hcomm.Comm, s *device.Stream, o *Options, name string, h header,
 	h.seq, h.from, h.size = st.seq, int32(c.Rank()), int32(c.Size())
 	x.h, x.name = h, name
 	x.in, x.out, x.count, x.n, x.next, x.pending = in, out, h.count, n, 0, false
-	x.algo, x.algoName, x.rd, x.part, x.sendPtr = AlgoOneShot, algoOneShot, fit.rd, fit.part, send
+	x.algo, x.algoName, x.rd, x.part, x.sendPtr, x.net = AlgoOneShot, algoOneShot, fit.rd, fit.part, send, fit.net
 	if fit.rd {
 		x.readArgs(fit.algo, send, recv, in, n)
 	}
@@ -255,6 +268,17 @@ func laneRun(c *hcomm.Comm, s *device.Stream, o *Options, name string, h header,
 		// The small collectives before this one are still on the stream:
 		// wait a moment for them, as launchHello does.
 		spin.Until(max(x.poll, helloPoll), func() bool { return s.Pending() == 0 })
+	}
+	if x.net {
+		// Over the network the caller polls for the peers' hellos as a
+		// tcp wait would, for Config.TCPSpin (st.netPoll): each look
+		// receives what the sockets hold, and an answer takes a round
+		// trip of the sockets (7–9 µs on the development VM). Not for the
+		// wait above: a stream whose task sleeps in the network poller
+		// is not woken while this goroutine spins (Go's scheduler polls
+		// the network when it has nothing else to run), and a caller
+		// that waited that long there every call would keep it so.
+		x.poll = st.netPoll
 	}
 	// The call is numbered (CountOp) once its hello is out and its poll
 	// done; with metrics or TRACE on, BeginOp numbers it now and times it
@@ -322,6 +346,7 @@ type laneFit struct {
 	algo  Algorithm // the call's: the one-shot's, or the read lane's (rd)
 	rd    bool
 	part  bool // a payload of its own to each peer (laneCall.part)
+	net   bool // every peer is over the network (laneCall.net)
 	ok    bool
 }
 
@@ -368,18 +393,34 @@ func (st *state) laneFits(k kind, sel int64, algo Algorithm) (laneFit, bool) {
 		algo = preferLent(k, sel, size, st, algo)
 	}
 	st.remote = false
+	mapped, net := 0, 0
 	for _, p := range st.peers() { // st.others, which the lane uses from here on
 		ch := st.chans[p]
-		if ch == nil || !ch.Flagged() { // not set up yet, or not mapped (tcp)
+		switch {
+		case ch == nil: // not set up yet
 			return laneFit{}, false
+		case ch.Flagged():
+			mapped++
+		case ch.Transport() == hcomm.TransportTCP:
+			net++
 		}
 		st.remote = st.remote || ch.Transport() != hcomm.TransportInproc
 	}
+	if net > 0 && (mapped > 0 || net != len(st.others) || st.crowded) {
+		// Some pairs' hellos are lines and others writes: the schedule's.
+		// And where the host's processes outnumber its cores, a caller
+		// polling its sockets for a peer that is not running only delays
+		// it: 3 tcp processes on 2 cores, 16-byte all-reduce 38–66 µs in
+		// the lane against 22 queued (polling 5 µs: 56–65).
+		return laneFit{}, false
+	}
 	switch {
 	case (algo == AlgoOneShot || algo == AlgoAuto && strict) && (k == kAllReduce || k == kAllGather): // strict picks oneshot at this size (strictAlgo)
-		return laneFit{algo: AlgoOneShot}, sel <= st.lay.inline()
+		return laneFit{algo: AlgoOneShot, net: net > 0}, sel <= st.lay.inline()
 	case algo == AlgoOneShot && !strict && (k == kAlltoAll || k == kReduceScatter):
-		return laneFit{algo: AlgoOneShot, part: true}, sel/int64(size) <= st.lay.inline()
+		return laneFit{algo: AlgoOneShot, part: true, net: net > 0}, sel/int64(size) <= st.lay.inline()
+	case net > 0:
+		return laneFit{}, false // the read lane reads mapped memory
 	case st.readFits(k, sel, algo):
 		return laneFit{algo: algo, rd: true}, true
 	}
@@ -399,18 +440,19 @@ func (x *laneCall) post(stop <-chan struct{}) error {
 		x.packed = false
 		return x.postParts(stop)
 	}
-	x.packed = st.ll && !x.rd && packHeader(x.line[:], x.h, x.in)
+	lines := st.ll && !x.net
+	x.packed = lines && !x.rd && packHeader(x.line[:], x.h, x.in)
 	if !x.packed {
 		// The header and payload in this rank's slot, which finish checks
 		// against and the writes (or the full line) go from.
 		b := st.hello.Bytes()[off : off+headerSize+x.n]
 		x.h.encode(b)
 		copy(b[headerSize:], x.in)
-		if st.ll {
+		if lines {
 			copy(x.line[:], b[:headerSize])
 		}
 	}
-	if st.ll {
+	if lines {
 		for _, p := range st.others {
 			if !x.packed && x.n > 0 {
 				dst := st.peerBuf[p].Add(st.lay.helloOff(me, x.par[p]) + headerSize)
@@ -418,7 +460,7 @@ func (x *laneCall) post(stop <-chan struct{}) error {
 					return err
 				}
 			}
-			if err := st.putLine(stop, p, x.par[p], x.flag[p], x.line[:]); err != nil {
+			if err := st.storeLine(p, x.par[p], x.flag[p], x.line[:]); err != nil {
 				return err
 			}
 		}
@@ -516,7 +558,7 @@ func (x *laneCall) seen() bool {
 			x.next++
 			continue
 		}
-		if st.ll {
+		if st.ll && !x.net {
 			if !st.takeFlagged(p, x.par[p], x.flag[p]) {
 				return false
 			}
@@ -524,7 +566,7 @@ func (x *laneCall) seen() bool {
 			continue
 		}
 		idx := nHello + int(x.par[p])
-		if !hcomm.ChannelNotifyPeek(st.chans[p], idx) {
+		if !x.net && !hcomm.ChannelNotifyPeek(st.chans[p], idx) {
 			// Not yet (a peer lost meanwhile breaks the notify, and the
 			// wait rest queues after the poll names the loss).
 			return false
@@ -552,11 +594,15 @@ func (x *laneCall) first(stop <-chan struct{}) error {
 		return err
 	}
 	// seen gives up early on a broken notify, leaving x.next short: the
-	// queued wait names the loss. The call is numbered after the poll: a
-	// lock's atomic right after the post would wait there for the lines
-	// just stored to reach their peers (storeRelease), where the poll's
-	// loads go on meanwhile.
+	// queued wait names the loss. The peers that sleep for this rank's
+	// hello are woken after the poll, and the call numbered then: a
+	// barrier right after the post would wait there for the lines just
+	// stored to reach their peers (storeRelease), where the poll's loads
+	// go on meanwhile.
 	x.pollUntil(x.seenFn)
+	if err := x.wake(stop); err != nil {
+		return err
+	}
 	x.countOp()
 	if x.next < len(x.st.others) {
 		x.pending = true
@@ -581,6 +627,10 @@ func (x *laneCall) pollUntil(cond func() bool) {
 	tight := lanePolls
 	if x.st.crowded {
 		tight = 0 // the peer is often not running: yield from the first look
+	}
+	if x.net && x.poll <= 0 {
+		cond() // tcp polling is off (HCOMM_TCP_SPIN=0): one look
+		return
 	}
 	for i := 0; i < tight; i++ {
 		if cond() {
@@ -640,7 +690,27 @@ func (x *laneCall) run(stop <-chan struct{}) error {
 	if err := x.post(stop); err != nil {
 		return err
 	}
+	if err := x.wake(stop); err != nil {
+		return err
+	}
 	return x.rest(stop)
+}
+
+// wake wakes the peers that sleep for this rank's hello, which post stored
+// as lines without looking (ll.go: storeLine): a fence, then each peer's
+// wake word. post's caller calls it before it may wait for anything.
+func (x *laneCall) wake(stop <-chan struct{}) error {
+	st := x.st
+	if !st.ll || x.net || x.part {
+		return nil // writes with their notify records, or sendHello's own wakes
+	}
+	channel.Fence()
+	for _, p := range st.others {
+		if err := st.wakeIfAsked(stop, p, x.par[p], x.flag[p]); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // finish checks the peers' headers and reduces every rank's payload, in

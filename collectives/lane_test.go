@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -16,8 +17,12 @@ import (
 )
 
 // laneTransports are the transports of the all-reduce's lane (lane.go):
-// ranks whose memory is mapped, over inproc and over shm.
-var laneTransports = []hcommtest.Transport{hcommtest.Inproc, hcommtest.Shm}
+// ranks whose memory is mapped, over inproc and over shm, and ranks whose
+// peers are all over the network (tcp: laneCall.net).
+var laneTransports = []hcommtest.Transport{hcommtest.Inproc, hcommtest.Shm, hcommtest.TCP}
+
+// readLaneTransports are the read lane's (laneread.go): mapped memory only.
+var readLaneTransports = []hcommtest.Transport{hcommtest.Inproc, hcommtest.Shm}
 
 // The lane under every timing: hundreds of all-reduces and all-gathers,
 // one kind or the other at random, whose sizes fall on both sides of the
@@ -29,19 +34,36 @@ var laneTransports = []hcommtest.Transport{hcommtest.Inproc, hcommtest.Shm}
 // and most calls must have taken the lane. They run with the hellos as lines
 // (ll.go; the default) and, with HCOMM_LL=0, as writes and notifies: with
 // lines, a lost wake hangs (and fails at the execution timeout), a line taken
-// from the hello two before gives a wrong sum.
+// from the hello two before gives a wrong sum. Over tcp the hellos are
+// frames the caller's looks receive (laneCall.net), with tcp's polling on
+// and off (a lane that looks once).
 func TestLaneStress(t *testing.T) {
 	calls := 300
 	if testing.Short() {
 		calls = 80
 	}
-	for _, ll := range []string{"1", "0"} {
+	for _, ll := range []string{"1", "0", "spin-off"} {
 		for _, tr := range laneTransports {
+			if tr == hcommtest.TCP && ll == "0" || tr != hcommtest.TCP && ll == "spin-off" {
+				continue // no lines over tcp either way; no tcp spin elsewhere
+			}
 			for _, shape := range []struct{ n, procs int }{{2, 0}, {3, 0}, {4, 1}} {
 				t.Run(fmt.Sprintf("ll=%v/%v/ranks=%d/gomaxprocs=%d", ll, tr, shape.n, shape.procs), func(t *testing.T) {
-					t.Setenv("HCOMM_LL", ll)
-					o := hcommtest.Options{Config: &hcomm.Config{ExecTimeout: 60 * time.Second, BufferSize: 1 << 20}, GOMAXPROCS: shape.procs}
-					o.Run(t, shape.n, tr, func(t testing.TB, c *hcomm.Comm) { stressAllReduce(t, c, calls, true) })
+					cfg := &hcomm.Config{ExecTimeout: 60 * time.Second, BufferSize: 1 << 20}
+					if ll == "spin-off" {
+						// tcp's polling off: the lane looks once, and
+						// what it does not see its stream waits for.
+						cfg.TCPSpin = -1
+					} else {
+						t.Setenv("HCOMM_LL", ll)
+					}
+					o := hcommtest.Options{Config: cfg, GOMAXPROCS: shape.procs}
+					// Over a network 4 ranks' small all-reduces and
+					// all-gathers are recursive doubling's (choose),
+					// and ranks that outnumber the cores do not poll
+					// their sockets in the lane: the lane meets none.
+					lane := tr != hcommtest.TCP || shape.n != 4 && shape.n <= runtime.NumCPU()
+					o.Run(t, shape.n, tr, func(t testing.TB, c *hcomm.Comm) { stressAllReduce(t, c, calls, lane) })
 				})
 			}
 		}
@@ -420,7 +442,7 @@ func TestLaneFirstAfterRD(t *testing.T) {
 // must stay in step across the two paths, or a later call reads a peer's
 // buffer too early or waits forever.
 func TestReadLaneMeetsSchedule(t *testing.T) {
-	for _, tr := range laneTransports {
+	for _, tr := range readLaneTransports {
 		for _, shape := range []struct{ n, procs int }{{2, 0}, {3, 0}, {4, 1}} {
 			n := shape.n
 			t.Run(fmt.Sprintf("%v/ranks=%d/gomaxprocs=%d", tr, n, shape.procs), func(t *testing.T) {
@@ -534,7 +556,7 @@ func TestReadLaneMeetsSchedule(t *testing.T) {
 // queued) — fails at once with an error naming the peer, instead of
 // waiting out the execution timeout; calls whose peer stays are exact.
 func TestReadLanePeerGone(t *testing.T) {
-	for _, tr := range laneTransports {
+	for _, tr := range readLaneTransports {
 		t.Run(tr.String(), func(t *testing.T) {
 			o := hcommtest.Options{Config: &hcomm.Config{ExecTimeout: 60 * time.Second}}
 			o.Run(t, 2, tr, func(t testing.TB, c *hcomm.Comm) {
@@ -582,7 +604,7 @@ func TestReadLanePeerGone(t *testing.T) {
 
 // TestLaneZeroCount: calls of no elements in every lane — the one-shot's,
 // the parts', the read lane's (forced and chosen) — between calls with
-// data, on inproc and shm: each completes, and the calls after it are
+// data, on inproc, shm and tcp: each completes, and the calls after it are
 // exact (the counters the lanes advance stay in step).
 func TestLaneZeroCount(t *testing.T) {
 	for _, tr := range laneTransports {

@@ -49,10 +49,17 @@ import (
 // stores a wake word — flagged with the hello it waits for — into the
 // sender's memory (the second cache line of its own flagged slot there); a
 // sender checks that word after storing its hello and records the notify
-// only when it finds it. The two sides store first and load second
-// (sequentially consistent atomics), so either the receiver sees the hello
-// before it sleeps or the sender sees the wake word: no wake is lost, and a
-// rank that answers in time pays no notify. A record the receiver did not
+// only when it finds it. The two sides store first and load second, with a
+// full barrier between (the wake word is a sequentially consistent atomic
+// store; the line's flag a release store, so the sender calls channel.Fence
+// before it looks), so either the receiver sees the hello before it sleeps
+// or the sender sees the wake word: no wake is lost, and a rank that
+// answers in time pays no notify. The lane (lane.go) posts its lines, polls
+// for its peers', and only then fences and looks at the wake words: by then
+// its stores have reached their peers and the fence costs nothing, where
+// right after the stores it would wait for them (a sleeper's wake comes
+// that much later: at most the lane's poll bound, after it already waited
+// its own). A record the receiver did not
 // need (it saw the line after storing its wake word) is cleared before its
 // next sleep on that notify; until then it can only wake a flagged wait
 // early, which looks at the line again.
@@ -186,14 +193,21 @@ func (st *state) linePut(p int, par uint64) (*hcomm.PreparedLine, error) {
 // putLine stores a line's data into peer p's flagged slot of parity par with
 // flag, and wakes p if it sleeps for it.
 func (st *state) putLine(stop <-chan struct{}, p int, par uint64, flag uint32, line []byte) error {
+	if err := st.storeLine(p, par, flag, line); err != nil {
+		return err
+	}
+	channel.Fence() // the line visible before the wake word is looked at
+	return st.wakeIfAsked(stop, p, par, flag)
+}
+
+// storeLine is putLine without the wake: its caller calls channel.Fence and
+// then wakeIfAsked before it may wait for anything (the lane's post).
+func (st *state) storeLine(p int, par uint64, flag uint32, line []byte) error {
 	l, err := st.linePut(p, par)
 	if err != nil {
 		return err
 	}
-	if err := l.Put(line, flag); err != nil {
-		return err
-	}
-	return st.wakeIfAsked(stop, p, par, flag)
+	return l.Put(line, flag)
 }
 
 // wakeIfAsked records peer p's hello notify of parity par when p stored the

@@ -171,6 +171,7 @@ type state struct {
 	group     *group                    // c's group state (group.go), looked up once by the lane
 	noLane    bool                      // HCOMM_LANE=0: every call through its schedule, to measure the lane
 	remote    bool                      // a peer of the lane is in another process (lane.go)
+	netPoll   time.Duration             // how long the lane polls peers over the network (Config.TCPSpin; 0: off)
 	laneFit   laneFit                   // the last call the lane was found to fit (laneReady)
 
 	own      *device.Stream // the stream of the host-slice layer
@@ -301,6 +302,7 @@ func (st *state) init1() {
 		st.helloPoll, st.err = envHelloPoll(c.ProcessesHere(), runtime.NumCPU()) // handshake.go
 		st.pollSet = os.Getenv("HCOMM_HELLO_POLL") != ""
 		st.crowded = c.ProcessesHere() > runtime.NumCPU() || c.ProcessesHere() == 1 && c.Size() > runtime.NumCPU()
+		st.netPoll = max(c.Config().TCPSpin, 0) // negative: polling off
 	}
 	if st.err == nil {
 		st.costs, st.err = envCostModel()

@@ -73,8 +73,9 @@ type Config struct {
 	// there turns polling off). Polling saves the wake-up through the host
 	// that a sleeping waiter pays for every message (tcp.DefaultSpin; the
 	// figures are in channel/tcp's documentation); the waiter keeps its
-	// processor that long, yielding it between looks. Negative turns
-	// polling off.
+	// processor that long, yielding it between looks. A small collective
+	// that runs in its caller (package collectives' lane) polls its peers'
+	// sockets as long there. Negative turns polling off.
 	TCPSpin time.Duration
 
 	// Deterministic is how reproducible the reducing collectives are
