@@ -12,6 +12,9 @@ func Barrier(c *hcomm.Comm, s *device.Stream) error {
 	if err := checkArgs(c, name, 0, hcomm.Int8, hcomm.Sum, s); err != nil {
 		return err
 	}
+	if done, err := laneBarrier(c, s); done { // lane.go
+		return err
+	}
 	h := header{kind: kBarrier, dt: hcomm.Int8}
 	if grouping(c) && recordCall(c, name, func() error { return Barrier(c, s) }) {
 		return nil // group.go: GroupEnd issues it

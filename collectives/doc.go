@@ -39,8 +39,9 @@
 // payload — polled in place, with a wake word for a receiver that sleeps);
 // HCOMM_LL=0 turns it off.
 //
-// A small all-reduce, all-gather, all-to-all or reduce-scatter whose call
-// finds everything in place takes the lane (lane.go): the one-shot hello without a schedule, its
+// A small all-reduce, all-gather, all-to-all, reduce-scatter, broadcast,
+// reduce or barrier whose call finds everything in place takes the lane
+// (lane.go): the one-shot hello without a schedule, its
 // writes prepared once (hcomm.PrepareWriteWithNotify), its buffers checked
 // once per allocation epoch, the peers' notifies polled with a load. It is
 // the one-shot schedule on the wire, so whether a call takes it is each

@@ -24,9 +24,9 @@ var laneTransports = []hcommtest.Transport{hcommtest.Inproc, hcommtest.Shm, hcom
 // readLaneTransports are the read lane's (laneread.go): mapped memory only.
 var readLaneTransports = []hcommtest.Transport{hcommtest.Inproc, hcommtest.Shm}
 
-// The lane under every timing: hundreds of all-reduces and all-gathers,
-// one kind or the other at random, whose sizes fall on both sides of the
-// one-shot limit (so that the lane and the schedules alternate back to
+// The lane under every timing: hundreds of all-reduces, all-gathers and
+// broadcasts (from every root), one kind or another at random, whose
+// sizes fall on both sides of the one-shot limit (so that the lane and the schedules alternate back to
 // back), in place and out of place, on two streams in
 // turn now and then (so that begin orders them and the lane steps aside),
 // each rank pausing at random for up to a poll bound and beyond, with 2 and 3
@@ -105,6 +105,13 @@ func stressAllReduce(t testing.TB, c *hcomm.Comm, calls int, lane bool) {
 		if gather {
 			count = min(count, room/n) // n of them in the buffers
 		}
+		// Or a broadcast from root, a reduce to root, a barrier.
+		other := 0
+		if !gather {
+			other = order.IntN(6)
+		}
+		bcast, reduce, barrier := other == 1, other == 2, other == 3
+		root := order.IntN(n)
 		if order.IntN(8) == 0 {
 			s = ss[order.IntN(2)]
 		}
@@ -132,9 +139,16 @@ func stressAllReduce(t testing.TB, c *hcomm.Comm, calls int, lane bool) {
 			out = send
 		}
 		var err error
-		if gather {
+		switch {
+		case gather:
 			err = collectives.AllGather(at, out, int64(count), hcomm.Float32, c, s, nil)
-		} else {
+		case bcast:
+			err = collectives.Broadcast(send, int64(count), hcomm.Float32, root, c, s, nil)
+		case reduce:
+			err = collectives.Reduce(send, out, int64(count), hcomm.Float32, hcomm.Sum, root, c, s, nil)
+		case barrier:
+			err = collectives.Barrier(c, s)
+		default:
 			err = collectives.AllReduce(send, out, int64(count), hcomm.Float32, hcomm.Sum, c, s, nil)
 		}
 		if err != nil {
@@ -149,6 +163,17 @@ func stressAllReduce(t testing.TB, c *hcomm.Comm, calls int, lane bool) {
 					t.Fatalf("all-gather %d (%d elements a rank, in place %v): element %d is %v, want %v", k, count, inPlace, i, v, want)
 				}
 			}
+			continue
+		}
+		if bcast {
+			for i, v := range readFloats(t, c, send, count) {
+				if want := float32((i+k)%7 + root); v != want {
+					t.Fatalf("broadcast %d (%d elements from rank %d): element %d is %v, want %v", k, count, root, i, v, want)
+				}
+			}
+			continue
+		}
+		if barrier || reduce && c.Rank() != root {
 			continue
 		}
 		for i, v := range readFloats(t, c, out, count) {
@@ -166,8 +191,8 @@ func stressAllReduce(t testing.TB, c *hcomm.Comm, calls int, lane bool) {
 
 // HCOMM_LANE=0 sends every call through its schedule (to measure the lane
 // against it); by default a run of small all-reduces on one stream takes
-// the lane from its second call, and so do the small all-gathers after
-// them.
+// the lane from its second call, and so do the small all-gathers,
+// broadcasts, reduces and barriers after them.
 func TestLaneSwitch(t *testing.T) {
 	for _, off := range []bool{false, true} {
 		t.Run(fmt.Sprintf("off=%v", off), func(t *testing.T) {
@@ -195,6 +220,19 @@ func TestLaneSwitch(t *testing.T) {
 						return err
 					}
 				}
+				red := deviceFloats(t, c, 4, -1)
+				defer c.Device().Free(red)
+				for k := 0; k < 10; k++ {
+					if err := collectives.Broadcast(buf, 4, hcomm.Float32, 1, c, s, nil); err != nil {
+						return err
+					}
+					if err := collectives.Reduce(buf, red, 4, hcomm.Float32, hcomm.Sum, 0, c, s, nil); err != nil {
+						return err
+					}
+					if err := collectives.Barrier(c, s); err != nil {
+						return err
+					}
+				}
 				if err := s.SynchronizeWithTimeout(time.Minute); err != nil {
 					return err
 				}
@@ -203,8 +241,20 @@ func TestLaneSwitch(t *testing.T) {
 						return fmt.Errorf("rank %d: all-gathered element %d is %v, want 1", c.Rank(), i, v)
 					}
 				}
+				want := float32(2) // rank 0's reduction
+				if c.Rank() != 0 {
+					want = -1 // untouched
+				}
+				for i, v := range readFloats(t, c, red, 4) {
+					if v != want {
+						return fmt.Errorf("rank %d: reduced element %d is %v, want %v", c.Rank(), i, v, want)
+					}
+				}
+				// The all-reduces' first call sets up; every call after it
+				// takes the lane: the all-gathers, broadcasts, reduces and
+				// barriers too.
 				inline, pending, queued := collectives.LaneRuns(c)
-				if got := inline + pending + queued; off && got != 0 || !off && got != 19 {
+				if got := inline + pending + queued; off && got != 0 || !off && got != 49 {
 					return fmt.Errorf("rank %d: %d calls took the lane with HCOMM_LANE off=%v", c.Rank(), got, off)
 				}
 				return nil
@@ -224,8 +274,8 @@ func TestLaneMismatch(t *testing.T) {
 			runMismatchAfter(t, comms, 1, tc, false, func(c *hcomm.Comm, s *device.Stream, buf device.Ptr) error {
 				return collectives.AllReduce(buf, buf, 8, hcomm.Float32, hcomm.Sum, c, s, nil)
 			})
-			if tc.name == "root" || tc.name == "alltoall-v" {
-				return // a small broadcast, a V form: no lane
+			if tc.name == "alltoall-v" {
+				return // a V form: no lane
 			}
 			if inline, pending, queued := collectives.LaneRuns(comms[0]); inline+pending+queued == 0 {
 				t.Errorf("rank 0's all-reduce did not take the lane: the case tests the schedules only")

@@ -25,6 +25,9 @@ func Reduce(send, recv device.Ptr, count int64, dt hcomm.DataType, op hcomm.Redu
 			return err
 		}
 	}
+	if done, err := laneReduce(c, s, o, send, recv, count, dt, op, root); done { // lane.go
+		return err
+	}
 	h := header{kind: kReduce, dt: dt, op: op, flags: flagOp | flagRoot, root: int32(root), count: count}
 	if grouping(c) {
 		o := o.copy() // the call as it was made, whatever the caller does to *o before GroupEnd
