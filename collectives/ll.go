@@ -54,12 +54,8 @@ import (
 // store; the line's flag a release store, so the sender calls channel.Fence
 // before it looks), so either the receiver sees the hello before it sleeps
 // or the sender sees the wake word: no wake is lost, and a rank that
-// answers in time pays no notify. The lane (lane.go) posts its lines, polls
-// for its peers', and only then fences and looks at the wake words: by then
-// its stores have reached their peers and the fence costs nothing, where
-// right after the stores it would wait for them (a sleeper's wake comes
-// that much later: at most the lane's poll bound, after it already waited
-// its own). A record the receiver did not
+// answers in time pays no notify. The lane (lane.go) stores its lines to
+// every peer, then fences once and looks at every wake word. A record the receiver did not
 // need (it saw the line after storing its wake word) is cleared before its
 // next sleep on that notify; until then it can only wake a flagged wait
 // early, which looks at the line again.
