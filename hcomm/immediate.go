@@ -224,10 +224,12 @@ func WriteFlaggedNbi(stop <-chan struct{}, ch *Channel, dst, src device.Ptr, n i
 
 // WriteLineNbi stores n bytes (at most channel.LineData, 56) from local src
 // into the line of the peer's memory at dst, now: the data with plain
-// stores, then the line's first word — flag — with one atomic store
+// stores, then the line's first word — flag — with one release store
 // (channel.PutLine), so that the peer, polling its own memory with
 // channel.TakeLine for flag, sees the data without a notify: a message and
-// its signal in one cache line when dst is 64-byte aligned. dst must be
+// its signal in one cache line when dst is 64-byte aligned. A protocol that
+// then loads a word the peer stores, and needs the line visible first,
+// calls channel.Fence between the two. dst must be
 // 8-byte aligned and the channel.LineSize bytes at dst inside the peer's
 // registered memory; a transport without flagged writes (tcp: see
 // Channel.Flagged) is an ErrNotSupport error. It does not wait: the
