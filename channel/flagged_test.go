@@ -14,22 +14,8 @@ import (
 // release store of the flag word (storeRelease) publishes the plain stores
 // before it.
 func TestLinePublishesItsData(t *testing.T) {
-	if runtime.NumCPU() < 2 || runtime.GOMAXPROCS(0) < 2 {
-		t.Skip("needs two processors for the lines to cross caches")
-	}
-	rounds := 200000
-	if testing.Short() {
-		rounds = 20000
-	}
-	// Two lines, one per direction, in memory mapped outside the Go heap
-	// as a device's is (the race detector, which does not see the
-	// hardware's ordering, watches only the heap).
-	raw, err := syscall.Mmap(-1, 0, 4096, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE)
-	if err != nil {
-		t.Skipf("mmap: %v", err)
-	}
-	defer syscall.Munmap(raw)
-	ab, ba := raw[:LineSize], raw[LineSize:2*LineSize]
+	raw, rounds := crossCores(t)
+	ab, ba := raw[:LineSize], raw[LineSize:2*LineSize] // one per direction
 	fill := func(b []byte, r int) {
 		for i := range b {
 			b[i] = byte(r)
@@ -92,18 +78,7 @@ func TestLinePublishesItsData(t *testing.T) {
 // thousand: 5 of 20000).
 func TestFenceOrdersLineBeforeLoad(t *testing.T) {
 	spinSink = 0
-	if runtime.NumCPU() < 2 || runtime.GOMAXPROCS(0) < 2 {
-		t.Skip("needs two processors for the stores to race")
-	}
-	rounds := 200000
-	if testing.Short() {
-		rounds = 20000
-	}
-	raw, err := syscall.Mmap(-1, 0, 4096, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_SHARED)
-	if err != nil {
-		t.Skipf("mmap: %v", err)
-	}
-	defer syscall.Munmap(raw)
+	raw, rounds := crossCores(t)
 	line, word := raw[:LineSize], raw[2*LineSize:2*LineSize+8]
 	// start is the round both sides may begin, done the round the word's
 	// side has finished; lineSaw and wordSaw what each side's load saw.
@@ -152,3 +127,23 @@ func TestFenceOrdersLineBeforeLoad(t *testing.T) {
 // spinSink keeps TestFenceOrdersLineBeforeLoad's delay loop from being
 // optimised away.
 var spinSink int
+
+// crossCores skips a test of two goroutines racing through memory unless
+// they can run on two processors at once, and returns a page mapped
+// outside the Go heap, as a device's memory is (the race detector, which
+// does not see the hardware's ordering, watches only the heap), and the
+// rounds to run.
+func crossCores(t *testing.T) ([]byte, int) {
+	if runtime.NumCPU() < 2 || runtime.GOMAXPROCS(0) < 2 {
+		t.Skip("needs two processors for the stores to cross caches")
+	}
+	raw, err := syscall.Mmap(-1, 0, 4096, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE)
+	if err != nil {
+		t.Skipf("mmap: %v", err)
+	}
+	t.Cleanup(func() { syscall.Munmap(raw) })
+	if testing.Short() {
+		return raw, 20000
+	}
+	return raw, 200000
+}
