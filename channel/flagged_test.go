@@ -71,7 +71,7 @@ func TestLinePublishesItsData(t *testing.T) {
 // TestFenceOrdersLineBeforeLoad is the store-buffer litmus test of the wake
 // protocol (package collectives, ll.go): in each round one side stores a
 // line and then, after Fence, loads a flagged word; the other stores the
-// flagged word and then loads the line. At least one of them must see the
+// flagged word and then, after Fence, loads the line. At least one of them must see the
 // other's store — were both loads done before either store was visible, a
 // sleeper would never be woken. Without the Fence the processor's store
 // buffer lets both miss (on the development VM, a few rounds in ten
@@ -94,6 +94,7 @@ func TestFenceOrdersLineBeforeLoad(t *testing.T) {
 			for start.Load() < uint32(r) {
 			}
 			PutFlagged(word, ww[:], uint32(r))
+			Fence()
 			wordSaw[r] = TakeLine(nil, line, uint32(r))
 			done.Store(uint32(r))
 		}

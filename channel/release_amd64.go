@@ -13,14 +13,3 @@ package channel
 //
 //go:noescape
 func storeRelease(p *uint64, v uint64)
-
-// Fence orders every store this goroutine made before it (a line's release
-// store included) before every load it makes after it, as a sequentially
-// consistent atomic would: on amd64 a locked add of 0 to the stack's top
-// word (release_amd64.s), which waits for the stores still on their way
-// to be visible. A protocol that stores a line
-// (PutLine) and then loads a word its peer stores — to learn whether the
-// peer went to sleep waiting for the line, say — calls it between the two;
-// without it both sides may load before either's store is visible (the
-// store-load reordering every processor's store buffer allows).
-func Fence()

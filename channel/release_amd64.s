@@ -12,11 +12,3 @@ TEXT ·storeRelease(SB), NOSPLIT, $0-16
 	MOVQ v+8(FP), BX
 	MOVQ BX, (AX)
 	RET
-
-// func Fence()
-// A locked add of 0 to the stack's top word: a full barrier, as MFENCE is,
-// and cheaper on the processors measured (Linux's smp_mb does the same).
-TEXT ·Fence(SB), NOSPLIT, $0-0
-	LOCK
-	ADDL $0, (SP)
-	RET

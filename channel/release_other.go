@@ -8,9 +8,3 @@ import "sync/atomic"
 // here a sequentially consistent atomic store, which is also what the race
 // detector needs to see the publication.
 func storeRelease(p *uint64, v uint64) { atomic.StoreUint64(p, v) }
-
-// Fence orders the stores before it before the loads after it
-// (release_amd64.go). Here storeRelease is a sequentially consistent
-// atomic store already, and the loads that matter are atomic loads, which
-// Go's memory model orders after it: nothing more is needed.
-func Fence() {}

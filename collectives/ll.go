@@ -50,9 +50,8 @@ import (
 // sender's memory (the second cache line of its own flagged slot there); a
 // sender checks that word after storing its hello and records the notify
 // only when it finds it. The two sides store first and load second, with a
-// full barrier between (the wake word is a sequentially consistent atomic
-// store; the line's flag a release store, so the sender calls channel.Fence
-// before it looks), so either the receiver sees the hello before it sleeps
+// full barrier between (channel.Fence on both sides: the line's flag is a
+// release store), so either the receiver sees the hello before it sleeps
 // or the sender sees the wake word: no wake is lost, and a rank that
 // answers in time pays no notify. The lane (lane.go) stores its lines to
 // every peer, then fences once and looks at every wake word. A record the receiver did not
@@ -340,6 +339,7 @@ func (st *state) awaitHello(stop <-chan struct{}, p int, par uint64, flag uint32
 		if err := hcomm.WriteFlaggedNbi(stop, st.chans[p], wake, st.buf.Add(st.lay.helloOff(me, 0)), 4, flag); err != nil {
 			return failed(err)
 		}
+		channel.Fence() // the wake word visible before the line is looked at
 		if take() {
 			return nil
 		}
