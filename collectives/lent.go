@@ -448,13 +448,13 @@ func preferLent(k kind, bytes int64, n int, st *state, a Algorithm) Algorithm {
 		// one-shot at 64 KiB, 2 ranks: all-gather 12.2–13.7 µs).
 		return AlgoDirect
 	}
-	if st.allInproc && k == kAlltoAll && (n <= runtime.NumCPU() || bytes/int64(n) >= readMin) {
+	if st.allInproc && k == kAlltoAll && (n <= runtime.NumCPU() && bytes/int64(n) >= inprocPairMin || bytes/int64(n) >= readMin) {
 		// In one process, the pairwise all-to-all reads every block
-		// where it lies, in the read lane (laneread.go): 2 ranks, 1 KiB
-		// 1.3 µs against the one-shot's 2.4–2.6, 64 KiB 2.9–3.1 against
-		// 8.7–8.9; 4 ranks on 2 cores (goroutines outnumbering the
-		// cores), 64 KiB 17.0–17.8 against 21.9–22.1 and 256 KiB 43–45
-		// against 70, but alike at 16 KiB and behind below.
+		// where it lies, in the read lane (laneread.go): 2 ranks, 64 KiB
+		// 2.9–3.1 µs against the one-shot's 8.7–8.9; 4 ranks on 2 cores
+		// (goroutines outnumbering the cores), 64 KiB 17.0–17.8 against
+		// 21.9–22.1 and 256 KiB 43–45 against 70, but alike at 16 KiB
+		// and behind below.
 		return AlgoPairwise
 	}
 	if st.cma {
@@ -471,6 +471,14 @@ func preferLent(k kind, bytes int64, n int, st *state, a Algorithm) Algorithm {
 	}
 	return a
 }
+
+// inprocPairMin is the least block of an all-to-all among ranks of one
+// process, each with a core, that the pairwise schedule reads where it lies
+// (the read lane) rather than the one-shot lane carrying it in the hellos:
+// 2 ranks, 512-byte blocks 1.17–1.33 µs read against 0.98–1.05 in the
+// hellos, 1 KiB alike (1.27–1.39 against 1.17–1.69), 2 KiB 1.30–1.50
+// against 1.44–1.60, 4 KiB 1.24–1.40 against 1.95–2.38 (stop 25).
+const inprocPairMin = 1 << 10
 
 // inprocGatherMin is the least input of an all-gather among n ranks of one
 // process that the direct schedule reads where it lies (the read lane,
