@@ -96,6 +96,9 @@ type laneCall struct {
 	// with a notify record and a look for a peer's hello receives what
 	// its sockets hold (ChannelNotifyTryWait).
 	net bool
+	// stop: the stream's stop channel, which a poll over the network
+	// (whose bound is Config.TCPSpin, up to a second) watches.
+	stop <-chan struct{}
 	// bcast: the one-shot broadcast's hello, whose payload only the
 	// root's carries (x.n bytes; the others' carry none), which the other
 	// ranks copy to out.
@@ -588,6 +591,13 @@ func (v *laneView) get(c *hcomm.Comm, op, what string, p device.Ptr, n int64) ([
 // of those that have (x.next counts them).
 func (x *laneCall) seen() bool {
 	st := x.st
+	if x.net {
+		select {
+		case <-x.stop: // aborted: the queued wait fails at once
+			return true
+		default:
+		}
+	}
 	for x.next < len(st.others) {
 		p := st.others[x.next]
 		if x.packed {
@@ -629,6 +639,7 @@ func (x *laneCall) seen() bool {
 // x.poll: when all are there it checks them and reduces; otherwise it sets
 // pending and the caller queues rest behind it.
 func (x *laneCall) first(stop <-chan struct{}) error {
+	x.stop = stop
 	if err := x.post(stop); err != nil {
 		return err
 	}

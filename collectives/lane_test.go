@@ -727,3 +727,51 @@ func TestLaneZeroCount(t *testing.T) {
 		})
 	}
 }
+
+// A lane's call over tcp polls its peers' sockets in its caller for up to
+// Config.TCPSpin; an Abort of its stream ends that poll at once, not at its
+// bound (here 5 s, and the peer that never calls stays 2 s): the call
+// returns, and the stream reports the abort.
+func TestNetLaneEndsOnAbort(t *testing.T) {
+	o := hcommtest.Options{Config: &hcomm.Config{ExecTimeout: 60 * time.Second, TCPSpin: 5 * time.Second}}
+	o.Run(t, 2, hcommtest.TCP, func(t testing.TB, c *hcomm.Comm) {
+		s, err := c.Device().CreateStream()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Destroy()
+		buf := deviceFloats(t, c, 4, 1)
+		defer c.Device().Free(buf)
+		for k := 0; k < 3; k++ { // set up; both parities prepared
+			if err := collectives.AllReduce(buf, buf, 4, hcomm.Float32, hcomm.Sum, c, s, nil); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.SynchronizeWithTimeout(time.Minute); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if inline, pending, queued := collectives.LaneRuns(c); inline+pending+queued == 0 {
+			t.Fatal("no call took the lane over tcp")
+		}
+		if c.Rank() == 1 {
+			time.Sleep(2 * time.Second) // and never makes the call
+			return
+		}
+		go func() {
+			time.Sleep(100 * time.Millisecond)
+			s.Abort()
+		}()
+		start := time.Now()
+		err = collectives.AllReduce(buf, buf, 4, hcomm.Float32, hcomm.Sum, c, s, nil)
+		if d := time.Since(start); d > time.Second {
+			t.Fatalf("the lane's call returned %v after it started (%v); the abort at 100 ms must end its poll", d, err)
+		}
+		if err == nil {
+			err = s.SynchronizeWithTimeout(10 * time.Second)
+		}
+		if err == nil {
+			t.Fatal("the aborted call reports no failure")
+		}
+		t.Logf("aborted: %v", err)
+	})
+}
