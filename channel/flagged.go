@@ -96,8 +96,8 @@ func CheckLine(dst device.Ptr, n int) error {
 }
 
 // PutLine stores src (at most LineData bytes) into line[8:], then flag into
-// the line's first word with one release store (see Fence). line must be LineSize bytes,
-// 8-byte aligned in memory.
+// the line's first word with one release store (see Fence). line must be
+// LineSize bytes, 8-byte aligned in memory.
 func PutLine(line, src []byte, flag uint32) {
 	_ = line[LineSize-1]
 	copy(line[8:LineSize], src)

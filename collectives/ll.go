@@ -54,10 +54,10 @@ import (
 // release store), so either the receiver sees the hello before it sleeps
 // or the sender sees the wake word: no wake is lost, and a rank that
 // answers in time pays no notify. The lane (lane.go) stores its lines to
-// every peer, then fences once and looks at every wake word. A record the receiver did not
-// need (it saw the line after storing its wake word) is cleared before its
-// next sleep on that notify; until then it can only wake a flagged wait
-// early, which looks at the line again.
+// every peer, then fences once and looks at every wake word. A record the
+// receiver did not need (it saw the line after storing its wake word) is
+// cleared before its next sleep on that notify; until then it can only
+// wake a flagged wait early, which looks at the line again.
 //
 // Whether a pair uses lines depends only on the pair (the transport between
 // them, the rank count, the memory being mapped), never on the call, so the
