@@ -242,6 +242,11 @@ type Poller interface {
 	// have). done is called on the polling goroutine only. Safe for
 	// concurrent use.
 	Poll(stop <-chan struct{}, limit time.Duration, done func() bool) bool
+	// PollOnce receives and applies what the peer has sent so far, once,
+	// without waiting, and reports whether it brought anything: a caller's
+	// single look (hcomm.ChannelNotifyTryWait), with none of Poll's clock
+	// and no closure. Safe for concurrent use.
+	PollOnce() bool
 }
 
 // Clocked is implemented by a transport that keeps virtual time (channel/sim,

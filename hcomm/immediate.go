@@ -443,10 +443,10 @@ func ChannelNotifyTryWait(ch *Channel, localIdx int) (bool, error) {
 		return false, err
 	}
 	found := n.TryReset()
-	if p, ok := ch.tr.(channel.Poller); ok && !found {
+	if p, ok := ch.tr.(channel.Poller); ok && !found && p.PollOnce() {
 		// A transport whose waiters receive for themselves (tcp): take
 		// in what has arrived, once, as a wait's poll would.
-		found = p.Poll(nil, time.Nanosecond, n.TryReset)
+		found = n.TryReset()
 	}
 	if found {
 		if clk, ok := ch.tr.(channel.Clocked); ok {

@@ -111,3 +111,47 @@ func TestPollingWaitEndsOnTimeoutAndAbort(t *testing.T) {
 		t.Fatal("Abort did not end the polling wait")
 	}
 }
+
+// ChannelNotifyTryWait on a tcp channel looks at the sockets once
+// (channel.Poller's PollOnce): it finds a record the peer sent, and a look
+// that finds nothing allocates nothing (the lane calls it in its poll
+// loop; through Poll it allocated a closure a look).
+func TestTryWaitOverTCPLooksOnce(t *testing.T) {
+	cfg := &hcomm.Config{BufferSize: 32 << 10, Name: "test", TCPSpin: time.Second}
+	comms := hcommtest.Options{Config: cfg}.New(t, 2, hcommtest.TCP)
+	var chs [2]*hcomm.Channel
+	hcommtest.Each(t, comms, func(t testing.TB, c *hcomm.Comm) {
+		r := c.Rank()
+		d := hcomm.ChannelDescInit(1)
+		d[0].RemoteRank, d[0].Protocol, d[0].NotifyNum = 1-r, hcomm.ProtocolROCE, 2
+		ch, err := c.ChannelAcquire(hcomm.EngineCPUTS, d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		chs[r] = ch[0]
+	})
+	if ok, err := hcomm.ChannelNotifyTryWait(chs[0], 1); ok || err != nil {
+		t.Fatalf("nothing recorded: TryWait = %v, %v", ok, err)
+	}
+	if n := testing.AllocsPerRun(200, func() { _, _ = hcomm.ChannelNotifyTryWait(chs[0], 1) }); n != 0 {
+		t.Fatalf("a look that finds nothing allocates %v times", n)
+	}
+	if err := hcomm.ChannelNotifyRecord(nil, chs[1], 1); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		ok, err := hcomm.ChannelNotifyTryWait(chs[0], 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("a record sent was not found by TryWait within 5s")
+		}
+	}
+	if ok, _ := hcomm.ChannelNotifyTryWait(chs[0], 1); ok {
+		t.Fatal("a record taken twice")
+	}
+}

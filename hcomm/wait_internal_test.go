@@ -17,6 +17,8 @@ type busyPoller struct{ channel.Transport }
 
 func (busyPoller) Name() string { return "busy" }
 
+func (busyPoller) PollOnce() bool { return false }
+
 func (busyPoller) Poll(stop <-chan struct{}, limit time.Duration, done func() bool) bool {
 	select {
 	case <-stop:
