@@ -410,7 +410,7 @@ func gatherReadMin(n int) int64 {
 // inputs, 2 ranks, six launches interleaved: all-to-all 57–66 read against
 // 70–129 written, all-gather 56–70 against 64–104; Open MPI 60–79 and
 // 55–58).
-const inprocPullMax = 2 * memcopy.ReadMin
+const inprocPullMax = 1 << 20
 
 // preferLent turns the selector's choice for an all-gather over tcp (or
 // among the ranks of one process), up to helloFullMax ranks, with inputs

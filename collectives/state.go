@@ -11,6 +11,7 @@ import (
 
 	"github.com/hcomm-dev/hcomm/device"
 	"github.com/hcomm-dev/hcomm/hcomm"
+	"github.com/hcomm-dev/hcomm/internal/memcopy"
 )
 
 // Notify indices on every collective channel. Each signal kind alternates
@@ -302,6 +303,11 @@ func (st *state) init1() {
 		st.helloPoll, st.err = envHelloPoll(c.ProcessesHere(), runtime.NumCPU()) // handshake.go
 		st.pollSet = os.Getenv("HCOMM_HELLO_POLL") != ""
 		st.crowded = c.ProcessesHere() > runtime.NumCPU() || c.ProcessesHere() == 1 && c.Size() > runtime.NumCPU()
+		here := c.ProcessesHere() // one rank a process, or every rank in this one
+		if here == 1 {
+			here = c.Size()
+		}
+		memcopy.ShareCores(here, runtime.NumCPU())
 		st.netPoll = max(c.Config().TCPSpin, 0) // negative: polling off
 	}
 	if st.err == nil {

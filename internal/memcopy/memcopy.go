@@ -14,7 +14,12 @@
 // the reader a trip to DRAM.
 package memcopy
 
-import "unsafe"
+import (
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"unsafe"
+)
 
 // minStream is the smallest copy worth streaming: below it the copy fits in
 // cache and the fence that ends a streaming copy costs more than it saves.
@@ -38,19 +43,85 @@ func Stream(dst, src []byte) int {
 	return n
 }
 
-// ReadMin is where a copy out of a peer's memory into this rank's output
-// starts streaming (Read): below it the output fits in the cache of the
-// core that reads it next, and a plain copy measured faster (2 processes,
-// broadcast read from the root's buffer, Intel Xeon of stop 20: 64 KiB
-// 6.4–6.6 µs streamed against 4.6–4.8 plain, 256 KiB 20.8–21.5 against
-// 15.5–23.6; in one process 7.8–8.1 against 5.8–6.3 at 64 KiB).
-const ReadMin = 512 << 10
+// ReadPlainMax is the largest copy out of a peer's memory into this rank's
+// output that Read does plainly; larger ones stream. It is half the L2
+// cache of a core (sysfs's, read at start; readPlainDefault where it cannot
+// be read), within [readPlainLow, readPlainHigh]: up to it, source and
+// output fit in the cache of the core that reads the output next, and a
+// plain copy measured faster; beyond it, the output evicts the source as it
+// is written, and streaming wins. On the Intel Xeon of stop 26 (2 MiB of L2
+// a core), 2 ranks in process, broadcast read from the root's buffer,
+// interleaved: 1 MiB 44–48 µs plain (one launch 65) against 56–95
+// streamed, the 1 MiB all-gather's 512 KiB reads 37–52 against 49–54;
+// 2 MiB 131–144 streamed against 169–188 plain; 4 MiB alike. (Stop 20,
+// same machine kind, between 2 processes: 64 KiB 6.4–6.6 µs streamed
+// against 4.6–4.8 plain, 256 KiB 20.8–21.5 against 15.5–23.6.)
+var ReadPlainMax = readPlainFor(l2Bytes())
+
+// sharers is the most ranks known to share a core of this host
+// (ShareCores); 0: none said.
+var sharers atomic.Int32
+
+// ShareCores tells Read that ranks ranks run on this host's cpus cores:
+// ranks that share a core share its L2 cache, and Read's plain copies stop
+// at their share of it. 4 ranks on 2 cores, 1 MiB broadcast read from the
+// root's buffer: 111–119 µs streamed against 116–122 plain in process,
+// 113–123 against 121–188 between processes. The most ranks a core said
+// holds for the process's life.
+func ShareCores(ranks, cpus int) {
+	if ranks <= 0 || cpus <= 0 {
+		return
+	}
+	k := int32(min((ranks+cpus-1)/cpus, 1<<20))
+	for {
+		cur := sharers.Load()
+		if k <= cur || sharers.CompareAndSwap(cur, k) {
+			return
+		}
+	}
+}
+
+// plainLimit is the largest copy Read does plainly now.
+func plainLimit() int { return ReadPlainMax / int(max(sharers.Load(), 1)) }
+
+const (
+	readPlainDefault = 512 << 10
+	readPlainLow     = 256 << 10
+	readPlainHigh    = 8 << 20
+)
+
+// readPlainFor is ReadPlainMax for a core whose L2 cache holds l2 bytes (0:
+// unknown).
+func readPlainFor(l2 int64) int {
+	if l2 <= 0 {
+		return readPlainDefault
+	}
+	return int(min(max(l2/2, readPlainLow), readPlainHigh))
+}
 
 // Read is Stream for a copy read out of a peer's memory into an output:
-// streamed from ReadMin bytes, plain below.
+// plain up to ReadPlainMax bytes (divided among the ranks that share a
+// core: ShareCores), streamed beyond.
 func Read(dst, src []byte) int {
-	if min(len(dst), len(src)) < ReadMin {
+	if min(len(dst), len(src)) <= plainLimit() {
 		return copy(dst, src)
 	}
 	return Stream(dst, src)
+}
+
+// parseSize reads sysfs's cache sizes: "2048K", "1M", "512" (bytes); 0
+// for anything else.
+func parseSize(s string) int64 {
+	mul := int64(1)
+	switch {
+	case strings.HasSuffix(s, "K"):
+		mul, s = 1<<10, strings.TrimSuffix(s, "K")
+	case strings.HasSuffix(s, "M"):
+		mul, s = 1<<20, strings.TrimSuffix(s, "M")
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || n <= 0 {
+		return 0
+	}
+	return n * mul
 }

@@ -10,9 +10,9 @@ func TestStreamCopiesEveryByte(t *testing.T) {
 	testCopiesEveryByte(t, Stream, []int{0, 1, 31, 127, minStream - 1, minStream, minStream + 1, minStream + 127, 1<<20 + 3})
 }
 
-// TestReadCopiesEveryByte: Read, plain below ReadMin and streamed from it.
+// TestReadCopiesEveryByte: Read, plain up to ReadPlainMax and streamed beyond.
 func TestReadCopiesEveryByte(t *testing.T) {
-	testCopiesEveryByte(t, Read, []int{0, 1, 127, ReadMin - 1, ReadMin, ReadMin + 127})
+	testCopiesEveryByte(t, Read, []int{0, 1, 127, ReadPlainMax, ReadPlainMax + 1, ReadPlainMax + 127})
 }
 
 func testCopiesEveryByte(t *testing.T, cp func(dst, src []byte) int, sizes []int) {
@@ -71,4 +71,49 @@ func BenchmarkStream(b *testing.B) {
 			}
 		})
 	}
+}
+
+// TestReadPlainMaxFollowsTheCache: half the L2 cache, within its bounds, and
+// the default where the cache is unknown; sysfs's sizes parsed.
+func TestReadPlainMaxFollowsTheCache(t *testing.T) {
+	for _, c := range []struct {
+		l2   int64
+		want int
+	}{{0, readPlainDefault}, {-1, readPlainDefault}, {2 << 20, 1 << 20}, {512 << 10, readPlainLow}, {1 << 30, readPlainHigh}, {1 << 20, 512 << 10}} {
+		if got := readPlainFor(c.l2); got != c.want {
+			t.Errorf("readPlainFor(%d) = %d, want %d", c.l2, got, c.want)
+		}
+	}
+	for s, want := range map[string]int64{"2048K": 2 << 20, "1M": 1 << 20, "4096": 4096, "": 0, "12Q": 0, "-5K": 0} {
+		if got := parseSize(s); got != want {
+			t.Errorf("parseSize(%q) = %d, want %d", s, got, want)
+		}
+	}
+	if ReadPlainMax < readPlainLow || ReadPlainMax > readPlainHigh {
+		t.Errorf("ReadPlainMax %d outside [%d, %d]", ReadPlainMax, readPlainLow, readPlainHigh)
+	}
+}
+
+// TestShareCoresDividesThePlainCopies: ranks sharing a core share its
+// cache; the most ranks a core said holds, and nonsense is ignored.
+func TestShareCoresDividesThePlainCopies(t *testing.T) {
+	old := sharers.Load()
+	defer sharers.Store(old)
+	sharers.Store(0)
+	if got := plainLimit(); got != ReadPlainMax {
+		t.Fatalf("no sharing said: plain up to %d, want %d", got, ReadPlainMax)
+	}
+	ShareCores(2, 2)
+	ShareCores(0, 2)
+	ShareCores(4, -1)
+	if got := plainLimit(); got != ReadPlainMax {
+		t.Fatalf("a rank a core: plain up to %d, want %d", got, ReadPlainMax)
+	}
+	ShareCores(5, 2) // 3 a core
+	ShareCores(4, 2)
+	if got := plainLimit(); got != ReadPlainMax/3 {
+		t.Fatalf("5 ranks on 2 cores, then 4: plain up to %d, want %d", got, ReadPlainMax/3)
+	}
+	n := plainLimit() + 1
+	testCopiesEveryByte(t, Read, []int{n - 1, n})
 }
