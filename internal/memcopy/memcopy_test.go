@@ -79,7 +79,7 @@ func TestReadPlainMaxFollowsTheCache(t *testing.T) {
 	for _, c := range []struct {
 		l2   int64
 		want int
-	}{{0, readPlainDefault}, {-1, readPlainDefault}, {2 << 20, 1 << 20}, {512 << 10, readPlainLow}, {1 << 30, readPlainHigh}, {1 << 20, 512 << 10}} {
+	}{{0, readPlainDefault}, {-1, readPlainDefault}, {2 << 20, 1 << 20}, {512 << 10, readPlainLow}, {256 << 10, readPlainLow}, {1 << 30, readPlainHigh}, {1 << 20, 512 << 10}} {
 		if got := readPlainFor(c.l2); got != c.want {
 			t.Errorf("readPlainFor(%d) = %d, want %d", c.l2, got, c.want)
 		}
@@ -97,8 +97,9 @@ func TestReadPlainMaxFollowsTheCache(t *testing.T) {
 // TestShareCoresDividesThePlainCopies: ranks sharing a core share its
 // cache; the most ranks a core said holds, and nonsense is ignored.
 func TestShareCoresDividesThePlainCopies(t *testing.T) {
-	old := sharers.Load()
-	defer sharers.Store(old)
+	old, oldMax := sharers.Load(), ReadPlainMax
+	defer func() { sharers.Store(old); ReadPlainMax = oldMax }()
+	ReadPlainMax = 6 << 20 // a core with 12 MiB of L2
 	sharers.Store(0)
 	if got := plainLimit(); got != ReadPlainMax {
 		t.Fatalf("no sharing said: plain up to %d, want %d", got, ReadPlainMax)
@@ -111,9 +112,13 @@ func TestShareCoresDividesThePlainCopies(t *testing.T) {
 	}
 	ShareCores(5, 2) // 3 a core
 	ShareCores(4, 2)
-	if got := plainLimit(); got != ReadPlainMax/3 {
-		t.Fatalf("5 ranks on 2 cores, then 4: plain up to %d, want %d", got, ReadPlainMax/3)
+	if got := plainLimit(); got != 2<<20 {
+		t.Fatalf("5 ranks on 2 cores, then 4: plain up to %d, want %d", got, 2<<20)
 	}
 	n := plainLimit() + 1
 	testCopiesEveryByte(t, Read, []int{n - 1, n})
+	ShareCores(64, 2)
+	if got := plainLimit(); got != readPlainLow {
+		t.Fatalf("32 ranks a core: plain up to %d, want the floor %d", got, readPlainLow)
+	}
 }
