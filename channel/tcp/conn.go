@@ -70,6 +70,15 @@ type sock struct {
 	iov     iovecs
 	werr    error
 	writeFn func(fd uintptr) bool
+	tryFn   func(fd uintptr) // writeRaw once, without waiting: wdone says whether all went
+	wdone   bool
+
+	// The watched write under way (watchLazy), under wmu: the watchdog is
+	// armed (wlArmed) only once the write has to wait for the kernel.
+	wlConn  *conn
+	wlOp    string
+	wlStop  <-chan struct{}
+	wlArmed bool
 }
 
 // conn is the Transport of one tcp channel.
@@ -140,6 +149,7 @@ func newConn(d *Dialer, local *channel.Local, name string, notifies []*notify.No
 		s.readFn = func(fd uintptr) { s.rn, s.rerr = rawRead(int(fd), s.rp) }
 		s.peekFn = func(fd uintptr) bool { return rawReadable(int(fd)) }
 		s.writeFn = func(fd uintptr) bool { return s.writeRaw(int(fd)) }
+		s.tryFn = func(fd uintptr) { s.wdone = s.writeRaw(int(fd)) }
 		s.lastRx.Store(now)
 		s.lastTx.Store(now)
 		c.socks = append(c.socks, s)

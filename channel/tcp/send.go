@@ -102,12 +102,24 @@ const maxParts = 4
 // write deadline); otherwise through the net package.
 func (s *sock) writeOut(bufs [][]byte) error {
 	if !rawWrites || s.rc == nil {
+		s.armLazy() // a blocking write: watched from the start
 		b := net.Buffers(bufs)
 		_, err := b.WriteTo(s.nc)
 		return err
 	}
 	s.wq, s.werr = bufs, nil
-	err := s.rc.Write(s.writeFn)
+	var err error
+	if s.wlStop != nil {
+		// A watched write: one attempt that cannot wait first, and the
+		// watchdog only for what the kernel did not take.
+		s.wdone = false
+		if err = s.rc.Control(s.tryFn); err == nil && !s.wdone {
+			s.armLazy()
+			err = s.rc.Write(s.writeFn)
+		}
+	} else {
+		err = s.rc.Write(s.writeFn)
+	}
 	s.wq = nil
 	if err == nil {
 		err = s.werr
@@ -356,16 +368,10 @@ func (c *conn) writeWithNotify(op string, stop <-chan struct{}, dst device.Ptr, 
 		return c.errorf(op, 0, 0, nil, "rank %d has no notify %d on this channel (it has %d)", c.peer, idx, c.peerNN)
 	}
 	s := c.lockSock()
-	var err error
-	fired := false
 	vec := c.dataVector(s, uint64(dst), total)
-	if stop == nil {
-		err = s.writePair(c, uint64(dst), vec, srcs, uint64(idx))
-	} else {
-		s.watchStart(c, op, stop)
-		err = s.writePair(c, uint64(dst), vec, srcs, uint64(idx))
-		fired = s.watchEnd()
-	}
+	s.watchLazy(c, op, stop)
+	err := s.writePair(c, uint64(dst), vec, srcs, uint64(idx))
+	fired := s.watchDone()
 	if err == nil && !fired {
 		c.noteData(s, s.sent.Load()-1, uint64(dst), total, vec) // the WRITE, before its NOTIFY
 	}

@@ -772,6 +772,11 @@ func TestStopAbortsBlockedCalls(t *testing.T) {
 		{"Write of 48 MiB in chunks", func(tr channel.Transport, mine []byte, stop <-chan struct{}) error {
 			return tr.Write(stop, 4096, big)
 		}, true},
+		// One write and its notify in one system call (writePair), whose
+		// watchdog is armed once the kernel stops taking bytes.
+		{"WriteWithNotify of 1 MiB", func(tr channel.Transport, mine []byte, stop <-chan struct{}) error {
+			return tr.(channel.WriteNotifier).WriteWithNotify(stop, 4096, big[:1<<20], 0)
+		}, true},
 	}
 	for _, c := range calls {
 		// The raw peer never reads nor answers; small buffers fill at once.
