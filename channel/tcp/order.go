@@ -1,6 +1,9 @@
 package tcp
 
-import "encoding/binary"
+import (
+	"encoding/binary"
+	"slices"
+)
 
 // This file holds the ordering of frames across sockets (spec.md §3): the
 // ordering vector, the frames parked until the frames before them are applied,
@@ -53,6 +56,8 @@ func (c *conn) order(s *sock, h header, o *ordered) error {
 		c.fire(o)
 		return nil
 	}
+	// Parked: a copy of its own (o is the socket's scratch, apply's).
+	o = &ordered{t: o.t, id: o.id, addr: o.addr, size: o.size, vec: slices.Clone(o.vec)}
 	c.pmu.Lock()
 	if len(c.pend) >= maxPending {
 		c.pmu.Unlock()

@@ -56,8 +56,10 @@ type rx struct {
 	pr   *pendingRead // READ_RESP: the read (its mu held shared until the chunk is in)
 
 	scratch []byte
-	done    bool  // CLOSE or ERROR applied: the socket carries nothing more
-	err     error // sticky: the error that ended receiving on this socket
+	ord     ordered            // the ordered frame being applied (apply), unless parked
+	ordVec  [maxStreams]uint64 // its ordering vector
+	done    bool               // CLOSE or ERROR applied: the socket carries nothing more
+	err     error              // sticky: the error that ended receiving on this socket
 }
 
 // consume applies what r.buf[r.pos:r.end] holds: whole frames, and the start
@@ -241,7 +243,9 @@ func (c *conn) apply(s *sock, h header) error {
 		return c.readRespIn(s, h)
 	case frameRead, frameNotify, frameFence:
 		p := r.sink
-		o := &ordered{t: h.typ(), id: h.id(), addr: h.addr(), size: h.size(), vec: make([]uint64, len(c.socks))}
+		// The socket's scratch frame: order copies it only to park it.
+		o := &r.ord
+		*o = ordered{t: h.typ(), id: h.id(), addr: h.addr(), size: h.size(), vec: r.ordVec[:len(c.socks)]}
 		for i := range o.vec {
 			o.vec[i] = binary.BigEndian.Uint64(p[8*i:])
 		}
