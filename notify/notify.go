@@ -58,11 +58,24 @@ type Notify struct {
 	// SetSpin chose it (otherwise spin.Default).
 	spinFor time.Duration
 	spinSet bool
+
+	tryFn func() bool // TryReset as a func value, made once (TryResetFunc)
 }
 
 // New returns a notify in the reset state. name says whose it is ("rank 0
 // channel to 1 notify 2"); it appears in every error about the notify.
-func New(name string) *Notify { return &Notify{name: name} }
+func New(name string) *Notify { return made(&Notify{name: name}) }
+
+// made finishes a new notify: its TryReset func value.
+func made(n *Notify) *Notify {
+	n.tryFn = n.TryReset
+	return n
+}
+
+// TryResetFunc returns n.TryReset as a func value made when n was, for a
+// caller that hands it to a poll on every wait (channel.Poller) without
+// allocating a closure each time.
+func (n *Notify) TryResetFunc() func() bool { return n.tryFn }
 
 // SetSpin sets how long a wait for n polls before it sleeps (spin.Default,
 // 50 µs, unless set). Call it before the notify is used. A transport whose

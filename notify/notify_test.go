@@ -214,3 +214,26 @@ func TestSetSpinZeroWaitsForAPollerRecord(t *testing.T) {
 		t.Fatalf("unrecorded wait: %v, want a timeout", err)
 	}
 }
+
+// TryResetFunc is TryReset, made once: handing it to a poll allocates
+// nothing.
+func TestTryResetFuncAllocatesNothing(t *testing.T) {
+	for _, n := range []*notify.Notify{notify.New("plain"), notify.NewShared("shared", new(uint32))} {
+		f := n.TryResetFunc()
+		if f == nil {
+			t.Fatalf("%s: no TryResetFunc", n.Name())
+		}
+		if f() {
+			t.Fatalf("%s: TryResetFunc took a record nobody made", n.Name())
+		}
+		n.Set()
+		if !f() || f() {
+			t.Fatalf("%s: TryResetFunc does not take a record once", n.Name())
+		}
+		var sink func() bool
+		if a := testing.AllocsPerRun(100, func() { sink = n.TryResetFunc() }); a != 0 {
+			t.Fatalf("%s: TryResetFunc allocates %v times", n.Name(), a)
+		}
+		_ = sink
+	}
+}

@@ -67,7 +67,7 @@ func (sh *sharedWord) do(fn func(*uint32)) {
 // Giving each word a cache line of its own keeps waits on one notify from
 // slowing the records of its neighbours.
 func NewShared(name string, word *uint32) *Notify {
-	return &Notify{name: name, sh: &sharedWord{word: word}}
+	return made(&Notify{name: name, sh: &sharedWord{word: word}})
 }
 
 // SetLocal says that the shared notify's recorder runs in this process (a
