@@ -21,22 +21,7 @@ func TestPollingWaitEndsOnTimeoutAndAbort(t *testing.T) {
 			c.Abort()
 		}
 	})
-	var chs [2]*hcomm.Channel
-	var ths [2]*hcomm.Thread
-	hcommtest.Each(t, comms, func(t testing.TB, c *hcomm.Comm) {
-		r := c.Rank()
-		d := hcomm.ChannelDescInit(1)
-		d[0].RemoteRank, d[0].Protocol, d[0].NotifyNum = 1-r, hcomm.ProtocolROCE, 2
-		ch, err := c.ChannelAcquire(hcomm.EngineCPUTS, d)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ts, err := c.ThreadAcquire(hcomm.EngineCPUTS, 1, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		chs[r], ths[r] = ch[0], ts[0]
-	})
+	chs, ths := pairChannels(t, comms)
 	if chs[0].Transport() != "tcp" {
 		t.Fatalf("the channel runs over %s", chs[0].Transport())
 	}
@@ -119,17 +104,7 @@ func TestPollingWaitEndsOnTimeoutAndAbort(t *testing.T) {
 func TestTryWaitOverTCPLooksOnce(t *testing.T) {
 	cfg := &hcomm.Config{BufferSize: 32 << 10, Name: "test", TCPSpin: time.Second}
 	comms := hcommtest.Options{Config: cfg}.New(t, 2, hcommtest.TCP)
-	var chs [2]*hcomm.Channel
-	hcommtest.Each(t, comms, func(t testing.TB, c *hcomm.Comm) {
-		r := c.Rank()
-		d := hcomm.ChannelDescInit(1)
-		d[0].RemoteRank, d[0].Protocol, d[0].NotifyNum = 1-r, hcomm.ProtocolROCE, 2
-		ch, err := c.ChannelAcquire(hcomm.EngineCPUTS, d)
-		if err != nil {
-			t.Fatal(err)
-		}
-		chs[r] = ch[0]
-	})
+	chs, _ := pairChannels(t, comms)
 	if ok, err := hcomm.ChannelNotifyTryWait(chs[0], 1); ok || err != nil {
 		t.Fatalf("nothing recorded: TryWait = %v, %v", ok, err)
 	}
@@ -154,4 +129,27 @@ func TestTryWaitOverTCPLooksOnce(t *testing.T) {
 	if ok, _ := hcomm.ChannelNotifyTryWait(chs[0], 1); ok {
 		t.Fatal("a record taken twice")
 	}
+}
+
+// pairChannels gives each of the two ranks a channel to the other, with 2
+// notifies, and a thread.
+func pairChannels(t *testing.T, comms []*hcomm.Comm) ([2]*hcomm.Channel, [2]*hcomm.Thread) {
+	t.Helper()
+	var chs [2]*hcomm.Channel
+	var ths [2]*hcomm.Thread
+	hcommtest.Each(t, comms, func(t testing.TB, c *hcomm.Comm) {
+		r := c.Rank()
+		d := hcomm.ChannelDescInit(1)
+		d[0].RemoteRank, d[0].Protocol, d[0].NotifyNum = 1-r, hcomm.ProtocolROCE, 2
+		ch, err := c.ChannelAcquire(hcomm.EngineCPUTS, d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ts, err := c.ThreadAcquire(hcomm.EngineCPUTS, 1, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		chs[r], ths[r] = ch[0], ts[0]
+	})
+	return chs, ths
 }

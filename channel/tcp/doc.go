@@ -74,7 +74,17 @@
 // kernel has them. A per-socket receive token keeps the two apart: only its
 // holder reads, and every holder reads until the kernel has nothing more
 // before it lets go, so the network poller sees every arrival after that
-// and wakes the reader for it (progress.go).
+// and wakes the reader for it (progress.go). A caller that looks once and
+// goes on (hcomm.ChannelNotifyTryWait, which the small collectives' lane
+// calls in its own poll loop) uses PollOnce: one pass over the sockets,
+// with no clock and no allocation.
+//
+// A write that a stop may end (hcomm's stream tasks) is watched: once it
+// has waited watchDelay for the kernel to take its bytes, a watchdog looks
+// at the stop and kills the channel when it closes, since half a frame
+// cannot be taken back. The watchdog is armed only when the first,
+// non-blocking attempt leaves bytes behind (liveness.go), which almost no
+// small frame does.
 //
 // Between looks a poller yields to its process's goroutines, and, when the
 // communicator's processes on the host are as many as its processors or
