@@ -75,7 +75,12 @@ func made(n *Notify) *Notify {
 // TryResetFunc returns n.TryReset as a func value made when n was, for a
 // caller that hands it to a poll on every wait (channel.Poller) without
 // allocating a closure each time.
-func (n *Notify) TryResetFunc() func() bool { return n.tryFn }
+func (n *Notify) TryResetFunc() func() bool {
+	if n.tryFn == nil {
+		return n.TryReset // a Notify not made by New or NewShared
+	}
+	return n.tryFn
+}
 
 // SetSpin sets how long a wait for n polls before it sleeps (spin.Default,
 // 50 µs, unless set). Call it before the notify is used. A transport whose
