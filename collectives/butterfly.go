@@ -134,7 +134,14 @@ type bfCall struct {
 	halve  bool  // bfReduce: recursive halving (a power-of-two rank count): each round sends the half of its range the partner keeps
 	part   int64 // halve: the bytes of one rank's part
 	opSeq  uint64
+	// stepBuf holds steps up to bfInlineSteps rounds (2^22 ranks): one
+	// allocation a call, the call's own.
+	stepBuf [bfInlineSteps]bfStep
 }
+
+// bfInlineSteps is how many rounds a bfCall holds without a slice of its
+// own: log2(n) and the two of a fold.
+const bfInlineSteps = 24
 
 // butterfly opens a collective with the butterfly handshake (header only);
 // also are the peers the schedule that follows talks to, whose channels are
@@ -150,11 +157,17 @@ func (s *sched) butterfly(h header, also []int) {
 func (s *sched) butterflyWith(x *bfCall, also []int) {
 	st := s.st
 	me := st.comm.Rank()
-	steps := butterflySteps(me, st.comm.Size())
-	peers := make([]int, 0, len(steps))
-	for _, stp := range steps {
-		peers = append(peers, stp.peer)
+	if st.bfSteps == nil {
+		// This rank's rounds, and its partners, are the communicator's
+		// for its life: worked out once.
+		st.bfSteps = butterflySteps(me, st.comm.Size())
+		st.bfPeers = make([]int, 0, len(st.bfSteps))
+		for _, stp := range st.bfSteps {
+			st.bfPeers = append(st.bfPeers, stp.peer)
+		}
 	}
+	steps := append(x.stepBuf[:0], st.bfSteps...) // x's own: parities and flags are set below
+	peers := st.bfPeers
 	// The channels to the partners met for the first time (state.go); a
 	// setup that failed leaves the hello counters as they were. Partners
 	// are mutual, so that every rank's setup completes whatever the others

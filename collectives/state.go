@@ -169,6 +169,8 @@ type state struct {
 	lanePosts [][2]*hcomm.PreparedWrite // this rank's hello into each peer's slot of each parity
 	linePuts  [][2]*hcomm.PreparedLine  // this rank's hello line into each peer's flagged slot of each parity (ll.go)
 	laneRuns  [3]int                    // the lane's calls by how they ran (laneInline, …)
+	bfSteps   []bfStep                  // this rank's butterfly rounds (butterflyWith), made on first use; read-only
+	bfPeers   []int                     // their partners, in order; read-only
 	group     *group                    // c's group state (group.go), looked up once by the lane
 	noLane    bool                      // HCOMM_LANE=0: every call through its schedule, to measure the lane
 	remote    bool                      // a peer of the lane is in another process (lane.go)
