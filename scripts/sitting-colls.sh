@@ -12,6 +12,7 @@
 # Like sitting.sh it builds hcomm from this checkout and Open MPI's coll_bench.c
 # from ../shared/peers, runs them interleaved launch by launch, and prints medians
 # and the busbw ratio hcomm / Open MPI (above 1: hcomm ahead), with both times.
+# It warns first when some process keeps a core busy (its figures would not compare).
 set -u
 proj=$(cd "$(dirname "$0")/.." && pwd)
 peers=${PEERS:-$proj/../shared/peers}
@@ -21,6 +22,11 @@ bin=$(mktemp -d); log=$(mktemp); trap 'rm -rf "$bin" "$log"' EXIT
 (cd "$proj" && go build -o "$bin/hcomm" ./cmd/hcomm) || { echo "hcomm does not build"; exit 1; }
 command -v mpicc >/dev/null || { echo "Open MPI is missing: run ../shared/peers/sitting.sh once (it installs it)"; exit 1; }
 mpicc -O2 -o "$bin/coll_bench" "$peers/coll_bench.c" || exit 1
+# A sitting on a machine something else keeps busy measures that something: a
+# leftover spinner (a benchmark's orphaned child) halved tcp's ping-pong here
+# once, unnoticed for ten minutes. Say so before the first row.
+busy=$(top -bn2 -d 0.5 2>/dev/null | awk '/^top -/{f++} f==2 && $1 ~ /^[0-9]+$/ && $9+0 > 20 {printf " %s (pid %s, %s%%)", $12, $1, $9}')
+[ -n "$busy" ] && echo "# WARNING: busy before the sitting:$busy — its figures are not comparable"
 med() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END{print (NR%2)?a[(NR+1)/2]:(a[NR/2]+a[NR/2+1])/2}'; }
 hrun() { # mode np coll bytes -> "time busbw"
   local mode=$1 np=$2 coll=$3 b=$4 n w
