@@ -294,13 +294,8 @@ func TestLanePeerGone(t *testing.T) {
 		t.Run(tr.String(), func(t *testing.T) {
 			o := hcommtest.Options{Config: &hcomm.Config{ExecTimeout: 60 * time.Second}}
 			o.Run(t, 2, tr, func(t testing.TB, c *hcomm.Comm) {
-				s, err := c.Device().CreateStream()
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer s.Destroy()
-				buf := deviceFloats(t, c, 4, 1)
-				defer c.Device().Free(buf)
+				s, buf, free := laneStreamAndFloats(t, c)
+				defer free()
 				all := []int{0, 1}
 				cfg := &hcomm.Config{BufferSize: 64 << 10, Transport: tr.Name, ExecTimeout: 60 * time.Second}
 				lane := func(sub *hcomm.Comm, calls int) error {
@@ -735,13 +730,8 @@ func TestLaneZeroCount(t *testing.T) {
 func TestNetLaneEndsOnAbort(t *testing.T) {
 	o := hcommtest.Options{Config: &hcomm.Config{ExecTimeout: 60 * time.Second, TCPSpin: 5 * time.Second}}
 	o.Run(t, 2, hcommtest.TCP, func(t testing.TB, c *hcomm.Comm) {
-		s, err := c.Device().CreateStream()
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer s.Destroy()
-		buf := deviceFloats(t, c, 4, 1)
-		defer c.Device().Free(buf)
+		s, buf, free := laneStreamAndFloats(t, c)
+		defer free()
 		for k := 0; k < 3; k++ { // set up; both parities prepared
 			if err := collectives.AllReduce(buf, buf, 4, hcomm.Float32, hcomm.Sum, c, s, nil); err != nil {
 				t.Fatal(err)
@@ -762,7 +752,7 @@ func TestNetLaneEndsOnAbort(t *testing.T) {
 			s.Abort()
 		}()
 		start := time.Now()
-		err = collectives.AllReduce(buf, buf, 4, hcomm.Float32, hcomm.Sum, c, s, nil)
+		err := collectives.AllReduce(buf, buf, 4, hcomm.Float32, hcomm.Sum, c, s, nil)
 		if d := time.Since(start); d > time.Second {
 			t.Fatalf("the lane's call returned %v after it started (%v); the abort at 100 ms must end its poll", d, err)
 		}
@@ -774,4 +764,19 @@ func TestNetLaneEndsOnAbort(t *testing.T) {
 		}
 		t.Logf("aborted: %v", err)
 	})
+}
+
+// laneStreamAndFloats gives rank c a stream of its own and 4 floats of 1 on
+// its device; free destroys and frees them.
+func laneStreamAndFloats(t testing.TB, c *hcomm.Comm) (*device.Stream, device.Ptr, func()) {
+	t.Helper()
+	s, err := c.Device().CreateStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := deviceFloats(t, c, 4, 1)
+	return s, buf, func() {
+		c.Device().Free(buf)
+		s.Destroy()
+	}
 }
