@@ -95,10 +95,10 @@ func (c *Comm) awaitNotify(op string, ch *Channel, idx int, n *notify.Notify, ti
 	// arriving), and the sleep the rest.
 	if p, ok := ch.tr.(channel.Poller); !ok {
 		err = c.waitReporting(n, timeout, stop, tag)
-	} else if polled := time.Now(); !p.Poll(stop, timeout, n.TryResetFunc()) {
+	} else if polled := spin.Mono(); !p.Poll(stop, timeout, n.TryResetFunc()) {
 		rest := timeout
 		if timeout > 0 {
-			rest = max(timeout-time.Since(polled), time.Nanosecond)
+			rest = max(timeout-(spin.Mono()-polled), time.Nanosecond)
 		}
 		err = c.waitReporting(n, rest, stop, tag)
 	}

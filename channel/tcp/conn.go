@@ -45,11 +45,11 @@ type sock struct {
 	wbusy  bool
 	wfired bool
 
-	applied   atomic.Uint64 // frames read and fully applied
-	lastRx    atomic.Int64  // unix nanoseconds of the last frame read
-	lastTx    atomic.Int64  // unix nanoseconds of the last frame written
-	sendSince atomic.Int64  // unix nanoseconds a write began; 0 while idle
-	closedBy  atomic.Bool   // the peer sent CLOSE on this socket
+	applied atomic.Uint64 // frames read and fully applied
+	// Liveness counts, not clocks: the monitor (liveness.go) notes when
+	// they last moved, so a frame costs no read of the clock.
+	wseq     atomic.Uint64 // frame writes begun and ended: odd while one is under way
+	closedBy atomic.Bool   // the peer sent CLOSE on this socket
 
 	// The receiving side (rx.go, progress.go). rtok is the receive token:
 	// its holder alone reads the socket and uses rx, rp, rn and rerr.
@@ -61,7 +61,7 @@ type sock struct {
 	rp     []byte
 	rn     int
 	rerr   error
-	got    uint64 // reads that brought bytes: a poller's sign of progress (progress.go)
+	got    atomic.Uint64 // reads that brought bytes: a poller's sign of progress (progress.go), the monitor's of life
 
 	// The sending side's raw writes (rawsys_linux.go), under wmu: what is
 	// left to write, the writev vector, the error, and the function given
@@ -97,6 +97,7 @@ type conn struct {
 	spin     time.Duration // Options.Spin: how long Poll reads the sockets before it gives up
 	yield    bool          // Options.Yield: Poll yields to other processes too
 	lostGap  time.Duration // lostProcessor (tests: 0, Poll never takes a gap for a busy host)
+	rest     atomic.Bool   // a look of Poll found bytes on sockets past the first: the next looks read them all (progress.go)
 	socks    []*sock
 
 	rr     atomic.Uint32
@@ -142,7 +143,6 @@ func newConn(d *Dialer, local *channel.Local, name string, notifies []*notify.No
 	for i := range c.dsync {
 		c.dsync[i] = make([]uint64, len(ncs))
 	}
-	now := time.Now().UnixNano()
 	for i, nc := range ncs {
 		s := &sock{idx: i, nc: nc, rc: rawConn(nc)}
 		s.rx.buf = make([]byte, rxBufSize)
@@ -150,8 +150,6 @@ func newConn(d *Dialer, local *channel.Local, name string, notifies []*notify.No
 		s.peekFn = func(fd uintptr) bool { return rawReadable(int(fd)) }
 		s.writeFn = func(fd uintptr) bool { return s.writeRaw(int(fd)) }
 		s.tryFn = func(fd uintptr) { s.wdone = s.writeRaw(int(fd)) }
-		s.lastRx.Store(now)
-		s.lastTx.Store(now)
 		c.socks = append(c.socks, s)
 	}
 	c.start()

@@ -115,10 +115,32 @@ func (s *sock) watchdog(c *conn) {
 
 // monitor sends heartbeats on idle sockets and fails the channel when the
 // peer has been silent, or a send stuck, for longer than the peer timeout.
+// It watches counts that the data path keeps anyway (reads that brought
+// bytes, frames sent, writes begun and ended) and notes the tick at which
+// each last moved: a frame costs no read of the clock. Silence is measured
+// from the tick that saw the last move, which is after the move itself, so
+// a channel is never failed early; it may be failed up to a tick (a quarter
+// of the timeout) late.
 func (c *conn) monitor() {
 	defer c.wg.Done()
 	tick := time.NewTicker(max(c.timeout/4, time.Millisecond))
 	defer tick.Stop()
+	type seen struct {
+		n  uint64
+		at time.Time
+	}
+	start := time.Now()
+	rx, tx, w := make([]seen, len(c.socks)), make([]seen, len(c.socks)), make([]seen, len(c.socks))
+	for i := range c.socks {
+		rx[i].at, tx[i].at, w[i].at = start, start, start
+	}
+	moved := func(v *seen, n uint64, now time.Time) bool {
+		if v.n != n {
+			v.n, v.at = n, now
+			return true
+		}
+		return false
+	}
 	for {
 		select {
 		case <-c.dead:
@@ -126,18 +148,24 @@ func (c *conn) monitor() {
 		case <-tick.C:
 		}
 		now := time.Now()
-		for _, s := range c.socks {
-			if rx := time.Unix(0, s.lastRx.Load()); now.Sub(rx) > c.timeout && !s.closedBy.Load() {
+		for i, s := range c.socks {
+			moved(&rx[i], s.got.Load(), now)
+			sent := moved(&tx[i], s.sent.Load(), now)
+			moved(&w[i], s.wseq.Load(), now)
+			if quiet := now.Sub(rx[i].at); quiet > c.timeout && !s.closedBy.Load() {
 				c.fail(c.errorf("heartbeat", 0, 0, channel.ErrPeerLost, "socket %d heard nothing from rank %d for %v (peer timeout %v)",
-					s.idx, c.peer, now.Sub(rx).Round(time.Millisecond), c.timeout), true)
+					s.idx, c.peer, quiet.Round(time.Millisecond), c.timeout), true)
 				return
 			}
-			if since := s.sendSince.Load(); since != 0 && now.Sub(time.Unix(0, since)) > c.timeout {
+			if w[i].n&1 == 1 && now.Sub(w[i].at) > c.timeout {
 				c.fail(c.errorf("heartbeat", 0, 0, channel.ErrPeerLost, "a send on socket %d has been stuck for more than %v: rank %d stopped reading",
 					s.idx, c.timeout, c.peer), false)
 				return
 			}
-			if now.Sub(time.Unix(0, s.lastTx.Load())) >= c.timeout/4 && s.wmu.TryLock() {
+			// A socket that sent nothing since the last tick sends a
+			// ping: the peer hears from an idle one every other tick,
+			// half its timeout.
+			if !sent && s.wmu.TryLock() {
 				s.nc.SetWriteDeadline(now.Add(c.timeout))
 				err := s.writeFrame(framePing, 0, 0, 0, 0, 0, nil)
 				s.nc.SetWriteDeadline(time.Time{})

@@ -136,11 +136,11 @@ func (c *conn) Poll(stop <-chan struct{}, limit time.Duration, done func() bool)
 	if d <= 0 {
 		return false
 	}
-	begin := time.Now()
+	begin := spin.Mono()
 	start, last := begin, begin
-	for {
-		read := c.pollOnce()
-		if done() {
+	for look := 0; ; look++ {
+		read, found := c.pollOnce(done, look&3 == 0 || c.rest.Load())
+		if found || !read && done() {
 			return true
 		}
 		// One channel each: a select of one case and a default looks
@@ -155,11 +155,11 @@ func (c *conn) Poll(stop <-chan struct{}, limit time.Duration, done func() bool)
 			return false
 		default:
 		}
-		now := time.Now()
+		now := spin.Mono()
 		if read {
 			start = now
 		}
-		if now.Sub(start) >= d || limit > 0 && now.Sub(begin) >= limit || c.lostGap > 0 && now.Sub(last) >= c.lostGap {
+		if now-start >= d || limit > 0 && now-begin >= limit || c.lostGap > 0 && now-last >= c.lostGap {
 			return false
 		}
 		last = now
@@ -187,20 +187,27 @@ func (c *conn) PollOnce() bool {
 	if c.spin <= 0 {
 		return false // polling is off: the background readers receive
 	}
-	return c.pollOnce()
+	read, _ := c.pollOnce(nil, true)
+	return read
 }
 
 // pollOnce drains every socket of the channel nobody else is reading, and
-// reports whether some read brought bytes.
-func (c *conn) pollOnce() bool {
-	progress := false
-	for _, s := range c.socks {
+// reports whether some read brought bytes. With done, it asks done after
+// each socket that brought bytes and stops at the first true (found): a
+// small frame comes on the first socket (lockSock), and the look need not
+// hear EAGAIN from the others.
+func (c *conn) pollOnce(done func() bool, all bool) (read, found bool) {
+	rest := false
+	for i, s := range c.socks {
+		if i > 0 && !all {
+			break
+		}
 		if s.rc == nil || !s.rtok.TryLock() {
 			continue
 		}
-		got := s.got
+		got := s.got.Load()
 		_, err := c.drain(s)
-		progress = progress || s.got != got
+		brought := s.got.Load() != got
 		s.rtok.Unlock()
 		if err != nil && errors.Is(err, ErrProtocol) {
 			// A broken frame fails the channel at once; an ended socket
@@ -208,8 +215,21 @@ func (c *conn) pollOnce() bool {
 			// end, EOF or reset, and reads the error sticky in rx).
 			c.fail(err, true)
 		}
+		if brought {
+			rest = rest || i > 0
+			read = true
+			if done != nil && done() {
+				found = true
+				break
+			}
+		}
 	}
-	return progress
+	if all && len(c.socks) > 1 && !found {
+		// Whether the sockets past the first brought bytes in this look
+		// decides whether the next looks read them too.
+		c.rest.Store(rest)
+	}
+	return read, found
 }
 
 // awaitPolling waits for ch to close, polling the channel's sockets first

@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"io"
-	"time"
 
 	"github.com/hcomm-dev/hcomm/channel"
 	"github.com/hcomm-dev/hcomm/internal/reduce"
@@ -75,7 +74,6 @@ func (c *conn) consume(s *sock) (bool, error) {
 			r.pos += k
 			if r.hn == headerLen {
 				r.hn = 0
-				s.lastRx.Store(time.Now().UnixNano())
 				err = c.begin(s)
 			}
 		case rxVector:
@@ -393,7 +391,7 @@ func (c *conn) drain(s *sock) (bool, error) {
 		r.pos, r.end = 0, 0
 		n, err := s.readSome(p)
 		if n > 0 {
-			s.got++
+			s.got.Add(1)
 		}
 		switch {
 		case n > 0 && direct:

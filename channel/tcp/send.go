@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"net"
 	"sync/atomic"
-	"time"
 
 	"github.com/hcomm-dev/hcomm/device"
 	"github.com/hcomm-dev/hcomm/internal/reduce"
@@ -30,8 +29,7 @@ func (s *sock) writeFrame(t frameType, dt reduce.DataType, op reduce.Op, id, add
 func (s *sock) writeVec(t frameType, dt reduce.DataType, op reduce.Op, id, addr, size uint64, vec, payload []byte) error {
 	h := header(s.hdr[:])
 	h.encode(t, dt, op, uint32(len(vec)+len(payload)), id, addr, size)
-	now := time.Now().UnixNano()
-	s.sendSince.Store(now)
+	s.wseq.Add(1)
 	k := 0
 	for _, b := range [3][]byte{h, vec, payload} {
 		if len(b) > 0 {
@@ -41,8 +39,7 @@ func (s *sock) writeVec(t frameType, dt reduce.DataType, op reduce.Op, id, addr,
 	}
 	err := s.writeOut(s.vec[:k])
 	s.vec = [len(s.vec)][]byte{}
-	s.sendSince.Store(0)
-	s.lastTx.Store(now)
+	s.wseq.Add(1)
 	s.sent.Add(1)
 	return err
 }
@@ -72,8 +69,7 @@ func (s *sock) writePair(c *conn, addr uint64, wvec []byte, parts [][]byte, idx 
 	h.encode(frameWrite, 0, 0, uint32(size), 0, addr, uint64(len(wvec)))
 	h2 := header(s.hdr2[:])
 	h2.encode(frameNotify, 0, 0, uint32(len(s.ovec)), idx, 0, 0)
-	now := time.Now().UnixNano()
-	s.sendSince.Store(now)
+	s.wseq.Add(1)
 	k := 0
 	s.vec[k], k = h, k+1
 	if wvec != nil {
@@ -85,8 +81,7 @@ func (s *sock) writePair(c *conn, addr uint64, wvec []byte, parts [][]byte, idx 
 	s.vec[k], s.vec[k+1] = h2, s.ovec
 	err := s.writeOut(s.vec[:k+2])
 	s.vec = [len(s.vec)][]byte{}
-	s.sendSince.Store(0)
-	s.lastTx.Store(now)
+	s.wseq.Add(1)
 	s.sent.Add(2)
 	return err
 }

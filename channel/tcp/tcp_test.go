@@ -651,7 +651,7 @@ func TestSilentPeerIsDetected(t *testing.T) {
 	}
 	defer c0.Transport.Close()
 	defer c1.Transport.Close()
-	time.Sleep(timeout + 200*time.Millisecond) // heartbeats keep an idle channel alive
+	time.Sleep(3 * timeout) // heartbeats keep an idle channel alive, for several timeouts
 	if err := c1.Transport.Fence(nil); err != nil {
 		t.Fatalf("idle channel died: %v", err)
 	}
