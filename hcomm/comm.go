@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -93,7 +94,7 @@ func InitAll(n int, cfg *Config) ([]*Comm, error) {
 		return nil, noRankErr("InitAll", c.Name, ErrPara, err, "")
 	}
 	store := bootstrap.NewMemStore()
-	me := peerInfo{NRanks: n, Host: hostID(), ShmHost: shmHostID(), Proc: procToken, PID: os.Getpid()}
+	me := peerInfo{NRanks: n, Host: hostID(), ShmHost: shmHostID(), Proc: procToken, PID: os.Getpid(), CPUs: runtime.NumCPU()}
 	me.Hostname, _ = os.Hostname()
 	secret, err := bootstrap.NewSecret()
 	if err != nil {

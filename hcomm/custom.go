@@ -53,6 +53,9 @@ func InitAllOver(dialers []channel.Dialer, hosts []string, cfg *Config) ([]*Comm
 		return nil, noRankErr("InitAllOver", c.Name, ErrSyscall, err, "")
 	}
 	boot := &bootState{store: store, fabric: inproc.NewFabric(), secret: secret, release: store.Close}
+	// No CPUs: the ranks' links are the dialers' (a simulated cluster's, for
+	// one), whose cost this process's cores do not tell, so the
+	// communicator is not Crowded.
 	me := peerInfo{NRanks: n, Host: hostID(), Proc: procToken, PID: os.Getpid()}
 	me.Hostname, _ = os.Hostname()
 	for r := 0; r < n; r++ {

@@ -258,3 +258,30 @@ func TestDefaultTCPStreams(t *testing.T) {
 		}
 	}
 }
+
+// TestCrowded: a communicator is crowded when some host has more of its
+// ranks' processes than cores (the fewest any of them reported), or one
+// process with more ranks than cores; hosts that did not say how many cores
+// they have count as uncrowded; and every rank, reading the same table,
+// gets the same answer whichever host it is on.
+func TestCrowded(t *testing.T) {
+	p := func(host, proc string, cpus int) peerInfo { return peerInfo{Host: host, Proc: proc, CPUs: cpus} }
+	for _, c := range []struct {
+		name  string
+		peers []peerInfo
+		want  bool
+	}{
+		{"2 processes on 2 cores", []peerInfo{p("a", "1", 2), p("a", "2", 2)}, false},
+		{"4 processes on 2 cores", []peerInfo{p("a", "1", 2), p("a", "2", 2), p("a", "3", 2), p("a", "4", 2)}, true},
+		{"one host of two crowded", []peerInfo{p("a", "1", 8), p("a", "2", 8), p("b", "3", 1), p("b", "4", 1)}, true},
+		{"a rank that saw fewer cores", []peerInfo{p("a", "1", 4), p("a", "2", 4), p("a", "3", 2)}, true},
+		{"3 ranks in one process on 2 cores", []peerInfo{p("a", "1", 2), p("a", "1", 2), p("a", "1", 2)}, true},
+		{"2 ranks in one process on 2 cores", []peerInfo{p("a", "1", 2), p("a", "1", 2)}, false},
+		{"cores not told", []peerInfo{p("a", "1", 0), p("a", "2", 0), p("a", "3", 0)}, false},
+		{"many hosts, one process each", []peerInfo{p("a", "1", 1), p("b", "2", 1), p("c", "3", 1)}, false},
+	} {
+		if got := crowded(c.peers); got != c.want {
+			t.Errorf("%s: crowded %v, want %v", c.name, got, c.want)
+		}
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -426,7 +427,7 @@ func rendezvous(ctx context.Context, cli *bootstrap.Client, js joinSpec, ifc boo
 	if n != 1 {
 		return nil, ErrPara, fmt.Errorf("rank %d is claimed by %d processes: give each process its own rank", js.rank, n)
 	}
-	me := peerInfo{Rank: js.rank, NRanks: js.nRanks, Host: hostID(), ShmHost: shmHostID(), Proc: procToken, PID: os.Getpid(), Addr: ifc.IP.String(),
+	me := peerInfo{Rank: js.rank, NRanks: js.nRanks, Host: hostID(), ShmHost: shmHostID(), Proc: procToken, PID: os.Getpid(), CPUs: runtime.NumCPU(), Addr: ifc.IP.String(),
 		Standby: standby, Mailbox: mb.addr}
 	me.Hostname, _ = os.Hostname()
 	mine, _ := json.Marshal(me)

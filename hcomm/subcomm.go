@@ -184,6 +184,44 @@ func (c *Comm) sub(op string, ranks []int, id string, cfg *Config) (*Comm, error
 // yield instead.
 func (c *Comm) ProcessesHere() int { return c.procsHere() }
 
+// Crowded reports whether some host of the communicator has more of its
+// ranks' processes than cores — or, where one process runs all the host's
+// ranks, more ranks than cores — as every rank published it when the
+// communicator was made (a rank that did not say how many cores it has
+// counts as uncrowded). Every rank computes the same answer from the same
+// table, so that a choice made on it (the collectives' handshake pattern)
+// is the communicator's, not one host's.
+func (c *Comm) Crowded() bool { return crowded(c.boot.peers) }
+
+// crowded is Crowded over a table of peers.
+func crowded(peers []peerInfo) bool {
+	type host struct {
+		procs map[string]bool
+		ranks int
+		cpus  int // the fewest any of its ranks reported
+	}
+	hosts := map[string]*host{}
+	for _, p := range peers {
+		h := hosts[p.Host]
+		if h == nil {
+			h = &host{procs: map[string]bool{}, cpus: p.CPUs}
+			hosts[p.Host] = h
+		}
+		h.procs[p.Proc] = true
+		h.ranks++
+		h.cpus = min(h.cpus, p.CPUs)
+	}
+	for _, h := range hosts {
+		if h.cpus <= 0 {
+			continue
+		}
+		if len(h.procs) > h.cpus || len(h.procs) == 1 && h.ranks > h.cpus {
+			return true
+		}
+	}
+	return false
+}
+
 // HostOf returns a label of the host rank runs on, equal for two ranks
 // exactly when they share a host and can reach each other through shared
 // memory (ranks of one process always do): what a two-level schedule groups

@@ -142,7 +142,8 @@ type peerInfo struct {
 	Proc     string `json:"proc"`     // procToken
 	Hostname string `json:"hostname"` // for messages
 	PID      int    `json:"pid"`
-	Addr     string `json:"addr"` // the address this rank's tcp transport uses
+	CPUs     int    `json:"cpus,omitempty"` // runtime.NumCPU() of the rank's process: Crowded (0: not told)
+	Addr     string `json:"addr"`           // the address this rank's tcp transport uses
 	// Standby is the address of the rank's standby store (agree.go), where
 	// a shrink meets when this rank is the lowest live one; "" in-process.
 	Standby string `json:"standby,omitempty"`
