@@ -3,6 +3,7 @@ package collectives
 import (
 	"context"
 	"fmt"
+	"os"
 	"slices"
 
 	"github.com/hcomm-dev/hcomm/device"
@@ -41,6 +42,25 @@ import (
 // keeps, straight into its output: no copy in or out of the hello slots
 // (among 16 processes over tcp a 64 KiB all-reduce took 13 % less
 // processor time a rank).
+
+//
+// Where a host's ranks outnumber its cores (hcomm.Comm.Crowded), the rounds
+// are a binomial tree's instead (treeSteps): every rank's hello goes up to
+// its parent once it has its children's, and the root's comes back down —
+// 2(n-1) messages a collective where the butterfly sends n·log2(n), in
+// 2·log2(n) rounds instead of log2(n). On a crowded host a collective's
+// time is the processor time of its messages (each a system call at both
+// ends over tcp, and a wake-up of the process that waits for it), not its
+// rounds: 16 processes on 2 cores over tcp, all-reduce of 256 B 250 µs →
+// 200, 64 KiB 910 → 600; 32 processes 740 → 475 and 2.5 ms → 1.3 ms
+// (BENCHMARKS.md, stop 27). The tree keeps the handshake's promise: every
+// rank's call is compared with its parent's on the way up, so the root
+// hears of any difference, and its hello tells every rank on the way down;
+// and the pattern still depends on the communicator alone (its size and
+// the cores every rank published), so that every rank runs the same one.
+// The inline collectives ride it as they ride the butterfly: a partial
+// result, blocks or the root's data go up, and the result comes down.
+// HCOMM_HANDSHAKE=tree or butterfly overrides the choice (on every rank).
 
 // helloFullMax is the largest rank count whose collectives open with the
 // full handshake; above it they open with the butterfly.
@@ -104,6 +124,61 @@ func butterflySteps(me, n int) []bfStep {
 	return steps
 }
 
+// treeSteps returns rank me's rounds among n ranks when they form a
+// binomial tree rooted at rank 0 (state.tree): the hellos of its children
+// (rank me + 2^k for each k below its lowest set bit), in, then its own to
+// its parent (me less its lowest set bit), out; then the parent's, in, with
+// the result (final), and its own to its children, out, the farthest first.
+func treeSteps(me, n int) []bfStep {
+	var steps []bfStep
+	mask := 1
+	for ; mask < n; mask <<= 1 {
+		if me&mask != 0 {
+			steps = append(steps, bfStep{peer: me - mask, send: true})
+			break
+		}
+		if me+mask < n {
+			steps = append(steps, bfStep{peer: me + mask, recv: true, lowerMine: true})
+		}
+	}
+	if me != 0 {
+		steps = append(steps, bfStep{peer: me - mask, recv: true, final: true})
+	}
+	for mask >>= 1; mask > 0; mask >>= 1 {
+		if me+mask < n {
+			steps = append(steps, bfStep{peer: me + mask, send: true})
+		}
+	}
+	return steps
+}
+
+// subtree returns the ranks [lo, hi) of the tree of treeSteps below rank q,
+// q included: the ranks q + j for j below q's lowest set bit; all of them
+// below rank 0.
+func subtree(q, n int) (lo, hi int) {
+	if q == 0 {
+		return 0, n
+	}
+	return q, min(n, q+q&-q)
+}
+
+// envTree returns whether the butterfly's rounds form a tree: auto, the
+// choice for the communicator (sparse and crowded), unless HCOMM_HANDSHAKE
+// says otherwise ("tree" only counts for a sparse communicator: below it
+// the full handshake opens the collectives).
+func envTree(auto bool) (bool, error) {
+	switch v := os.Getenv("HCOMM_HANDSHAKE"); v {
+	case "":
+		return auto, nil
+	case "tree":
+		return true, nil
+	case "butterfly":
+		return false, nil
+	default:
+		return false, fmt.Errorf("collectives: HCOMM_HANDSHAKE=%q: want tree or butterfly (or unset: a tree where some host's ranks outnumber its cores)", v)
+	}
+}
+
 // bfMode is what a butterfly's hellos carry and how a rank combines its
 // partner's with its own.
 type bfMode uint8
@@ -160,7 +235,11 @@ func (s *sched) butterflyWith(x *bfCall, also []int) {
 	if st.bfSteps == nil {
 		// This rank's rounds, and its partners, are the communicator's
 		// for its life: worked out once.
-		st.bfSteps = butterflySteps(me, st.comm.Size())
+		if st.tree && s.sparse() {
+			st.bfSteps = treeSteps(me, st.comm.Size())
+		} else {
+			st.bfSteps = butterflySteps(me, st.comm.Size())
+		}
 		st.bfPeers = make([]int, 0, len(st.bfSteps))
 		for _, stp := range st.bfSteps {
 			st.bfPeers = append(st.bfPeers, stp.peer)
@@ -404,6 +483,9 @@ func (x *bfCall) exchange(stop <-chan struct{}) error {
 			switch {
 			case stp.final:
 				return true
+			case x.tree():
+				lo, hi := subtree(p, size)
+				return lo <= q && q < hi
 			case bit == 0:
 				return q == p
 			}
@@ -425,7 +507,17 @@ func (x *bfCall) exchange(stop <-chan struct{}) error {
 		}
 		theirs := view[off+headerSize : off+headerSize+got]
 		if stp.final {
-			result = theirs
+			if i == len(x.steps)-1 {
+				result = theirs
+				continue
+			}
+			// A tree's inner rank hands the result down to its
+			// children: it goes to this rank's free slot, whence they
+			// are sent (its children's hellos, read, are not needed).
+			next := 1 - cur
+			copy(view[own(next):own(next)+headerSize], view[own(cur):own(cur)+headerSize])
+			copy(view[own(next)+headerSize:own(next)+headerSize+x.n], theirs)
+			cur, input, have = next, nil, true
 			continue
 		}
 		mine := input
@@ -499,6 +591,12 @@ func (x *bfCall) exchange(stop <-chan struct{}) error {
 // rank below r stands for two neighbours.
 func (x *bfCall) holds(stp bfStep) (lo, hi int) {
 	me, size := int(x.h.from), x.s.st.comm.Size()
+	if x.tree() {
+		if stp.peer < me { // up, to the parent: its subtree's
+			return subtree(me, size)
+		}
+		return 0, size // down: everything
+	}
 	r := foldR(size)
 	bit := bitOf(me, stp.peer, r)
 	switch {
@@ -509,6 +607,9 @@ func (x *bfCall) holds(stp bfStep) (lo, hi int) {
 	}
 	return rankSpan(size, func(q int) bool { return virt(q, r)&^(bit-1) == virt(me, r)&^(bit-1) })
 }
+
+// tree reports whether x's rounds are a tree's (treeSteps).
+func (x *bfCall) tree() bool { return x.s.st.tree && x.s.sparse() }
 
 // rankSpan returns the first rank q below size with has(q) and one past the
 // last (0, 0: none).
@@ -665,7 +766,7 @@ func reduceScatterRD(sc *sched, h header, send, recv device.Ptr, total, off, cnt
 	n := sc.st.comm.Size()
 	x := &bfCall{h: h, mode: bfReduce, src: send, n: total * es, red: reduceArgs{count: total, dt: dt, op: op},
 		out: recv, outLo: off * es, outN: cnt * es}
-	if h.kind == kReduceScatter && n&(n-1) == 0 {
+	if h.kind == kReduceScatter && n&(n-1) == 0 && !(sc.st.tree && sc.sparse()) {
 		x.halve, x.part = true, cnt*es
 	}
 	sc.butterflyWith(x, nil)
@@ -700,7 +801,18 @@ func broadcastRD(sc *sched, h header, buf device.Ptr, bytes int64, root int) {
 func (s *sched) schedulePeers(h header, a Algorithm) []int {
 	me, n := s.st.comm.Rank(), s.st.comm.Size()
 	switch a {
-	case AlgoHD, AlgoHier: // hier talks through its levels' communicators
+	case AlgoHD:
+		if s.st.tree && s.sparse() {
+			// The butterfly's partners, which the tree's handshake did
+			// not set up.
+			var ps []int
+			for _, stp := range butterflySteps(me, n) {
+				ps = append(ps, stp.peer)
+			}
+			return ps
+		}
+		return nil
+	case AlgoHier: // hier talks through its levels' communicators
 		return nil
 	case AlgoTree:
 		root := int(h.root) // 0 for the all-reduce, which has none

@@ -11,6 +11,21 @@ import (
 	"github.com/hcomm-dev/hcomm/internal/reduce"
 )
 
+// handshakes returns the subtests' handshake forms for n ranks: above
+// helloFullMax, the tree (what a crowded host gets, and this machine
+// usually is one) and the butterfly, each forced with HCOMM_HANDSHAKE, or
+// the tree alone when both is too slow (one = true); "" below, where the
+// full handshake opens every collective.
+func handshakes(n int, one bool) []string {
+	switch {
+	case n <= 8:
+		return []string{""}
+	case one:
+		return []string{"/handshake=tree"}
+	}
+	return []string{"/handshake=tree", "/handshake=butterfly"}
+}
+
 // manyRankCounts are the rank counts of the many-rank tests: every count
 // from 2 to 9 (powers of two and not, on both sides of helloFullMax, where
 // the handshake turns into the butterfly) and 16.
@@ -23,7 +38,8 @@ var manyRankCounts = []int{2, 3, 4, 5, 6, 7, 8, 9, 16}
 // parities and the pipes' counters carry across calls of different
 // collectives). Every data type and reduce op at 16 ranks over inproc;
 // int8 and float32 with sum and max at the other counts; float32 sums over
-// shm and tcp at 9 and 16 ranks.
+// shm and tcp at 9 and 16 ranks. Above helloFullMax, once with the tree's
+// handshake and once with the butterfly's (handshakes).
 func TestManyRanksMatrix(t *testing.T) {
 	if testing.Short() {
 		t.Skip("many ranks: not in -short")
@@ -52,55 +68,60 @@ func TestManyRanksMatrix(t *testing.T) {
 			case tr.Name != "inproc":
 				types, ops, counts = []hcomm.DataType{hcomm.Float32}, []hcomm.ReduceOp{hcomm.Sum}, []int64{7, 5000}
 			}
-			t.Run(fmt.Sprintf("%v/ranks=%d", tr, n), func(t *testing.T) {
-				comms := hcommtest.Options{Config: &hcomm.Config{BufferSize: 256 << 10}}.New(t, n, tr)
-				inline := collectives.InlineBytes(comms[0])
-				for _, dt := range types {
-					for _, count := range counts {
-						for _, op := range ops {
-							m := matrixCase{dt: dt, op: op, count: count, root: int(count) % n, inline: inline}
-							inPlace := count%2 == 1 && op == hcomm.Max
-							for _, a := range algosOf("AllReduce") {
-								if fits(a, count*int64(dt.Size()), inline) && a != collectives.AlgoHier {
-									allReduceRaw(t, comms, m, a, inPlace)
+			for _, hs := range handshakes(n, raceEnabled && n != 16) {
+				t.Run(fmt.Sprintf("%v/ranks=%d%s", tr, n, hs), func(t *testing.T) {
+					if hs != "" {
+						t.Setenv("HCOMM_HANDSHAKE", hs[len("/handshake="):])
+					}
+					comms := hcommtest.Options{Config: &hcomm.Config{BufferSize: 256 << 10}}.New(t, n, tr)
+					inline := collectives.InlineBytes(comms[0])
+					for _, dt := range types {
+						for _, count := range counts {
+							for _, op := range ops {
+								m := matrixCase{dt: dt, op: op, count: count, root: int(count) % n, inline: inline}
+								inPlace := count%2 == 1 && op == hcomm.Max
+								for _, a := range algosOf("AllReduce") {
+									if fits(a, count*int64(dt.Size()), inline) && a != collectives.AlgoHier {
+										allReduceRaw(t, comms, m, a, inPlace)
+									}
 								}
-							}
-							for _, a := range algosOf("ReduceScatter") {
-								testReduceScatter(t, comms, m, a, inPlace)
-							}
-							for _, a := range algosOf("Reduce") {
-								testReduce(t, comms, m, a, inPlace)
-							}
-							if op != hcomm.Sum {
-								continue
-							}
-							for _, a := range algosOf("AllGather") {
-								testAllGather(t, comms, m, a, inPlace)
-							}
-							for _, a := range algosOf("Broadcast") {
-								if fits(a, count*int64(dt.Size()), inline) {
-									broadcastRaw(t, comms, m, a)
+								for _, a := range algosOf("ReduceScatter") {
+									testReduceScatter(t, comms, m, a, inPlace)
 								}
-							}
-							testScatterGather(t, comms, m, collectives.AlgoPairwise)
-							for _, a := range algosOf("AlltoAll") {
-								if fits(a, m.count*int64(m.dt.Size()), m.inline) { // oneshot: a block per hello
-									testAlltoAll(t, comms, m, a)
+								for _, a := range algosOf("Reduce") {
+									testReduce(t, comms, m, a, inPlace)
 								}
+								if op != hcomm.Sum {
+									continue
+								}
+								for _, a := range algosOf("AllGather") {
+									testAllGather(t, comms, m, a, inPlace)
+								}
+								for _, a := range algosOf("Broadcast") {
+									if fits(a, count*int64(dt.Size()), inline) {
+										broadcastRaw(t, comms, m, a)
+									}
+								}
+								testScatterGather(t, comms, m, collectives.AlgoPairwise)
+								for _, a := range algosOf("AlltoAll") {
+									if fits(a, m.count*int64(m.dt.Size()), m.inline) { // oneshot: a block per hello
+										testAlltoAll(t, comms, m, a)
+									}
+								}
+								testVCollectives(t, comms, m)
 							}
-							testVCollectives(t, comms, m)
 						}
 					}
-				}
-				run(t, comms, func(c *hcomm.Comm) error {
-					s, _ := c.Device().CreateStream()
-					defer s.Destroy()
-					if err := collectives.Barrier(c, s); err != nil {
-						return err
-					}
-					return s.SynchronizeWithTimeout(time.Minute)
+					run(t, comms, func(c *hcomm.Comm) error {
+						s, _ := c.Device().CreateStream()
+						defer s.Destroy()
+						if err := collectives.Barrier(c, s); err != nil {
+							return err
+						}
+						return s.SynchronizeWithTimeout(time.Minute)
+					})
 				})
-			})
+			}
 		}
 	}
 }

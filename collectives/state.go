@@ -169,6 +169,7 @@ type state struct {
 	lanePosts [][2]*hcomm.PreparedWrite // this rank's hello into each peer's slot of each parity
 	linePuts  [][2]*hcomm.PreparedLine  // this rank's hello line into each peer's flagged slot of each parity (ll.go)
 	laneRuns  [3]int                    // the lane's calls by how they ran (laneInline, …)
+	tree      bool                      // the butterfly's rounds are a binomial tree's (treeSteps): sparse, and some host crowded (butterfly.go)
 	bfSteps   []bfStep                  // this rank's butterfly rounds (butterflyWith), made on first use; read-only
 	bfPeers   []int                     // their partners, in order; read-only
 	group     *group                    // c's group state (group.go), looked up once by the lane
@@ -311,6 +312,9 @@ func (st *state) init1() {
 		}
 		memcopy.ShareCores(here, runtime.NumCPU())
 		st.netPoll = max(c.Config().TCPSpin, 0) // negative: polling off
+	}
+	if st.err == nil {
+		st.tree, st.err = envTree(c.Size() > helloFullMax && c.Crowded()) // butterfly.go
 	}
 	if st.err == nil {
 		st.costs, st.err = envCostModel()
