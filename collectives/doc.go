@@ -74,8 +74,13 @@
 // two. A rank that finds a difference goes on with its rounds, its hellos
 // poisoned and carrying both headers, so that after the last round every
 // rank of a mismatched collective knows of it and fails with ErrMismatch
-// naming both calls. Which handshake runs depends on the rank count alone,
-// so every rank runs the same one.
+// naming both calls. Where some host's ranks outnumber its cores
+// (hcomm.Comm.Crowded) the rounds are a binomial tree's instead (treeSteps):
+// hellos up to rank 0 and back down, 2(n-1) messages a collective rather
+// than n·log2(n), a difference heard by rank 0 on the way up and told to
+// every rank on the way down (HCOMM_HANDSHAKE forces either form). Which
+// handshake runs depends on the rank count and on what every rank
+// published at init alone, so every rank runs the same one.
 //
 // # Algorithms
 //

@@ -77,7 +77,11 @@
 // and wakes the reader for it (progress.go). A caller that looks once and
 // goes on (hcomm.ChannelNotifyTryWait, which the small collectives' lane
 // calls in its own poll loop) uses PollOnce: one pass over the sockets,
-// with no clock and no allocation.
+// with no clock and no allocation. A look of Poll stops at the socket that
+// brought what it waits for (a lone thread's small frames go out on the
+// first socket, lockSock), and reads the others only every fourth look
+// unless the last full look found bytes on them: a waiter's idle looks
+// then cost one read, not one a socket.
 //
 // A write that a stop may end (hcomm's stream tasks) is watched: once it
 // has waited watchDelay for the kernel to take its bytes, a watchdog looks
@@ -147,7 +151,13 @@
 // saying so and closes the sockets. A dead channel (protocol error, reset,
 // EOF, no frame for Options.PeerTimeout while both ends send heartbeats, a
 // send stuck as long) breaks every local notify with an *Error naming the
-// peer, and every pending and later call returns that error.
+// peer, and every pending and later call returns that error. The monitor
+// that tells (a tick every quarter of the timeout) watches counts the data
+// path keeps anyway — reads that brought bytes, frames sent, writes begun
+// and ended — and notes the tick at which each last moved, so that a frame
+// reads no clock; silence is measured from that tick, never early and at
+// most a tick late, and a socket that sent nothing since the last tick
+// sends a heartbeat (every other tick when idle).
 //
 // Transport calls take a stop channel (a stream abort). A call waiting for
 // the peer (Read, ReadReduce, Fence) returns at once when stop closes and the
