@@ -90,6 +90,15 @@ func alltoall(c *hcomm.Comm, name string, h header, send device.Ptr, sc_, sd []i
 			sched.open(h, algo)
 			alltoAllBruck(sched, send, recv, sc_[0]*es)
 			return nil
+		case algo == AlgoHier && h.kind == kAlltoAll && hierA2AFits(sched.st, sc_[0]*es*int64(n)):
+			sched.open(h, algo)
+			alltoAllHier(sched, s, send, recv, sc_[0]*es)
+			return nil
+		case algo == AlgoHier && h.kind == kAlltoAll:
+			// One host, hosts of different sizes, or more than the
+			// leaders' working space holds: the flat schedule (every rank
+			// knows the shape and the sizes, and decides alike).
+			algo = AlgoPairwise
 		case algo != AlgoPairwise:
 			return collErr(c, name, hcomm.ErrNotSupport, nil, "algorithm %v is not available for %s", algo, name)
 		}

@@ -219,6 +219,12 @@ func TestChooseLevels(t *testing.T) {
 		{kBroadcast, 1, 16, 1 << 20, AlgoTree, AlgoTree},
 		{kReduceScatter, 16, 4, 1 << 20, AlgoRing, AlgoHier},
 		{kReduceScatter, 4, 4, 64 << 20, AlgoRing, AlgoRing}, // more than the leaders' working space
+		// The all-to-all's hosts-1 packs a leader against the flat
+		// schedule's blocks from every rank, sharing each host's link.
+		{kAlltoAll, 4, 4, 4096, AlgoBruck, AlgoHier},
+		{kAlltoAll, 16, 4, 1 << 20, AlgoBruck, AlgoHier},
+		{kAlltoAll, 4, 4, 8 << 20, AlgoPairwise, AlgoPairwise}, // more than the leaders' working space
+		{kAlltoAll, 4, 2, 4096, AlgoOneShot, AlgoOneShot},
 	} {
 		n := tc.hosts * tc.per
 		l, err := newLayout(n, 16<<20)

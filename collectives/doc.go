@@ -124,9 +124,14 @@
 //     leaders, within every other host. Reduce-scatter: the whole input
 //     reduced to the leader, reduce-scattered among the leaders, scattered
 //     within each host (the flat ring where the leaders' HCCL buffers
-//     cannot hold the host's sum). The all-gather, broadcast and
-//     reduce-scatter are picked across hosts where the cost model finds
-//     them cheaper than the flat choice (mid sizes).
+//     cannot hold the host's sum). All-to-all: the host's send buffers
+//     gathered to the leader, packed per host (m·m blocks, where hosts
+//     hold m consecutive ranks each), exchanged among the leaders, sorted
+//     into the ranks' receive orders and scattered (the flat schedule for
+//     other host shapes, and where the leaders' HCCL buffers cannot hold
+//     the host's send buffers twice). The all-gather, broadcast,
+//     reduce-scatter and all-to-all are picked across hosts where the cost
+//     model finds them cheaper than the flat choice (mid sizes).
 //   - tree: a binomial tree, pipelined in pieces, log2(n) hops (broadcast,
 //     reduce, and all-reduce as a reduce then a broadcast); picked for
 //     small and mid-size messages over a network.

@@ -296,6 +296,101 @@ func reduceScatterHier(sc *sched, s *device.Stream, send, recv device.Ptr, count
 	}
 }
 
+// hierA2AFits reports whether the two-level all-to-all of bytes per rank
+// (its whole send buffer) can run: hosts holding m consecutive ranks each
+// (uniformHosts: a host's blocks for another host are then one run of its
+// send buffer), and room in the leaders' working space for the host's send
+// buffers twice (gathered, then packed for the hosts).
+func hierA2AFits(st *state, bytes int64) bool {
+	h := st.shape()
+	if h.hosts < 2 || !uniformHosts(h.groups) {
+		return false
+	}
+	_, room := st.hierScratch()
+	m := int64(len(h.groups[0]))
+	return bytes <= room/(2*m)
+}
+
+// alltoAllHier issues the two-level all-to-all on s of block bytes per
+// peer: within each host the ranks' whole send buffers are gathered to the
+// leader (shared memory), into its HCCL buffer's working space
+// (hierScratch); the leader packs, for each host, what its ranks send there
+// — m runs of m blocks, one from each of its ranks, since hosts hold
+// consecutive ranks — and the leaders exchange the packs (an all-to-all
+// among the hosts, m·m blocks to a pair); each leader then sorts what came
+// into its ranks' receive orders and scatters them. The network carries
+// hosts-1 messages a leader, each of m·m blocks, where the flat schedule
+// sends (n-m)·m of one block from each host; it pays for it with the
+// gather, the scatter and two passes over the host's blocks in the
+// leader. hierA2AFits must hold.
+func alltoAllHier(sc *sched, s *device.Stream, send, recv device.Ptr, block int64) {
+	if !sc.ok() {
+		return
+	}
+	h, err := sc.st.hierarchy()
+	if err != nil {
+		sc.do(err)
+		return
+	}
+	st := sc.st
+	n, hosts, m := int64(st.comm.Size()), int64(h.hosts), int64(len(h.groups[h.mine]))
+	whole := n * block       // a rank's send (and receive) buffer
+	a, _ := st.hierScratch() // the host's send buffers, then what came from the hosts, (leaders)
+	b := a.Add(m * whole)    // the packs for the hosts, then the host's receive buffers (leaders)
+	sc.do(Gather(send, a, whole, hcomm.Uint8, 0, h.local, s, levelOptions))
+	if sc.ok() && h.leaders != nil {
+		// a holds rank i's send buffer at i·whole; the blocks for host g
+		// are its g·m … g·m+m-1: to b[g][i].
+		sc.launchStop("alltoall hier pack", func(<-chan struct{}) error {
+			return st.permute(a, b, m*whole, func(from, to []byte) {
+				for g := int64(0); g < hosts; g++ {
+					for i := int64(0); i < m; i++ {
+						copy(to[(g*m+i)*m*block:(g*m+i+1)*m*block], from[i*whole+g*m*block:i*whole+(g+1)*m*block])
+					}
+				}
+			})
+		})
+		sc.do(AlltoAll(b, m*m*block, hcomm.Uint8, a, m*m*block, hcomm.Uint8, h.leaders, s, levelOptions))
+		// a holds host g's pack at g·m·m·block: its rank i's block for
+		// this host's rank j at (i·m + j)·block; rank j receives it as
+		// the block of rank g·m+i.
+		sc.launchStop("alltoall hier unpack", func(<-chan struct{}) error {
+			return st.permute(a, b, m*whole, func(from, to []byte) {
+				for g := int64(0); g < hosts; g++ {
+					for i := int64(0); i < m; i++ {
+						for j := int64(0); j < m; j++ {
+							src := ((g*m+i)*m + j) * block
+							dst := j*whole + (g*m+i)*block
+							copy(to[dst:dst+block], from[src:src+block])
+						}
+					}
+				}
+			})
+		})
+	}
+	if sc.ok() {
+		sc.do(Scatter(b, recv, whole, hcomm.Uint8, 0, h.local, s, levelOptions))
+	}
+}
+
+// permute maps n bytes at from and at to in this rank's memory, lets move
+// rearrange them, and flushes to.
+func (st *state) permute(from, to device.Ptr, n int64, move func(from, to []byte)) error {
+	dev := st.comm.Device()
+	f, err := dev.Map(from, n)
+	if err != nil {
+		return err
+	}
+	defer f.Unmap()
+	t, err := dev.Map(to, n)
+	if err != nil {
+		return err
+	}
+	defer t.Unmap()
+	move(f.Bytes(), t.Bytes())
+	return t.Flush(0, n)
+}
+
 // runsOf returns each host's runs of consecutive ranks (first, length), in
 // order, and the most runs any host has.
 func runsOf(groups [][]int) (runs [][][2]int, most int) {

@@ -165,3 +165,46 @@ func TestHierReduceScatter(t *testing.T) {
 		}
 	})
 }
+
+// TestHierAlltoAll runs the two-level all-to-all, forced, against the
+// reference over every host shape of hostShapes: where hosts hold equal
+// runs of consecutive ranks it runs (gather, pack, the leaders' exchange,
+// unpack, scatter), elsewhere — hosts of different sizes, ranks dealt in
+// turn, one host — and for a call too large for the leaders' working space
+// (40000 elements a block) the flat schedule runs instead, as correct;
+// every data type at one shape; and HCCL_ALGO=alltoall=level1:hier puts
+// AlltoAll on it (AlltoAllV, which has no two-level form, stays pairwise).
+func TestHierAlltoAll(t *testing.T) {
+	defer collectives.SetPieceOverride(1 << 10)()
+	for _, sh := range hostShapes {
+		for _, n := range sh.ranks {
+			if raceEnabled && n > 6 {
+				continue
+			}
+			t.Run(fmt.Sprintf("%s/ranks=%d", sh.name, n), func(t *testing.T) {
+				comms := hostsOver(t, sh.hosts(n), 1<<20)
+				types := []hcomm.DataType{hcomm.Float32}
+				if sh.name == "blocks" && n == 6 {
+					types = dtypes()
+				}
+				for _, dt := range types {
+					for _, count := range []int64{0, 1, 7, 700, 40000} {
+						if count == 40000 && dt.Size() > 4 {
+							continue // the send buffers alone: 16 ranks × 40000 × 8 bytes
+						}
+						testAlltoAll(t, comms, matrixCase{dt: dt, count: count}, collectives.AlgoHier)
+					}
+				}
+			})
+		}
+	}
+	t.Run("env", func(t *testing.T) {
+		t.Setenv("HCCL_ALGO", "alltoall=level0:NA;level1:hier")
+		comms := hostsOver(t, dealt(8, func(r int) int { return r / 4 }), 1<<20)
+		for _, count := range []int64{5, 3000} {
+			m := matrixCase{dt: hcomm.Float32, op: hcomm.Sum, count: count}
+			testAlltoAll(t, comms, m, collectives.AlgoAuto)
+			testVCollectives(t, comms, m)
+		}
+	})
+}

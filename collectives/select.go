@@ -19,7 +19,7 @@ const (
 	AlgoDirect                    // every rank reads each piece straight from its owner's HCCL buffer: one copy per receiver (mesh)
 	AlgoPairwise                  // n-1 rounds, in round r rank i exchanges with ranks i+r and i-r (all-to-all, scatter, gather)
 	AlgoHD                        // recursive halving-doubling (HCCL's H-D_R), folding rank counts that are not powers of two
-	AlgoHier                      // two levels, shared memory within each host and one rank per host on the network (all-reduce, all-gather, broadcast, reduce-scatter)
+	AlgoHier                      // two levels, shared memory within each host and one rank per host on the network (all-reduce, all-gather, broadcast, reduce-scatter, all-to-all)
 	AlgoTree                      // binomial tree, pipelined in pieces: log2(n) hops (broadcast, reduce; all-reduce as a reduce and a broadcast)
 	AlgoOrdered                   // every rank reduces its piece from all ranks' inputs in rank order: the same bits whatever the transport (HCCL_DETERMINISTIC=strict)
 	AlgoRD                        // recursive doubling: log2(n) exchanges of the whole (small) message, inline with the butterfly handshake
@@ -66,7 +66,7 @@ var algorithms = [kSendRecv + 1][]Algorithm{
 	kReduce:         {AlgoOneShot, AlgoRD, AlgoTree, AlgoRing, AlgoOrdered},
 	kScatter:        {AlgoPairwise},
 	kGather:         {AlgoPairwise},
-	kAlltoAll:       {AlgoOneShot, AlgoBruck, AlgoPairwise},
+	kAlltoAll:       {AlgoOneShot, AlgoBruck, AlgoPairwise, AlgoHier},
 	kAlltoAllV:      {AlgoPairwise},
 	kBarrier:        {AlgoOneShot},
 }
@@ -214,7 +214,7 @@ func choose(k kind, bytes int64, n int, l layout, cm CostModel, mapped, multiHos
 }
 
 // chooseLevels returns AlgoHier where the two-level form of collective k
-// (all-gather, broadcast, reduce-scatter) is modelled to beat flat, the flat selector's
+// (all-gather, broadcast, reduce-scatter, all-to-all) is modelled to beat flat, the flat selector's
 // choice, among the host groups of h (st.shape), else flat: the flat
 // schedule under the link class of the whole communicator (network: its
 // slowest links set its pace) with each host's ranks sharing its link, the
@@ -223,8 +223,11 @@ func choose(k kind, bytes int64, n int, l layout, cm CostModel, mapped, multiHos
 // class and among the leaders under the network's. The choice depends only
 // on what every rank knows alike.
 func chooseLevels(k kind, bytes int64, flat Algorithm, l layout, cm CostModel, mapped bool, h *hier) Algorithm {
-	if k != kAllGather && k != kBroadcast && k != kReduceScatter || h.hosts < 2 {
+	if k != kAllGather && k != kBroadcast && k != kReduceScatter && k != kAlltoAll || h.hosts < 2 {
 		return flat
+	}
+	if k == kAlltoAll && !uniformHosts(h.groups) {
+		return flat // alltoAllHier's packs are runs of a host's consecutive ranks
 	}
 	m := 0
 	for _, g := range h.groups {
@@ -232,6 +235,9 @@ func chooseLevels(k kind, bytes int64, flat Algorithm, l layout, cm CostModel, m
 	}
 	if k == kReduceScatter && (int64(l.n)+int64(m))*(bytes/int64(l.n)) > l.bufSize-l.inboxOff {
 		return flat // the leaders' working space would not hold it (hierRSFits)
+	}
+	if k == kAlltoAll && 2*int64(m)*bytes > l.bufSize-l.inboxOff {
+		return flat // the leaders' working space would not hold it (hierA2AFits)
 	}
 	lay0, err0 := newLayout(m, l.bufSize)
 	lay1, err1 := newLayout(h.hosts, l.bufSize)
@@ -259,6 +265,14 @@ func chooseLevels(k kind, bytes int64, flat Algorithm, l layout, cm CostModel, m
 		two += at(kReduce, AlgoAuto, m, bytes, lay0, true) +
 			at(kReduceScatter, AlgoAuto, h.hosts, bytes, lay1, false) +
 			at(kScatter, AlgoPairwise, m, int64(m)*(bytes/int64(l.n)), lay0, true)
+	} else if k == kAlltoAll {
+		// The host's send buffers gathered to the leader, packed for the
+		// hosts, exchanged among the leaders (m·m blocks a pair), sorted
+		// into the ranks' receive orders and scattered to them.
+		host := int64(m) * bytes
+		two += at(kGather, AlgoPairwise, m, host, lay0, true) +
+			at(kAlltoAll, AlgoAuto, h.hosts, host, lay1, false) +
+			at(kScatter, AlgoPairwise, m, host, lay0, true) + 2*float64(host)*memBeta
 	} else {
 		two += at(kBroadcast, AlgoAuto, h.hosts, bytes, lay1, false) + at(kBroadcast, AlgoAuto, m, bytes, lay0, true)
 	}
