@@ -114,7 +114,17 @@ func alltoall(c *hcomm.Comm, name string, h header, send device.Ptr, sc_, sd []i
 		}
 		// The hello carries this rank's send counts, so that each peer checks
 		// them against its receive counts.
-		sched.need(sched.others()) // before countTable enqueues: a failed setup takes the call back
+		if sched.sparse() {
+			// The butterfly first, as every collective above helloFullMax
+			// ranks (so that any mismatch reaches every rank), and the
+			// channels to every peer once it is enqueued: a rank whose
+			// peers made another call (AlltoAll on Bruck, which sets up
+			// only its partners) fails with the butterfly's ErrMismatch
+			// instead of waiting in a setup they never join.
+			sched.butterfly(h, sched.others())
+		} else {
+			sched.need(sched.others()) // before countTable enqueues: a failed setup takes the call back
+		}
 		// Over tcp and in one process a peer's block goes straight into
 		// this rank's receive buffer, and between processes of a host
 		// this rank reads it straight from the peer's send buffer
@@ -130,12 +140,8 @@ func alltoall(c *hcomm.Comm, name string, h header, send device.Ptr, sc_, sd []i
 		}
 		words := ln.words()
 		table := sched.countTable(sc_, words...)
-		if sched.sparse() {
-			// The butterfly first, as every collective above helloFullMax
-			// ranks (so that any mismatch reaches every rank); the counts'
-			// hello with every peer then checks what only a pair can.
-			sched.butterfly(h, nil)
-		}
+		// Above helloFullMax ranks the counts' hello with every peer, after
+		// the butterfly, checks what only a pair can.
 		learn := ln.learn(me)
 		sched.hello(h, sched.others(), table, int64(8*(n+len(words))), func(p int, payload []byte) error {
 			if len(payload) < 8*n {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"time"
 
 	"github.com/hcomm-dev/hcomm/device"
 	"github.com/hcomm-dev/hcomm/hcomm"
@@ -204,6 +205,7 @@ type bfCall struct {
 	out    device.Ptr    // where the result goes (0: nowhere)
 	err    error         // the task's failure, set before failed is closed
 	failed chan struct{} // closed when the task fails
+	ended  chan struct{} // closed when the task ends, failed or not
 	outLo  int64         // the part of the payload that goes there
 	outN   int64
 	halve  bool  // bfReduce: recursive halving (a power-of-two rank count): each round sends the half of its range the partner keeps
@@ -256,7 +258,7 @@ func (s *sched) butterflyWith(x *bfCall, also []int) {
 		return
 	}
 	defer s.alsoNeed(x, also)
-	x.s, x.opSeq, x.failed = s, s.opSeq, make(chan struct{})
+	x.s, x.opSeq, x.failed, x.ended = s, s.opSeq, make(chan struct{}), make(chan struct{})
 	x.h.seq = st.seq
 	x.h.from = int32(me)
 	x.h.size = int32(st.comm.Size())
@@ -293,6 +295,10 @@ func (s *sched) butterflyWith(x *bfCall, also []int) {
 	s.launchStop("collective butterfly", x.run)
 }
 
+// setupGrace is how long a failed setup of a schedule's peers waits for
+// the call's butterfly to end, so that a mismatch it finds is the error.
+const setupGrace = time.Second
+
 // alsoNeed sets up the channels to the peers in also, the schedule's after
 // the butterfly's, once the butterfly x is enqueued: a rank whose call
 // differs from its peers' (another algorithm, needing other peers) would
@@ -318,6 +324,17 @@ func (s *sched) alsoNeed(x *bfCall, also []int) {
 		}
 	}()
 	if err := s.st.need(ctx, also); err != nil {
+		// A setup that failed because the peer already failed this call
+		// (its butterfly found a mismatch, and its channels went with
+		// it) is told by this rank's butterfly as well, moments later:
+		// give it setupGrace to end, and report the mismatch rather than
+		// the setup.
+		t := time.NewTimer(setupGrace)
+		select {
+		case <-x.ended:
+		case <-t.C:
+		}
+		t.Stop()
 		select {
 		case <-x.failed:
 			s.do(x.err)
@@ -356,8 +373,10 @@ type bfFailure struct {
 	err    error  // a hello that could not be read
 }
 
-// run is the butterfly's stream task; a failure closes x.failed.
+// run is the butterfly's stream task; a failure closes x.failed, and its
+// end x.ended.
 func (x *bfCall) run(stop <-chan struct{}) error {
+	defer close(x.ended)
 	err := x.exchange(stop)
 	if err != nil {
 		x.err = err
