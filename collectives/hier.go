@@ -117,14 +117,25 @@ func multiHost(c *hcomm.Comm) bool {
 	return false
 }
 
-// allReduceHier issues the two-level all-reduce on s.
-func allReduceHier(sc *sched, s *device.Stream, send, recv device.Ptr, count int64, dt hcomm.DataType, op hcomm.ReduceOp) {
+// levels returns the communicator's two levels for a two-level schedule
+// (making them at the first), or false when the call has failed already or
+// their making failed it.
+func (sc *sched) levels() (*hier, bool) {
 	if !sc.ok() {
-		return
+		return nil, false
 	}
 	h, err := sc.st.hierarchy()
 	if err != nil {
 		sc.do(err)
+		return nil, false
+	}
+	return h, true
+}
+
+// allReduceHier issues the two-level all-reduce on s.
+func allReduceHier(sc *sched, s *device.Stream, send, recv device.Ptr, count int64, dt hcomm.DataType, op hcomm.ReduceOp) {
+	h, ok := sc.levels()
+	if !ok {
 		return
 	}
 	sc.do(Reduce(send, recv, count, dt, op, 0, h.local, s, levelOptions))
@@ -147,12 +158,8 @@ func allReduceHier(sc *sched, s *device.Stream, send, recv device.Ptr, count int
 // than once per rank, in log or ring steps among hosts rather than ranks.
 // In place (send is this rank's block of recv) as the flat forms.
 func allGatherHier(sc *sched, s *device.Stream, send, recv device.Ptr, count int64, dt hcomm.DataType) {
-	if !sc.ok() {
-		return
-	}
-	h, err := sc.st.hierarchy()
-	if err != nil {
-		sc.do(err)
+	h, ok := sc.levels()
+	if !ok {
 		return
 	}
 	es := int64(dt.Size())
@@ -203,12 +210,8 @@ func uniformHosts(groups [][]int) bool {
 // host, and each leader broadcasts it within its host (root's host last
 // when root leads it, so that the network step goes first).
 func broadcastHier(sc *sched, s *device.Stream, buf device.Ptr, count int64, dt hcomm.DataType, root int) {
-	if !sc.ok() {
-		return
-	}
-	h, err := sc.st.hierarchy()
-	if err != nil {
-		sc.do(err)
+	h, ok := sc.levels()
+	if !ok {
 		return
 	}
 	rh, rl := 0, 0 // root's host and its rank there
@@ -263,12 +266,8 @@ func hierRSFits(st *state, count, es int64) bool {
 // their ranks. The network carries n-1 blocks' worth per leader in as
 // many steps as there are hosts, not ranks. hierRSFits must hold.
 func reduceScatterHier(sc *sched, s *device.Stream, send, recv device.Ptr, count int64, dt hcomm.DataType, op hcomm.ReduceOp) {
-	if !sc.ok() {
-		return
-	}
-	h, err := sc.st.hierarchy()
-	if err != nil {
-		sc.do(err)
+	h, ok := sc.levels()
+	if !ok {
 		return
 	}
 	st := sc.st
@@ -324,12 +323,8 @@ func hierA2AFits(st *state, bytes int64) bool {
 // gather, the scatter and two passes over the host's blocks in the
 // leader. hierA2AFits must hold.
 func alltoAllHier(sc *sched, s *device.Stream, send, recv device.Ptr, block int64) {
-	if !sc.ok() {
-		return
-	}
-	h, err := sc.st.hierarchy()
-	if err != nil {
-		sc.do(err)
+	h, ok := sc.levels()
+	if !ok {
 		return
 	}
 	st := sc.st

@@ -48,6 +48,21 @@ var hostShapes = []struct {
 	{"onehost", func(n int) []string { return dealt(n, func(int) int { return 0 }) }, []int{5}},
 }
 
+// eachHostShape runs body in a subtest for every shape and rank count of
+// hostShapes (up to 6 ranks under -race), each on fresh communicators.
+func eachHostShape(t *testing.T, body func(t *testing.T, shape string, n int, comms []*hcomm.Comm)) {
+	for _, sh := range hostShapes {
+		for _, n := range sh.ranks {
+			if raceEnabled && n > 6 {
+				continue
+			}
+			t.Run(fmt.Sprintf("%s/ranks=%d", sh.name, n), func(t *testing.T) {
+				body(t, sh.name, n, hostsOver(t, sh.hosts(n), 1<<20))
+			})
+		}
+	}
+}
+
 func dealt(n int, host func(r int) int) []string {
 	hs := make([]string, n)
 	for r := range hs {
@@ -65,35 +80,27 @@ func dealt(n int, host func(r int) int) []string {
 // forces it.
 func TestHierAllGatherBroadcast(t *testing.T) {
 	defer collectives.SetPieceOverride(1 << 10)()
-	for _, sh := range hostShapes {
-		for _, n := range sh.ranks {
-			if raceEnabled && n > 6 {
-				continue
-			}
-			t.Run(fmt.Sprintf("%s/ranks=%d", sh.name, n), func(t *testing.T) {
-				comms := hostsOver(t, sh.hosts(n), 1<<20)
-				types := []hcomm.DataType{hcomm.Float32}
-				if sh.name == "uneven" && n == 5 {
-					types = dtypes()
-				}
-				for _, dt := range types {
-					for _, count := range []int64{0, 1, 7, 700} {
-						m := matrixCase{dt: dt, op: hcomm.Sum, count: count, root: int(count) % n}
-						testAllGather(t, comms, m, collectives.AlgoHier, count%2 == 1)
-						broadcastRaw(t, comms, m, collectives.AlgoHier)
-					}
-				}
-				for root := 0; root < n; root++ {
-					broadcastRaw(t, comms, matrixCase{dt: hcomm.Int8, count: 33, root: root}, collectives.AlgoHier)
-				}
-				if n > 5 {
-					m := matrixCase{dt: hcomm.Float32, count: 100 << 10, root: n - 1}
-					testAllGather(t, comms, m, collectives.AlgoAuto, false)
-					broadcastRaw(t, comms, m, collectives.AlgoAuto)
-				}
-			})
+	eachHostShape(t, func(t *testing.T, shape string, n int, comms []*hcomm.Comm) {
+		types := []hcomm.DataType{hcomm.Float32}
+		if shape == "uneven" && n == 5 {
+			types = dtypes()
 		}
-	}
+		for _, dt := range types {
+			for _, count := range []int64{0, 1, 7, 700} {
+				m := matrixCase{dt: dt, op: hcomm.Sum, count: count, root: int(count) % n}
+				testAllGather(t, comms, m, collectives.AlgoHier, count%2 == 1)
+				broadcastRaw(t, comms, m, collectives.AlgoHier)
+			}
+		}
+		for root := 0; root < n; root++ {
+			broadcastRaw(t, comms, matrixCase{dt: hcomm.Int8, count: 33, root: root}, collectives.AlgoHier)
+		}
+		if n > 5 {
+			m := matrixCase{dt: hcomm.Float32, count: 100 << 10, root: n - 1}
+			testAllGather(t, comms, m, collectives.AlgoAuto, false)
+			broadcastRaw(t, comms, m, collectives.AlgoAuto)
+		}
+	})
 }
 
 // TestHierEnv: HCCL_ALGO=allgather=level0:NA;level1:hier puts AllGather
@@ -133,28 +140,20 @@ func TestHierEnv(t *testing.T) {
 // and HCCL_ALGO=reducescatter=level1:hier forces it.
 func TestHierReduceScatter(t *testing.T) {
 	defer collectives.SetPieceOverride(1 << 10)()
-	for _, sh := range hostShapes {
-		for _, n := range sh.ranks {
-			if raceEnabled && n > 6 {
-				continue
-			}
-			t.Run(fmt.Sprintf("%s/ranks=%d", sh.name, n), func(t *testing.T) {
-				comms := hostsOver(t, sh.hosts(n), 1<<20)
-				types, ops := []hcomm.DataType{hcomm.Float32}, []hcomm.ReduceOp{hcomm.Sum}
-				if sh.name == "uneven" && n == 5 {
-					types, ops = dtypes(), []hcomm.ReduceOp{hcomm.Sum, hcomm.Prod, hcomm.Max, hcomm.Min}
-				}
-				for _, dt := range types {
-					for _, op := range ops {
-						for _, count := range []int64{0, 1, 7, 700, 40000} { // 40000: more than the working space
-							m := matrixCase{dt: dt, op: op, count: count}
-							testReduceScatter(t, comms, m, collectives.AlgoHier, count%2 == 1)
-						}
-					}
-				}
-			})
+	eachHostShape(t, func(t *testing.T, shape string, n int, comms []*hcomm.Comm) {
+		types, ops := []hcomm.DataType{hcomm.Float32}, []hcomm.ReduceOp{hcomm.Sum}
+		if shape == "uneven" && n == 5 {
+			types, ops = dtypes(), []hcomm.ReduceOp{hcomm.Sum, hcomm.Prod, hcomm.Max, hcomm.Min}
 		}
-	}
+		for _, dt := range types {
+			for _, op := range ops {
+				for _, count := range []int64{0, 1, 7, 700, 40000} { // 40000: more than the working space
+					m := matrixCase{dt: dt, op: op, count: count}
+					testReduceScatter(t, comms, m, collectives.AlgoHier, count%2 == 1)
+				}
+			}
+		}
+	})
 	t.Run("env", func(t *testing.T) {
 		t.Setenv("HCCL_ALGO", "reducescatter=level0:NA;level1:hier")
 		comms := hostsOver(t, dealt(6, func(r int) int { return r / 2 }), 1<<20)
@@ -176,28 +175,20 @@ func TestHierReduceScatter(t *testing.T) {
 // AlltoAll on it (AlltoAllV, which has no two-level form, stays pairwise).
 func TestHierAlltoAll(t *testing.T) {
 	defer collectives.SetPieceOverride(1 << 10)()
-	for _, sh := range hostShapes {
-		for _, n := range sh.ranks {
-			if raceEnabled && n > 6 {
-				continue
-			}
-			t.Run(fmt.Sprintf("%s/ranks=%d", sh.name, n), func(t *testing.T) {
-				comms := hostsOver(t, sh.hosts(n), 1<<20)
-				types := []hcomm.DataType{hcomm.Float32}
-				if sh.name == "blocks" && n == 6 {
-					types = dtypes()
-				}
-				for _, dt := range types {
-					for _, count := range []int64{0, 1, 7, 700, 40000} {
-						if count == 40000 && dt.Size() > 4 {
-							continue // the send buffers alone: 16 ranks × 40000 × 8 bytes
-						}
-						testAlltoAll(t, comms, matrixCase{dt: dt, count: count}, collectives.AlgoHier)
-					}
-				}
-			})
+	eachHostShape(t, func(t *testing.T, shape string, n int, comms []*hcomm.Comm) {
+		types := []hcomm.DataType{hcomm.Float32}
+		if shape == "blocks" && n == 6 {
+			types = dtypes()
 		}
-	}
+		for _, dt := range types {
+			for _, count := range []int64{0, 1, 7, 700, 40000} {
+				if count == 40000 && dt.Size() > 4 {
+					continue // the send buffers alone: 16 ranks × 40000 × 8 bytes
+				}
+				testAlltoAll(t, comms, matrixCase{dt: dt, count: count}, collectives.AlgoHier)
+			}
+		}
+	})
 	t.Run("env", func(t *testing.T) {
 		t.Setenv("HCCL_ALGO", "alltoall=level0:NA;level1:hier")
 		comms := hostsOver(t, dealt(8, func(r int) int { return r / 4 }), 1<<20)
