@@ -155,6 +155,9 @@ func AllReduce(send, recv device.Ptr, count int64, dt hcomm.DataType, op hcomm.R
 			}
 			reduceTree(sc, send, recv, count, dt, op, 0)
 			broadcastTree(sc, recv, n, 0, nil)
+		case AlgoDBTree:
+			sc.open(h, algo)
+			allReduceDBTree(sc, send, recv, count, dt, op)
 		case AlgoHier:
 			sc.open(h, algo)
 			allReduceHier(sc, s, send, recv, count, dt, op)
@@ -208,6 +211,7 @@ func issueWindowed(c *hcomm.Comm, name string, k kind, s *device.Stream, o *Opti
 		if st.multiHost && !inWin {
 			algo = chooseLevels(k, n, algo, st.lay, st.costs, st.mapped, st.shape())
 		}
+		algo = crowdedChoice(k, c.Size(), st.crowdedComm, algo)
 		algo = preferLent(k, n, c.Size(), st, algo)
 	}
 	t, err := st.begin(s)

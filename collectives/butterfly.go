@@ -844,6 +844,8 @@ func (s *sched) schedulePeers(h header, a Algorithm) []int {
 			ps = append(ps, (k+root)%n)
 		}
 		return ps
+	case AlgoDBTree:
+		return dbtPeers(me, s.st.dbTrees())
 	case AlgoBruck:
 		var ps []int
 		for d := 1; d < n; d *= 2 {

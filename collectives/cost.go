@@ -142,6 +142,18 @@ func costOf(a Algorithm, sh shape, lc LinkCost) float64 {
 			d := float64(depth(n))
 			stage := d * (2*lc.Overhead + P*(lc.Beta+lc.Gamma))
 			return hs + 2*d*(lc.Alpha+2*lc.Overhead+P*lc.Beta) + d*P*lc.Gamma + 2*(pieces-1)*stage
+		case AlgoDBTree:
+			// Half the message up and down each of two binary trees, in
+			// pieces: a piece 2·depth hops deep; in the steady state each
+			// rank sends and receives a half-piece per tree each way (its
+			// children's two in the tree where it has them, its own up in
+			// the other), and reduces two.
+			d := float64(depth(n))
+			half := S / 2
+			pieces := math.Max(1, math.Ceil(half/float64(sh.piece)))
+			P := math.Min(half, float64(sh.piece))
+			stage := 8*lc.Overhead + 4*P*lc.Beta + 2*P*lc.Gamma
+			return hs + 2*d*(lc.Alpha+2*lc.Overhead+P*lc.Beta) + d*P*lc.Gamma + (pieces-1)*stage
 		case AlgoRing:
 			// A reduce-scatter around the ring, then every rank reads the
 			// others' results: per block of n pieces, n-1 pipe steps and

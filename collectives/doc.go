@@ -134,7 +134,15 @@
 //     model finds them cheaper than the flat choice (mid sizes).
 //   - tree: a binomial tree, pipelined in pieces, log2(n) hops (broadcast,
 //     reduce, and all-reduce as a reduce then a broadcast); picked for
-//     small and mid-size messages over a network.
+//     small and mid-size messages over a network, and for the all-reduce
+//     above the inline size among more than 8 ranks of a crowded host
+//     (crowdedChoice: there a collective costs the processor time of all
+//     its messages, of which the tree sends fewest).
+//   - dbtree: the double binary tree (NCCL's), all-reduce: half the
+//     message up and down each of two binary trees whose inner ranks are
+//     the other's leaves, in pieces — about the ring's bytes a rank at a
+//     tree's depth; the cost model's choice for mid and large messages
+//     among hundreds to thousands of ranks.
 //   - bruck: ⌈log2 n⌉ rounds at distances 1, 2, 4, … through the pipes.
 //     The all-gather: all-gathers above the inline size over a network.
 //     The all-to-all: each round sends the blocks whose index has that

@@ -24,6 +24,7 @@ const (
 	AlgoOrdered                   // every rank reduces its piece from all ranks' inputs in rank order: the same bits whatever the transport (HCCL_DETERMINISTIC=strict)
 	AlgoRD                        // recursive doubling: log2(n) exchanges of the whole (small) message, inline with the butterfly handshake
 	AlgoBruck                     // Bruck: ⌈log2 n⌉ rounds at distances 1, 2, 4, … through the pipes (all-gather; all-to-all of small blocks)
+	AlgoDBTree                    // double binary tree: half the message up and down each of two binary trees, pipelined in pieces (all-reduce; NCCL's tree)
 )
 
 func (a Algorithm) String() string {
@@ -50,6 +51,8 @@ func (a Algorithm) String() string {
 		return "rd"
 	case AlgoBruck:
 		return "bruck"
+	case AlgoDBTree:
+		return "dbtree"
 	}
 	return fmt.Sprintf("Algorithm(%d)", int(a))
 }
@@ -57,7 +60,7 @@ func (a Algorithm) String() string {
 // algorithms lists, per collective, the schedules it has, in the order the
 // selector considers them.
 var algorithms = [kSendRecv + 1][]Algorithm{
-	kAllReduce:      {AlgoOneShot, AlgoRD, AlgoHD, AlgoTree, AlgoHier, AlgoRing, AlgoOrdered},
+	kAllReduce:      {AlgoOneShot, AlgoRD, AlgoHD, AlgoTree, AlgoDBTree, AlgoHier, AlgoRing, AlgoOrdered},
 	kBroadcast:      {AlgoOneShot, AlgoRD, AlgoDirect, AlgoTree, AlgoHier, AlgoRing},
 	kAllGather:      {AlgoOneShot, AlgoRD, AlgoDirect, AlgoHier, AlgoRing, AlgoBruck},
 	kAllGatherV:     {AlgoDirect},
@@ -66,7 +69,7 @@ var algorithms = [kSendRecv + 1][]Algorithm{
 	kReduce:         {AlgoOneShot, AlgoRD, AlgoTree, AlgoRing, AlgoOrdered},
 	kScatter:        {AlgoPairwise},
 	kGather:         {AlgoPairwise},
-	kAlltoAll:       {AlgoOneShot, AlgoBruck, AlgoPairwise, AlgoHier},
+	kAlltoAll:       {AlgoOneShot, AlgoBruck, AlgoHier, AlgoPairwise},
 	kAlltoAllV:      {AlgoPairwise},
 	kBarrier:        {AlgoOneShot},
 }
@@ -213,6 +216,32 @@ func choose(k kind, bytes int64, n int, l layout, cm CostModel, mapped, multiHos
 	return best
 }
 
+// crowdedChoice returns the binomial tree for an all-reduce of more than
+// helloFullMax ranks that the cost model gave to halving-doubling, the ring
+// or the double binary tree, where some host's ranks outnumber its cores
+// (crowded, hcomm.Comm.Crowded: every rank decides alike), else algo. The
+// model prices a schedule by its critical path, as if every rank had a
+// core; on a crowded host the ranks take turns on the cores, and a
+// collective costs the processor time of all its messages, of which the
+// tree sends fewest — each piece once up and once down each link — where
+// halving-doubling sends n·log2(n) a round and the ring n a step. Over tcp,
+// all-reduce, µs (stop 27, two launches each): 16 processes on 2 cores
+// 256 KiB tree 2030–2035 against hd 2757–3011, 1 MiB 5774–6049 against
+// 6222–6445, 4 MiB 21931–23768 against ring 25089–27390, 16 MiB 91860
+// against the model's choice 111664 (Open MPI 167330); 32 processes 256
+// KiB 4001–4017 against hd 5813–5843, 1 MiB 12459–14039 against
+// 15470–16659; 64 processes 1 MiB 33379–33893 against hd 39378–41186, 4
+// MiB 113903 against the model's choice 136865 (Open MPI 183346), 16 MiB
+// 447790–474613 against ring 1230774–1375172 (Open MPI 682741). The double
+// binary tree fell between (16 processes 1 MiB 6207–6269, 64 processes 16
+// MiB 550296–584057).
+func crowdedChoice(k kind, n int, crowded bool, algo Algorithm) Algorithm {
+	if crowded && k == kAllReduce && n > helloFullMax && (algo == AlgoHD || algo == AlgoRing || algo == AlgoDBTree) {
+		return AlgoTree
+	}
+	return algo
+}
+
 // chooseLevels returns AlgoHier where the two-level form of collective k
 // (all-gather, broadcast, reduce-scatter, all-to-all) is modelled to beat flat, the flat selector's
 // choice, among the host groups of h (st.shape), else flat: the flat
@@ -317,6 +346,7 @@ var hcclAlgoNames = map[string]Algorithm{
 	"ordered":  AlgoOrdered,
 	"rd":       AlgoRD,
 	"bruck":    AlgoBruck,
+	"dbtree":   AlgoDBTree,
 	"na":       AlgoAuto,
 }
 

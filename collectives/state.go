@@ -163,20 +163,22 @@ type state struct {
 	pollSet    bool          // HCOMM_HELLO_POLL is set: callers poll for tcp peers too (overNetwork)
 	crowded    bool          // the ranks of this host (its processes, or this process's ranks) outnumber its cores
 
-	lane      *laneCall                 // the lane's call, reused while calls complete inline (lane.go)
-	laneIn    laneView                  // the lane's send buffer, checked once for a run of calls
-	laneOut   laneView                  // its recv buffer
-	lanePosts [][2]*hcomm.PreparedWrite // this rank's hello into each peer's slot of each parity
-	linePuts  [][2]*hcomm.PreparedLine  // this rank's hello line into each peer's flagged slot of each parity (ll.go)
-	laneRuns  [3]int                    // the lane's calls by how they ran (laneInline, …)
-	tree      bool                      // the butterfly's rounds are a binomial tree's (treeSteps): sparse, and some host crowded (butterfly.go)
-	bfSteps   []bfStep                  // this rank's butterfly rounds (butterflyWith), made on first use; read-only
-	bfPeers   []int                     // their partners, in order; read-only
-	group     *group                    // c's group state (group.go), looked up once by the lane
-	noLane    bool                      // HCOMM_LANE=0: every call through its schedule, to measure the lane
-	remote    bool                      // a peer of the lane is in another process (lane.go)
-	netPoll   time.Duration             // how long the lane polls peers over the network (Config.TCPSpin; 0: off)
-	laneFit   laneFit                   // the last call the lane was found to fit (laneReady)
+	lane        *laneCall                 // the lane's call, reused while calls complete inline (lane.go)
+	laneIn      laneView                  // the lane's send buffer, checked once for a run of calls
+	laneOut     laneView                  // its recv buffer
+	lanePosts   [][2]*hcomm.PreparedWrite // this rank's hello into each peer's slot of each parity
+	linePuts    [][2]*hcomm.PreparedLine  // this rank's hello line into each peer's flagged slot of each parity (ll.go)
+	laneRuns    [3]int                    // the lane's calls by how they ran (laneInline, …)
+	tree        bool                      // the butterfly's rounds are a binomial tree's (treeSteps): sparse, and some host crowded (butterfly.go)
+	crowdedComm bool                      // some host of the communicator has more ranks' processes than cores (hcomm.Comm.Crowded): every rank alike
+	bfSteps     []bfStep                  // this rank's butterfly rounds (butterflyWith), made on first use; read-only
+	bfPeers     []int                     // their partners, in order; read-only
+	dbt         *[2]btree                 // the double binary tree (dbtree.go), made on first use; read-only
+	group       *group                    // c's group state (group.go), looked up once by the lane
+	noLane      bool                      // HCOMM_LANE=0: every call through its schedule, to measure the lane
+	remote      bool                      // a peer of the lane is in another process (lane.go)
+	netPoll     time.Duration             // how long the lane polls peers over the network (Config.TCPSpin; 0: off)
+	laneFit     laneFit                   // the last call the lane was found to fit (laneReady)
 
 	own      *device.Stream // the stream of the host-slice layer
 	staging  device.Ptr     // the host-slice layer's device copy of the data
@@ -314,7 +316,8 @@ func (st *state) init1() {
 		st.netPoll = max(c.Config().TCPSpin, 0) // negative: polling off
 	}
 	if st.err == nil {
-		st.tree, st.err = envTree(c.Size() > helloFullMax && c.Crowded()) // butterfly.go
+		st.crowdedComm = c.Crowded()
+		st.tree, st.err = envTree(c.Size() > helloFullMax && st.crowdedComm) // butterfly.go
 	}
 	if st.err == nil {
 		st.costs, st.err = envCostModel()
