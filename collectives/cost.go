@@ -143,17 +143,13 @@ func costOf(a Algorithm, sh shape, lc LinkCost) float64 {
 			stage := d * (2*lc.Overhead + P*(lc.Beta+lc.Gamma))
 			return hs + 2*d*(lc.Alpha+2*lc.Overhead+P*lc.Beta) + d*P*lc.Gamma + 2*(pieces-1)*stage
 		case AlgoDBTree:
-			// Half the message up and down each of two binary trees, in
-			// pieces: a piece 2·depth hops deep; in the steady state each
-			// rank sends and receives a half-piece per tree each way (its
-			// children's two in the tree where it has them, its own up in
-			// the other), and reduces two.
-			d := float64(depth(n))
-			half := S / 2
-			pieces := math.Max(1, math.Ceil(half/float64(sh.piece)))
-			P := math.Min(half, float64(sh.piece))
-			stage := 8*lc.Overhead + 4*P*lc.Beta + 2*P*lc.Gamma
-			return hs + 2*d*(lc.Alpha+2*lc.Overhead+P*lc.Beta) + d*P*lc.Gamma + (pieces-1)*stage
+			// Not offered: the two trees' pieces are issued in turn on one
+			// stream, so a rank's wait in one tree holds up its part in the
+			// other, and the pieces do not flow as two independent
+			// pipelines would (the simulator, 64 ranks, 1 MiB: 164 ms
+			// against halving-doubling's 27). HCCL_ALGO or
+			// Options.Algorithm still runs it.
+			return inf
 		case AlgoRing:
 			// A reduce-scatter around the ring, then every rank reads the
 			// others' results: per block of n pieces, n-1 pipe steps and
@@ -324,6 +320,9 @@ func (m CostModel) Predict(collective string, a Algorithm, ranks int, bytes, buf
 	}
 	if !has(k, a) {
 		return 0, fmt.Errorf("collectives: Predict: %v has no %v algorithm (it has %v)", k, a, algorithms[k])
+	}
+	if a == AlgoDBTree {
+		return 0, fmt.Errorf("collectives: Predict: the model does not price %v (its two trees share one stream; the selector never picks it)", a)
 	}
 	c := costOf(a, shape{k: k, n: ranks, bytes: bytes, inline: l.inline(), piece: l.piece, mapped: mapped}, m.class(mapped))
 	if math.IsInf(c, 1) {

@@ -99,8 +99,7 @@ func TestPredictClosedForms(t *testing.T) {
 // network, from 2 ranks to 4096: the one-shot for small messages among few
 // ranks; recursive doubling for small ones among many (log2 n hand-offs
 // where the one-shot's handshake costs 2(n-1) messages per rank);
-// halving-doubling for mid sizes; the ring where bandwidth dominates, but
-// among thousands the double binary tree (the ring's bytes, a tree's depth); the
+// halving-doubling for mid sizes; the ring where bandwidth dominates; the
 // tree for broadcasts between rd's and the ring's sizes; Bruck for
 // all-to-alls of small blocks (log2 n rounds where pairwise takes n-1, and
 // no hello to every peer), pairwise for large ones (each byte moved once
@@ -127,7 +126,7 @@ func TestChooseByCost(t *testing.T) {
 		{kAllReduce, 1024, 16, AlgoRD},
 		{kAllReduce, 1024, 1 << 20, AlgoHD},
 		{kAllReduce, 4096, 16, AlgoRD},
-		{kAllReduce, 4096, 16 << 20, AlgoDBTree}, // log2 n deep, each byte in and out about once a phase
+		{kAllReduce, 4096, 16 << 20, AlgoHD},
 		{kBroadcast, 16, 16, AlgoRD},
 		{kAllGather, 16, 16, AlgoRD},
 		{kAllGather, 16, 64 << 10, AlgoBruck},

@@ -1,6 +1,9 @@
 package collectives
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
 // TestDBTrees: at every rank count from 1 to 130, each of the two trees
 // spans the ranks — one root, every other rank one parent, which lists it
@@ -108,5 +111,25 @@ func TestCrowdedChoice(t *testing.T) {
 		if got := crowdedChoice(c.k, c.n, c.crowded, c.algo); got != c.want {
 			t.Errorf("%v among %d, crowded %v, model's %v: %v, want %v", c.k, c.n, c.crowded, c.algo, got, c.want)
 		}
+	}
+}
+
+// TestDBTreeNotPriced: the selector never picks the double binary tree
+// (its trees share a stream: cost.go), and Predict says so by name.
+func TestDBTreeNotPriced(t *testing.T) {
+	cm := DefaultCostModel()
+	for _, n := range []int{16, 256, 4096} {
+		l, err := newLayout(n, 200<<20)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, b := range []int64{1 << 20, 16 << 20, 256 << 20} {
+			if a := choose(kAllReduce, b, n, l, cm, false, false, false); a == AlgoDBTree {
+				t.Errorf("%d ranks, %d bytes: the selector picked dbtree", n, b)
+			}
+		}
+	}
+	if _, err := cm.Predict("AllReduce", AlgoDBTree, 64, 1<<20, 200<<20, false); err == nil || !strings.Contains(err.Error(), "dbtree") {
+		t.Errorf("Predict(dbtree): %v, want an error naming it", err)
 	}
 }

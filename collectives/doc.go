@@ -140,9 +140,11 @@
 //     its messages, of which the tree sends fewest).
 //   - dbtree: the double binary tree (NCCL's), all-reduce: half the
 //     message up and down each of two binary trees whose inner ranks are
-//     the other's leaves, in pieces — about the ring's bytes a rank at a
-//     tree's depth; the cost model's choice for mid and large messages
-//     among hundreds to thousands of ranks.
+//     the other's leaves, in pieces. By name only: the two trees' pieces
+//     are issued in turn on the call's one stream, so a rank's wait in one
+//     tree holds up its part in the other, and they do not flow as two
+//     independent pipelines (NCCL runs them on separate channels); the
+//     selector never picks it.
 //   - bruck: ⌈log2 n⌉ rounds at distances 1, 2, 4, … through the pipes.
 //     The all-gather: all-gathers above the inline size over a network.
 //     The all-to-all: each round sends the blocks whose index has that

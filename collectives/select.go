@@ -24,7 +24,7 @@ const (
 	AlgoOrdered                   // every rank reduces its piece from all ranks' inputs in rank order: the same bits whatever the transport (HCCL_DETERMINISTIC=strict)
 	AlgoRD                        // recursive doubling: log2(n) exchanges of the whole (small) message, inline with the butterfly handshake
 	AlgoBruck                     // Bruck: ⌈log2 n⌉ rounds at distances 1, 2, 4, … through the pipes (all-gather; all-to-all of small blocks)
-	AlgoDBTree                    // double binary tree: half the message up and down each of two binary trees, pipelined in pieces (all-reduce; NCCL's tree)
+	AlgoDBTree                    // double binary tree: half the message up and down each of two binary trees, in pieces (all-reduce, by name only: its trees share one stream)
 )
 
 func (a Algorithm) String() string {

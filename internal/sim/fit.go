@@ -359,9 +359,9 @@ func solve(a [][]float64, b []float64) ([]float64, bool) {
 // AlgoNames maps the algorithm names `hcomm sim -a` takes to algorithms.
 func AlgoNames() map[string]collectives.Algorithm {
 	m := map[string]collectives.Algorithm{}
-	for _, a := range []collectives.Algorithm{collectives.AlgoAuto, collectives.AlgoOneShot, collectives.AlgoRing, collectives.AlgoDirect,
-		collectives.AlgoPairwise, collectives.AlgoHD, collectives.AlgoHier, collectives.AlgoTree, collectives.AlgoOrdered,
-		collectives.AlgoRD, collectives.AlgoBruck} {
+	// Every named value from AlgoAuto on: one added to the package is
+	// here without a list to keep.
+	for a := collectives.AlgoAuto; !strings.HasPrefix(a.String(), "Algorithm("); a++ {
 		m[a.String()] = a
 	}
 	return m

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	simch "github.com/hcomm-dev/hcomm/channel/sim"
+	"github.com/hcomm-dev/hcomm/collectives"
 )
 
 // TestFitRecoversProfile: times simulated at 2–4 ranks with a known
@@ -72,6 +73,20 @@ func TestReadBench(t *testing.T) {
 		os.WriteFile(p, []byte(c.text), 0o644)
 		if _, err := ReadBench(p); err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), p) {
 			t.Errorf("%s: error %v, want one naming %s and containing %q", name, err, p, c.want)
+		}
+	}
+}
+
+// TestAlgoNamesHasEveryAlgorithm: hcomm sim -a knows every algorithm of
+// every collective it simulates, by the name the package gives it (the
+// double binary tree was missing from a list kept by hand).
+func TestAlgoNamesHasEveryAlgorithm(t *testing.T) {
+	names := AlgoNames()
+	for _, c := range Collectives() {
+		for _, a := range collectives.Algorithms(c) {
+			if got, ok := names[a.String()]; !ok || got != a {
+				t.Errorf("%s's %v: AlgoNames has %v, %v", c, a, got, ok)
+			}
 		}
 	}
 }
