@@ -136,60 +136,55 @@ func allReduceDBTree(sc *sched, send, recv device.Ptr, count int64, dt hcomm.Dat
 	per := sc.piece() / es
 	scratch := sc.mySlot(st.lay.scratchOff())
 	steps := max(pieces(cnt[0], per), pieces(cnt[1], per))
-	// Up: piece i of each tree in turn.
-	for i := int64(0); i < steps && sc.ok(); i++ {
-		for j, t := range trees {
-			at := i * per
-			if at >= cnt[j] {
-				continue
-			}
-			m := min(per, cnt[j]-at)
-			off := (lo[j] + at) * es
-			in := send.Add(off)
-			acc := scratch
-			switch {
-			case t.parent[me] < 0:
-				acc = recv.Add(off)
-			case len(t.kids[me]) == 0:
-				acc = in // a leaf sends its input as it is
-			}
-			for k, c := range t.kids[me] {
-				slot, done := sc.pipeRecv(c)
-				if k == 0 {
-					sc.reduceTo(acc, in, slot, m, dt, op)
-				} else {
-					sc.reduce(acc, slot, m, dt, op)
+	// eachPiece calls fn for piece i of each tree in turn, for every i:
+	// the tree, the piece's elements and its byte offset in the message.
+	eachPiece := func(fn func(t btree, m, off int64)) {
+		for i := int64(0); i < steps && sc.ok(); i++ {
+			for j, t := range trees {
+				if at := i * per; at < cnt[j] {
+					fn(t, min(per, cnt[j]-at), (lo[j]+at)*es)
 				}
-				done()
-			}
-			if p := t.parent[me]; p >= 0 {
-				sc.pipeSend(p, acc, m*es)
-			} else if len(t.kids[me]) == 0 {
-				sc.copy(recv.Add(off), in, m*es)
 			}
 		}
 	}
-	// Down: the same pieces from each tree's root.
-	for i := int64(0); i < steps && sc.ok(); i++ {
-		for j, t := range trees {
-			at := i * per
-			if at >= cnt[j] {
-				continue
+	// Up.
+	eachPiece(func(t btree, m, off int64) {
+		in := send.Add(off)
+		acc := scratch
+		switch {
+		case t.parent[me] < 0:
+			acc = recv.Add(off)
+		case len(t.kids[me]) == 0:
+			acc = in // a leaf sends its input as it is
+		}
+		for k, c := range t.kids[me] {
+			slot, done := sc.pipeRecv(c)
+			if k == 0 {
+				sc.reduceTo(acc, in, slot, m, dt, op)
+			} else {
+				sc.reduce(acc, slot, m, dt, op)
 			}
-			m := min(per, cnt[j]-at)
-			off := (lo[j] + at) * es
-			if t.parent[me] < 0 {
-				for _, c := range t.kids[me] {
-					sc.pipeSend(c, recv.Add(off), m*es)
-				}
-				continue
-			}
-			slot, done := sc.pipeRecv(t.parent[me])
-			for _, c := range t.kids[me] {
-				sc.pipeSend(c, slot, m*es)
-			}
-			sc.copy(recv.Add(off), slot, m*es)
 			done()
 		}
-	}
+		if p := t.parent[me]; p >= 0 {
+			sc.pipeSend(p, acc, m*es)
+		} else if len(t.kids[me]) == 0 {
+			sc.copy(recv.Add(off), in, m*es)
+		}
+	})
+	// Down: the same pieces from each tree's root.
+	eachPiece(func(t btree, m, off int64) {
+		if t.parent[me] < 0 {
+			for _, c := range t.kids[me] {
+				sc.pipeSend(c, recv.Add(off), m*es)
+			}
+			return
+		}
+		slot, done := sc.pipeRecv(t.parent[me])
+		for _, c := range t.kids[me] {
+			sc.pipeSend(c, slot, m*es)
+		}
+		sc.copy(recv.Add(off), slot, m*es)
+		done()
+	})
 }
