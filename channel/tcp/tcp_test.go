@@ -1016,3 +1016,64 @@ func TestRing(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// TestStuckSendIsDetected: a write that stays under way (its socket held,
+// its count odd) for longer than the peer timeout fails the channel with
+// an error saying the send is stuck — the monitor reads the writes' count,
+// not a clock the write keeps. (A held socket sends no heartbeat either, so
+// the peer's side is not what is checked here.)
+func TestStuckSendIsDetected(t *testing.T) {
+	const timeout = 400 * time.Millisecond
+	d0 := newDialer(t, Options{PeerTimeout: timeout, Streams: 1})
+	d1 := newDialer(t, Options{PeerTimeout: 20 * timeout, Streams: 1})
+	r0, r1 := newRankMem(t, 0, 4096), newRankMem(t, 1, 4096)
+	e0, e1 := exchangePair()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var c1 *channel.Conn
+	var err1 error
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		c1, err1 = d1.Connect(ctx, r1.local(0, 1), e1)
+	}()
+	c0, err0 := d0.Connect(ctx, r0.local(1, 1), e0)
+	<-done
+	if err0 != nil || err1 != nil {
+		t.Fatal(err0, err1)
+	}
+	defer c0.Transport.Close()
+	defer c1.Transport.Close()
+	// Rank 1 keeps writing, so that rank 0 hears from it throughout.
+	stopW := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stopW:
+				return
+			case <-tick.C:
+				c1.Transport.Write(nil, r0.buf.Addr, make([]byte, 8))
+			}
+		}
+	}()
+	s := c0.Transport.(*conn).socks[0]
+	s.wmu.Lock()
+	s.wseq.Add(1) // a write begun that does not end
+	start := time.Now()
+	err := c0.Notifies[0].WaitNow(ctx)
+	s.wseq.Add(1)
+	s.wmu.Unlock()
+	close(stopW)
+	wg.Wait()
+	if !errors.Is(err, channel.ErrPeerLost) || !strings.Contains(err.Error(), "stuck") {
+		t.Fatalf("wait: %v, want a stuck send", err)
+	}
+	if d := time.Since(start); d < timeout || d > 3*timeout {
+		t.Fatalf("the stuck send was noticed after %v, want between %v and %v", d, timeout, 3*timeout)
+	}
+}
