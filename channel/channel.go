@@ -267,3 +267,12 @@ type Clocked interface {
 type LocalCoster interface {
 	LocalWork(bytes int64)
 }
+
+// HostProcessors is implemented by a Dialer that knows how many processors
+// the host of the rank it serves has (channel/sim's, from its profile):
+// hcomm.InitAllOver publishes the count as the rank's, as InitAll publishes
+// its process's, so that a simulated cluster is crowded (hcomm.Comm.Crowded)
+// exactly when a real one of its shape would be. 0 means not known.
+type HostProcessors interface {
+	HostProcessors() int
+}

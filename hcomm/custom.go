@@ -53,16 +53,23 @@ func InitAllOver(dialers []channel.Dialer, hosts []string, cfg *Config) ([]*Comm
 		return nil, noRankErr("InitAllOver", c.Name, ErrSyscall, err, "")
 	}
 	boot := &bootState{store: store, fabric: inproc.NewFabric(), secret: secret, release: store.Close}
-	// No CPUs: the ranks' links are the dialers' (a simulated cluster's, for
-	// one), whose cost this process's cores do not tell, so the
-	// communicator is not Crowded.
-	me := peerInfo{NRanks: n, Host: hostID(), Proc: procToken, PID: os.Getpid()}
+	// The ranks' links are the dialers' (a simulated cluster's, for one),
+	// whose cost this process's cores do not tell: a rank's processors are
+	// its dialer's word (channel.HostProcessors), counted per host it
+	// names, and without it the communicator is not Crowded.
+	host := hostID()
+	me := peerInfo{NRanks: n, Proc: procToken, PID: os.Getpid()}
 	me.Hostname, _ = os.Hostname()
 	for r := 0; r < n; r++ {
-		me.Rank = r
+		me.Rank, me.Host = r, host
 		me.ShmHost = "over:one host"
 		if hosts != nil {
 			me.ShmHost = "over:" + hosts[r]
+		}
+		me.CPUs = 0
+		if hp, ok := dialers[r].(channel.HostProcessors); ok {
+			me.CPUs = hp.HostProcessors()
+			me.Host = me.ShmHost
 		}
 		boot.peers = append(boot.peers, me)
 	}

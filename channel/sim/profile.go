@@ -8,10 +8,12 @@ import (
 )
 
 // Level is the cost of a message on one level of the network: Alpha, the
-// latency of a message of any size, in microseconds; Overhead, the time the
-// sender is busy with a message of any size before its bytes go (LogP's o:
-// system calls, wake-ups), in microseconds; and Beta, the time a byte holds
-// the sender and its link, in nanoseconds (1/Beta is the bandwidth in GB/s).
+// latency of a message of any size, in microseconds; Overhead, the
+// processor time a message of any size costs at each end — the sender's
+// before its bytes go, the receiver's once it has them (LogP's o: system
+// calls, copies of headers) — in microseconds; and Beta, the time a byte
+// holds the sender and its link, in nanoseconds (1/Beta is the bandwidth in
+// GB/s).
 type Level struct {
 	AlphaUs       float64 `json:"alpha_us"`
 	OverheadUs    float64 `json:"overhead_us,omitempty"`
@@ -22,19 +24,30 @@ type Level struct {
 // ranks of one host (Intra) and of two hosts (Inter), the cost of a byte
 // copied or reduced locally (GammaNsPerByte, nanoseconds), and the shape of
 // the cluster — Hosts hosts of RanksPerHost ranks each, ranks numbered host
-// by host. Cores is the number of cores of each host that the ranks share:
-// when a host runs more ranks than it has cores, every cost of its ranks is
-// multiplied by (RanksPerHost/Cores)^OversubExponent (the ranks take turns
-// on the cores; an exponent above 1 says that taking turns costs more than
-// the turns themselves — switches, caches — as a fit to measured runs may
-// find; 0 means 1); Cores 0 means a core per rank.
+// by host.
+//
+// Cores is the number of processors of each host; 0 means one per rank.
+// A host's ranks share its processors: every charge of processor time (a
+// message's overhead and bytes at either end, a local copy, a wake-up) runs
+// on the processor of its host that is free earliest, so ranks that
+// outnumber the cores take turns, and a schedule's cost on a crowded host
+// is its processor time as much as its rounds. A rank of a crowded host
+// (more ranks than cores) whose wait blocks — the record was not there yet
+// — sleeps, and runs on WakeUs microseconds after the record arrives: the
+// latency of being woken, not processor time (a rank with a core of its
+// own polls instead, and pays nothing). Where a processor that has nothing
+// to run halts, as a virtual machine's does, that latency is the halted
+// processor's wake-up: 25–40 µs per hop of a token passed around 4 to 64
+// Go processes on the 2 cores of the machine hcomm was measured on, 6 µs
+// between 2 (whose processors never halt).
 //
 // The JSON form is the one `hcomm sim fit` writes and `hcomm sim -profile`
 // reads:
 //
 //	{"intra": {"alpha_us": 30, "overhead_us": 5, "beta_ns_per_byte": 0.4},
 //	 "inter": {"alpha_us": 30, "overhead_us": 5, "beta_ns_per_byte": 0.4},
-//	 "gamma_ns_per_byte": 0.1, "hosts": 1, "ranks_per_host": 16, "cores": 2}
+//	 "gamma_ns_per_byte": 0.1, "hosts": 1, "ranks_per_host": 16, "cores": 2,
+//	 "wake_us": 20}
 type Profile struct {
 	Intra          Level   `json:"intra"`
 	Inter          Level   `json:"inter"`
@@ -42,7 +55,8 @@ type Profile struct {
 	Hosts          int     `json:"hosts"`
 	RanksPerHost   int     `json:"ranks_per_host"`
 	Cores          int     `json:"cores,omitempty"`
-	OversubExp     float64 `json:"oversub_exponent,omitempty"`
+	WakeUs         float64 `json:"wake_us,omitempty"`
+	SwitchUs       float64 `json:"switch_us,omitempty"`
 }
 
 // MaxRanks bounds Hosts × RanksPerHost: each rank of a simulation is a
@@ -62,7 +76,7 @@ func (p Profile) Validate() error {
 	}{
 		{"intra.alpha_us", p.Intra.AlphaUs}, {"intra.overhead_us", p.Intra.OverheadUs}, {"intra.beta_ns_per_byte", p.Intra.BetaNsPerByte},
 		{"inter.alpha_us", p.Inter.AlphaUs}, {"inter.overhead_us", p.Inter.OverheadUs}, {"inter.beta_ns_per_byte", p.Inter.BetaNsPerByte},
-		{"gamma_ns_per_byte", p.GammaNsPerByte},
+		{"gamma_ns_per_byte", p.GammaNsPerByte}, {"wake_us", p.WakeUs}, {"switch_us", p.SwitchUs},
 	} {
 		if math.IsNaN(f.v) || math.IsInf(f.v, 0) || f.v < 0 {
 			return fmt.Errorf("sim: profile %s is %v: want a finite cost >= 0", f.name, f.v)
@@ -77,32 +91,14 @@ func (p Profile) Validate() error {
 	if p.Hosts > MaxRanks/p.RanksPerHost {
 		return fmt.Errorf("sim: profile hosts %d × ranks_per_host %d is more than %d ranks", p.Hosts, p.RanksPerHost, MaxRanks)
 	}
-	if math.IsNaN(p.OversubExp) || math.IsInf(p.OversubExp, 0) || p.OversubExp < 0 || p.OversubExp > 4 {
-		return fmt.Errorf("sim: profile oversub_exponent is %v: want 0 (1) up to 4", p.OversubExp)
-	}
 	if p.Cores < 0 {
 		return fmt.Errorf("sim: profile cores is %d: want 0 (a core per rank) or more", p.Cores)
 	}
 	return nil
 }
 
-// Slowdown is the factor every cost of a rank is multiplied by: its host's
-// ranks over its cores, to the power OversubExponent, at least 1.
-func (p Profile) Slowdown() float64 {
-	return Slowdown(p.RanksPerHost, p.Cores, p.OversubExp)
-}
-
-// Slowdown is Profile.Slowdown of a host of ranks ranks and cores cores
-// with exponent exp (0: 1).
-func Slowdown(ranks, cores int, exp float64) float64 {
-	if cores <= 0 || ranks <= cores {
-		return 1
-	}
-	if exp == 0 {
-		exp = 1
-	}
-	return math.Pow(float64(ranks)/float64(cores), exp)
-}
+// Crowded reports whether a host of p has more ranks than cores.
+func (p Profile) Crowded() bool { return p.Cores > 0 && p.RanksPerHost > p.Cores }
 
 // ParseProfile reads a profile in its JSON form and validates it. A field
 // it does not know is an error (a misspelt cost would otherwise read as 0).

@@ -7,26 +7,34 @@
 // checked as on any transport.
 //
 // The model, per rank r with clock now(r), a message of S bytes from r to q
-// on level L (intra-host or inter-host), s the slowdown of r's host (see
-// Profile.Slowdown):
+// on level L (intra-host or inter-host). Processor time is charged on the
+// rank's host: with Profile.Cores set, on whichever of the host's
+// processors is free earliest from the moment the work can start (ranks
+// that outnumber the cores take turns); without, on a processor of the
+// rank's own, at once.
 //
 //   - a write or a notify record starts at start = now(r) (between hosts,
-//     at the latest when the last message of r's host left its NIC); r is
-//     busy with it, and it holds the link, for (o(L) + S·β(L))·s:
-//     now(r) = start + (o(L) + S·β(L))·s;
-//   - it arrives at now(r) + α(L)·s, and never before an earlier message on
-//     the same channel (records follow the writes before them);
-//   - a wait that returns advances the waiter: now(q) = max(now(q), arrival
-//     of the record it waited for);
-//   - a read is a round trip: now(r) += (2·α(L) + o(L) + S·β(L))·s; a fence waits
-//     for the channel's last arrival;
-//   - a local copy or reduction of S bytes, and the reduction at the far end
-//     of a write-reduce, costs S·γ·s.
+//     at the latest when the last message of r's host left its NIC); it
+//     takes o(L) + S·β(L) of processor time and holds the link as long;
+//     now(r) is when that ends;
+//   - it arrives α(L) later, and never before an earlier message on the
+//     same channel (records follow the writes before them);
+//   - a wait that returns advances the waiter to the arrival of the record
+//     it waited for, then charges it o(L) of processor time for the
+//     receipt; on a crowded host (more ranks than cores) a wait that
+//     blocked — the record arrived after the waiter's clock — returns
+//     Profile.WakeUs after the arrival (the waiter slept);
+//   - a read is a round trip: 2·α(L), then o(L) + S·β(L) of processor
+//     time; a fence waits for the channel's last arrival;
+//   - a local copy or reduction of S bytes costs S·γ of processor time, and
+//     the reduction at the far end of a write-reduce S·γ of the far host's,
+//     before the bytes count as arrived.
 //
 // The clock is one per rank: a rank's streams share it, so work a rank runs
-// on two streams at once is charged one after the other. Messages of one
-// host share its NIC in the order the goroutines issue them, which is not
-// always the order of their virtual times.
+// on two streams at once is charged one after the other. Work is placed on
+// a host's processors, and messages on its NIC, in the order the
+// goroutines issue them, which is not always the order of their virtual
+// times.
 package sim
 
 import (
@@ -47,32 +55,21 @@ import (
 // Name is the transport's name.
 const Name = "sim"
 
-// clock is one rank's virtual time, in seconds.
-type clock struct {
-	mu  sync.Mutex
-	now float64
-}
-
-// nic is a host's network interface: when its last message left.
-type nic struct {
-	mu   sync.Mutex
-	free float64
-}
-
 // cost is a level's profile in seconds.
 type cost struct{ alpha, o, beta float64 }
 
 // World is one simulated cluster: the ranks' clocks, the hosts' NICs and the
 // fabric their channels meet on. Safe for concurrent use.
 type World struct {
-	p      Profile
-	intra  cost
-	inter  cost
-	gamma  float64 // seconds per byte
-	slow   float64
-	fab    *inproc.Fabric
-	clocks []clock
-	nics   []nic
+	p         Profile
+	intra     cost
+	inter     cost
+	gamma     float64 // seconds per byte
+	wake      float64 // seconds a halted processor takes to wake
+	switching float64 // seconds of processor time a blocked wait costs on a crowded host
+	crowded   bool
+	fab       *inproc.Fabric
+	tr        trace
 
 	mu   sync.Mutex
 	ends map[string]*end // ends being connected, by token
@@ -135,23 +132,27 @@ func NewWorld(p Profile) (*World, error) {
 	if err := p.Validate(); err != nil {
 		return nil, err
 	}
-	return &World{p: p,
-		intra:  cost{p.Intra.AlphaUs * 1e-6, p.Intra.OverheadUs * 1e-6, p.Intra.BetaNsPerByte * 1e-9},
-		inter:  cost{p.Inter.AlphaUs * 1e-6, p.Inter.OverheadUs * 1e-6, p.Inter.BetaNsPerByte * 1e-9},
-		gamma:  p.GammaNsPerByte * 1e-9,
-		slow:   p.Slowdown(),
-		fab:    inproc.NewFabric(),
-		clocks: make([]clock, p.Ranks()),
-		nics:   make([]nic, p.Hosts),
-		ends:   make(map[string]*end),
-	}, nil
+	w := &World{p: p,
+		intra: cost{p.Intra.AlphaUs * 1e-6, p.Intra.OverheadUs * 1e-6, p.Intra.BetaNsPerByte * 1e-9},
+		inter: cost{p.Inter.AlphaUs * 1e-6, p.Inter.OverheadUs * 1e-6, p.Inter.BetaNsPerByte * 1e-9},
+		gamma: p.GammaNsPerByte * 1e-9,
+		fab:   inproc.NewFabric(),
+		ends:  make(map[string]*end),
+	}
+	if p.Crowded() {
+		w.crowded = true
+		w.wake = p.WakeUs * 1e-6
+		w.switching = p.SwitchUs * 1e-6
+	}
+	w.tr.reset(p.Ranks())
+	return w, nil
 }
 
 // Profile returns the world's profile.
 func (w *World) Profile() Profile { return w.p }
 
 // Ranks returns the world's rank count.
-func (w *World) Ranks() int { return len(w.clocks) }
+func (w *World) Ranks() int { return w.p.Ranks() }
 
 // Host returns the host of rank r.
 func (w *World) Host(r int) int { return r / w.p.RanksPerHost }
@@ -166,55 +167,21 @@ func (w *World) Hosts() []string {
 	return hs
 }
 
-// Now returns rank r's clock, in seconds.
-func (w *World) Now(r int) float64 {
-	c := &w.clocks[r]
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-// Reset sets every clock and NIC to 0. Call it only while no rank has work
-// in flight (every stream synchronized): a record on its way would keep its
-// old arrival time.
+// Reset empties the trace: the next case's clocks start at 0. Call it only
+// while no rank has work in flight (every stream synchronized).
 func (w *World) Reset() {
-	for i := range w.clocks {
-		w.clocks[i].mu.Lock()
-		w.clocks[i].now = 0
-		w.clocks[i].mu.Unlock()
-	}
-	for i := range w.nics {
-		w.nics[i].mu.Lock()
-		w.nics[i].free = 0
-		w.nics[i].mu.Unlock()
-	}
+	w.tr.reset(w.Ranks())
 	w.mu.Lock()
 	trs := w.trs
 	w.mu.Unlock()
 	for _, t := range trs {
 		t.mu.Lock()
-		t.last = 0
+		t.last = -1
 		t.mu.Unlock()
 		t.mine.mu.Lock()
-		clear(t.mine.arrive)
+		clear(t.mine.pending)
 		t.mine.mu.Unlock()
 	}
-}
-
-// advance adds d to rank r's clock.
-func (w *World) advance(r int, d float64) {
-	c := &w.clocks[r]
-	c.mu.Lock()
-	c.now += d
-	c.mu.Unlock()
-}
-
-// reach moves rank r's clock to t when it is behind.
-func (w *World) reach(r int, t float64) {
-	c := &w.clocks[r]
-	c.mu.Lock()
-	c.now = max(c.now, t)
-	c.mu.Unlock()
 }
 
 // Dialers returns a Dialer for each rank, in rank order, for
@@ -243,14 +210,16 @@ func (d *Dialer) Name() string { return Name }
 func (d *Dialer) Close() error { return nil }
 
 // LocalWork charges the rank S·γ for a local copy or reduction of n bytes.
-func (d *Dialer) LocalWork(n int64) { d.w.advance(d.rank, float64(n)*d.w.gamma*d.w.slow) }
+func (d *Dialer) LocalWork(n int64) {
+	d.w.tr.record(d.rank, charge{kind: opWork, d: float64(n) * d.w.gamma})
+}
 
-// end is one end of a channel: when the records on each of its notifies
-// arrive.
+// end is one end of a channel: the records on each of its notifies that no
+// wait has returned for yet (messages of the trace).
 type end struct {
-	rank   int
-	mu     sync.Mutex
-	arrive []float64
+	rank    int
+	mu      sync.Mutex
+	pending [][]int32
 }
 
 // Connect connects an inproc channel over the world's fabric, then trades
@@ -265,7 +234,7 @@ func (d *Dialer) Connect(ctx context.Context, local *channel.Local, ex channel.E
 		conn.Transport.Close()
 		return nil, err
 	}
-	mine := &end{rank: d.rank, arrive: make([]float64, local.NotifyNum)}
+	mine := &end{rank: d.rank, pending: make([][]int32, local.NotifyNum)}
 	var b [16]byte
 	rand.Read(b[:])
 	tok := hex.EncodeToString(b[:])
@@ -300,7 +269,7 @@ func (d *Dialer) Connect(ctx context.Context, local *channel.Local, ex channel.E
 	if inter {
 		c = d.w.inter
 	}
-	t := &Transport{inner: conn.Transport, w: d.w, me: d.rank, peer: peer.rank, c: c, inter: inter, mine: mine, theirs: peer}
+	t := &Transport{inner: conn.Transport, w: d.w, me: d.rank, peer: peer.rank, c: c, inter: inter, mine: mine, theirs: peer, last: -1}
 	d.w.mu.Lock()
 	d.w.trs = append(d.w.trs, t)
 	d.w.mu.Unlock()
@@ -322,35 +291,24 @@ type Transport struct {
 	theirs *end
 
 	mu   sync.Mutex
-	last float64 // when the channel's latest message arrives
+	last int32 // the channel's latest message in the trace, or -1
 }
 
 // Name returns "sim".
 func (t *Transport) Name() string { return Name }
 
-// send charges the sender for a message of n bytes and returns when it
-// arrives (extra: work at the far end before the bytes count as there).
-func (t *Transport) send(n int, extra float64) float64 {
+// send traces a message of n bytes (far: processor time at the far end
+// before the bytes count as there) and returns it.
+func (t *Transport) send(n int, far float64) int32 {
 	w := t.w
-	clk := &w.clocks[t.me]
-	clk.mu.Lock()
-	start := clk.now
-	ser := (t.c.o + float64(n)*t.c.beta) * w.slow
-	if t.inter {
-		h := &w.nics[w.Host(t.me)]
-		h.mu.Lock()
-		start = max(start, h.free)
-		h.free = start + ser
-		h.mu.Unlock()
-	}
-	clk.now = start + ser
-	arrival := clk.now + t.c.alpha*w.slow + extra
-	clk.mu.Unlock()
+	m := w.tr.message()
 	t.mu.Lock()
-	arrival = max(arrival, t.last)
-	t.last = arrival
+	prev := t.last
+	t.last = m
 	t.mu.Unlock()
-	return arrival
+	w.tr.record(t.me, charge{kind: opSend, nic: t.inter, farHost: int32(w.Host(t.peer)), ev: m, prev: prev,
+		d: t.c.o + float64(n)*t.c.beta, lat: t.c.alpha, far: far})
+	return m
 }
 
 // Write copies src into the peer's memory at dst.
@@ -365,32 +323,32 @@ func (t *Transport) Write(stop <-chan struct{}, dst device.Ptr, src []byte) erro
 
 // Read copies the peer's memory at src into dst: a round trip.
 func (t *Transport) Read(stop <-chan struct{}, dst []byte, src device.Ptr) error {
-	t.w.advance(t.me, (2*t.c.alpha+t.c.o+float64(len(dst))*t.c.beta)*t.w.slow)
+	t.w.tr.record(t.me, charge{kind: opWork, lat: 2 * t.c.alpha, d: t.c.o + float64(len(dst))*t.c.beta})
 	return t.inner.Read(stop, dst, src)
 }
 
 // WriteReduce computes peer[dst] = peer[dst] op src; the reduction is
 // charged at the far end, before the bytes count as arrived.
 func (t *Transport) WriteReduce(stop <-chan struct{}, dst device.Ptr, src []byte, count int, dt reduce.DataType, op reduce.Op) error {
-	t.send(len(src), float64(len(src))*t.w.gamma*t.w.slow)
+	t.send(len(src), float64(len(src))*t.w.gamma)
 	return t.inner.WriteReduce(stop, dst, src, count, dt, op)
 }
 
 // ReadReduce computes dst = dst op peer[src]: a read, then a local reduction.
 func (t *Transport) ReadReduce(stop <-chan struct{}, dst []byte, src device.Ptr, count int, dt reduce.DataType, op reduce.Op) error {
 	n := float64(len(dst))
-	t.w.advance(t.me, (2*t.c.alpha+t.c.o+n*t.c.beta+n*t.w.gamma)*t.w.slow)
+	t.w.tr.record(t.me, charge{kind: opWork, lat: 2 * t.c.alpha, d: t.c.o + n*t.c.beta + n*t.w.gamma})
 	return t.inner.ReadReduce(stop, dst, src, count, dt, op)
 }
 
 // NotifyRecord records the peer's notify idx, which arrives after every
 // earlier message of the channel.
 func (t *Transport) NotifyRecord(stop <-chan struct{}, idx int) error {
-	at := t.send(0, 0)
-	if idx >= 0 && idx < len(t.theirs.arrive) {
+	m := t.send(0, 0)
+	if idx >= 0 && idx < len(t.theirs.pending) {
 		// Before the record itself: the peer's wait must find it.
 		t.theirs.mu.Lock()
-		t.theirs.arrive[idx] = max(t.theirs.arrive[idx], at)
+		t.theirs.pending[idx] = append(t.theirs.pending[idx], m)
 		t.theirs.mu.Unlock()
 	}
 	return t.inner.NotifyRecord(stop, idx)
@@ -399,14 +357,14 @@ func (t *Transport) NotifyRecord(stop <-chan struct{}, idx int) error {
 // NotifyWaited advances this rank's clock to the arrival of the record its
 // wait on notify idx returned for (channel.Clocked).
 func (t *Transport) NotifyWaited(idx int) {
-	if idx < 0 || idx >= len(t.mine.arrive) {
+	if idx < 0 || idx >= len(t.mine.pending) {
 		return
 	}
 	t.mine.mu.Lock()
-	at := t.mine.arrive[idx]
-	t.mine.arrive[idx] = 0
+	ms := t.mine.pending[idx]
+	t.mine.pending[idx] = nil
 	t.mine.mu.Unlock()
-	t.w.reach(t.me, at)
+	t.w.tr.record(t.me, charge{kind: opWait, after: ms, d: t.c.o})
 }
 
 // Fence returns once every earlier operation is complete at the peer: the
@@ -415,7 +373,9 @@ func (t *Transport) Fence(stop <-chan struct{}) error {
 	t.mu.Lock()
 	last := t.last
 	t.mu.Unlock()
-	t.w.reach(t.me, last)
+	if last >= 0 {
+		t.w.tr.record(t.me, charge{kind: opWork, after: []int32{last}})
+	}
 	return t.inner.Fence(stop)
 }
 
@@ -433,3 +393,10 @@ var (
 	_ channel.Clocked     = (*Transport)(nil)
 	_ channel.LocalCoster = (*Dialer)(nil)
 )
+
+// HostProcessors returns the profile's cores (channel.HostProcessors): the
+// simulated ranks of a crowded host run the schedules real ranks of one run
+// (hcomm.Comm.Crowded).
+func (d *Dialer) HostProcessors() int { return d.w.p.Cores }
+
+var _ channel.HostProcessors = (*Dialer)(nil)

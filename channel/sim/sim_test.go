@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"math"
 	"strings"
 	"testing"
 
@@ -47,7 +48,8 @@ func TestProfileErrors(t *testing.T) {
 		{"zero hosts", func(p *Profile) { p.Hosts = 0 }, "hosts is 0"},
 		{"overflow", func(p *Profile) { p.Hosts, p.RanksPerHost = 1<<40, 1<<40 }, "more than 65536 ranks"},
 		{"negative cores", func(p *Profile) { p.Cores = -1 }, "cores is -1"},
-		{"exponent", func(p *Profile) { p.OversubExp = 5 }, "oversub_exponent is 5"},
+		{"negative wake-up", func(p *Profile) { p.WakeUs = -3 }, "wake_us is -3"},
+		{"switch not a number", func(p *Profile) { p.SwitchUs = math.NaN() }, "switch_us is NaN"},
 	} {
 		p := good
 		c.edit(&p)
@@ -69,12 +71,11 @@ func TestProfileErrors(t *testing.T) {
 			t.Errorf("ParseProfile(%s): error %v, want one containing %q", c.text, err, c.want)
 		}
 	}
-	p, err := ParseProfile([]byte(`{"intra": {"alpha_us": 2, "beta_ns_per_byte": 0.5}, "hosts": 1, "ranks_per_host": 4, "cores": 2}`))
-	if err != nil || p.Intra.AlphaUs != 2 || p.Slowdown() != 2 {
-		t.Errorf("ParseProfile: %+v, %v; want alpha 2 µs and slowdown 2", p, err)
+	p, err := ParseProfile([]byte(`{"intra": {"alpha_us": 2, "beta_ns_per_byte": 0.5}, "hosts": 1, "ranks_per_host": 4, "cores": 2, "wake_us": 20, "switch_us": 5}`))
+	if err != nil || p.Intra.AlphaUs != 2 || p.WakeUs != 20 || p.SwitchUs != 5 || !p.Crowded() {
+		t.Errorf("ParseProfile: %+v, %v; want alpha 2 µs, wake-up 20, switch 5, crowded", p, err)
 	}
-	p.OversubExp = 2
-	if p.Slowdown() != 4 || Slowdown(2, 4, 2) != 1 {
-		t.Errorf("slowdown of 4 ranks on 2 cores, exponent 2: %v, want 4; of 2 ranks on 4 cores: %v, want 1", p.Slowdown(), Slowdown(2, 4, 2))
+	if _, err := ParseProfile([]byte(`{"hosts": 1, "ranks_per_host": 4, "cores": 2, "oversub_exponent": 1}`)); err == nil || !strings.Contains(err.Error(), `unknown field "oversub_exponent"`) {
+		t.Errorf("a profile of the old slowdown model: error %v, want the field named", err)
 	}
 }

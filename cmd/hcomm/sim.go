@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -22,14 +23,28 @@ const simUsage = `usage:
   hcomm sim -profile FILE [flags] <collective>
         predict a collective's time and busbw per rank count, size and
         algorithm by running its schedules over a simulated network
-  hcomm sim fit [-cores N] [-o FILE] BENCH.json...
+  hcomm sim fit [-cores N | -host FILE] [-o FILE] BENCH.json...
         fit a profile (α, o, β, γ) to hcomm bench -J files measured at a few ranks
+  hcomm sim probe [-n PROCS] [-m MESSAGES] [-o FILE]
+        measure what a crowded host costs a message (processes in a ring over
+        tcp loopback, no collective): the switch and wake-up of the profile
 `
 
 // simCmd is `hcomm sim`.
 func simCmd(args []string, stdout, stderr io.Writer) int {
-	if len(args) > 0 && args[0] == "fit" {
-		return simFitCmd(args[1:], stdout, stderr)
+	if len(args) > 0 {
+		switch args[0] {
+		case "fit":
+			return simFitCmd(args[1:], stdout, stderr)
+		case "probe":
+			return simProbeCmd(args[1:], stdout, stderr)
+		case ringMember: // a process of the probe's ring
+			if err := sim.RingMember(args[1:], stdout); err != nil {
+				fmt.Fprintf(stderr, "hcomm sim: %v\n", err)
+				return 1
+			}
+			return 0
+		}
 	}
 	fs := flag.NewFlagSet("hcomm sim", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -285,7 +300,8 @@ func parseInts(s, flagName string) ([]int, error) {
 func simFitCmd(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("hcomm sim fit", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	cores := fs.Int("cores", 0, "cores of the measured host (0: a core per rank); ranks beyond them slow down")
+	cores := fs.Int("cores", 0, "cores of the measured host (0: a core per rank); ranks beyond them take turns")
+	hostFile := fs.String("host", "", "the measured host's costs, as hcomm sim probe writes them (its cores, and what a crowded host costs a message)")
 	out := fs.String("o", "", "write the fitted profile (JSON) to this file; default: standard output only")
 	buffMB := fs.Int64("buffsize", 16, "the measured runs' HCCL_BUFFSIZE in MB")
 	fs.Usage = func() {
@@ -311,7 +327,19 @@ func simFitCmd(args []string, stdout, stderr io.Writer) int {
 		}
 		pts = append(pts, ms...)
 	}
-	fit, err := sim.Fit(pts, *cores, sim.Options{BufferSize: *buffMB << 20})
+	host := sim.HostCosts{Cores: *cores}
+	if *hostFile != "" {
+		var err error
+		if host, err = sim.ReadHostCosts(*hostFile); err != nil {
+			fmt.Fprintf(stderr, "hcomm sim fit: %v\n", err)
+			return 1
+		}
+		if *cores != 0 && *cores != host.Cores {
+			fmt.Fprintf(stderr, "hcomm sim fit: -cores %d and %s's %d cores disagree\n", *cores, *hostFile, host.Cores)
+			return 2
+		}
+	}
+	fit, err := sim.Fit(pts, host, sim.Options{BufferSize: *buffMB << 20})
 	if err != nil {
 		fmt.Fprintf(stderr, "hcomm sim fit: %v\n", err)
 		return 1
@@ -330,6 +358,55 @@ func simFitCmd(args []string, stdout, stderr io.Writer) int {
 	if *out != "" {
 		if err := os.WriteFile(*out, b, 0o644); err != nil {
 			fmt.Fprintf(stderr, "hcomm sim fit: %v\n", err)
+			return 1
+		}
+	}
+	return 0
+}
+
+// ringMember is the hidden subcommand that runs one process of the probe's
+// ring.
+const ringMember = "ring-member"
+
+// simProbeCmd is `hcomm sim probe`.
+func simProbeCmd(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("hcomm sim probe", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	procs := fs.Int("n", 0, "processes of the crowded ring (default 4 × cores, at least 4)")
+	msgs := fs.Int("m", 4000, "messages each process passes on")
+	out := fs.String("o", "", "write the host's costs (JSON) to this file, for hcomm sim fit -host")
+	fs.Usage = func() {
+		fmt.Fprint(stderr, simUsage)
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() != 0 {
+		fmt.Fprintf(stderr, "hcomm sim probe: takes no arguments, have %q\n", fs.Args())
+		return 2
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		fmt.Fprintf(stderr, "hcomm sim probe: %v\n", err)
+		return 1
+	}
+	h, err := sim.Probe(context.Background(), sim.ProbeOptions{Command: []string{exe, "sim", ringMember}, Procs: *procs, Messages: *msgs})
+	if err != nil {
+		fmt.Fprintf(stderr, "hcomm sim probe: %v\n", err)
+		return 1
+	}
+	fmt.Fprintf(stdout, "# %d cores: a message's processor time %.1f µs with no wait, %.1f among %d processes (switch %.1f µs); a hop round %d processes %.1f µs (wake-up %.1f µs)\n",
+		h.Cores, h.BaseCPUUs, h.CrowdedCPUUs, h.Procs, h.SwitchUs, h.Procs, h.HopUs, h.WakeUs)
+	b, _ := json.MarshalIndent(h, "", " ")
+	b = append(b, '\n')
+	stdout.Write(b)
+	if *out != "" {
+		if err := os.WriteFile(*out, b, 0o644); err != nil {
+			fmt.Fprintf(stderr, "hcomm sim probe: %v\n", err)
 			return 1
 		}
 	}

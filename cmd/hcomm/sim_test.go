@@ -66,6 +66,10 @@ func TestSimBadCommandLines(t *testing.T) {
 	os.WriteFile(broken, []byte(`{"hosts": 1,`), 0o644)
 	zero := filepath.Join(dir, "zero.json")
 	os.WriteFile(zero, []byte(`{"hosts": 2, "ranks_per_host": 0}`), 0o644)
+	host := filepath.Join(dir, "host.json")
+	os.WriteFile(host, []byte(`{"cores": 2, "switch_us": 7, "wake_us": 17}`), 0o644)
+	bench := filepath.Join(dir, "b.json")
+	os.WriteFile(bench, []byte(`{"args": ["hcomm", "bench", "allreduce"], "config": {"devices": [{}, {}]}, "results": [{"size": 16, "out_of_place": {"time": 30.0}}]}`), 0o644)
 	for _, c := range []struct {
 		args []string
 		want string
@@ -81,6 +85,11 @@ func TestSimBadCommandLines(t *testing.T) {
 		{[]string{"sim", "-profile", good, "-b", "1M", "-e", "1K", "allreduce"}, "want 0 < b <= e"},
 		{[]string{"sim", "fit", filepath.Join(dir, "missing.json")}, "missing.json"},
 		{[]string{"sim", "fit", broken}, "not an hcomm bench -J file"},
+		{[]string{"sim", "fit", "-host", broken, bench}, "not a host's costs"},
+		{[]string{"sim", "fit", "-host", host, "-cores", "4", bench}, "-cores 4 and " + host + "'s 2 cores disagree"},
+		{[]string{"sim", "probe", "now"}, "takes no arguments"},
+		{[]string{"sim", "probe", "-n", "1"}, "want more processes than cores"},
+		{[]string{"sim", "ring-member", "x"}, "want all|one"},
 	} {
 		var out, errb bytes.Buffer
 		if code := Main(c.args, &out, &errb); code == 0 || !strings.Contains(errb.String(), c.want) {

@@ -102,41 +102,41 @@ type Fitted struct {
 // params of a fit, in their profile units: α and o in µs, β and γ in ns/B.
 var params = []string{"alpha_us", "overhead_us", "beta_ns_per_byte", "gamma_ns_per_byte"}
 
-func unitProfile(k, n, cores int) simch.Profile {
-	p := simch.Profile{Hosts: 1, RanksPerHost: n, Cores: cores}
-	switch k {
-	case 0:
-		p.Intra.AlphaUs = 1
-	case 1:
-		p.Intra.OverheadUs = 1
-	case 2:
-		p.Intra.BetaNsPerByte = 1
-	case 3:
-		p.GammaNsPerByte = 1
-	}
-	return p
+// fitStart is where a fit takes its first slopes: costs of the order of a
+// tcp link's on one host.
+var fitStart = []float64{1, 2, 0.2, 0.1}
+
+// fitRounds is how many times a fit takes the slopes at its last solution
+// and solves again.
+const fitRounds = 5
+
+// fitProfile is the one-host profile of n ranks on host's cores with the
+// link costs th (in params' order and units), intra and inter alike.
+func fitProfile(th []float64, n int, host HostCosts) simch.Profile {
+	lvl := simch.Level{AlphaUs: th[0], OverheadUs: th[1], BetaNsPerByte: th[2]}
+	return simch.Profile{Intra: lvl, Inter: lvl, GammaNsPerByte: th[3], Hosts: 1, RanksPerHost: n,
+		Cores: host.Cores, WakeUs: host.WakeUs, SwitchUs: host.SwitchUs}
 }
 
-// Fit fits a one-host profile — α, o, β and γ, each at least 0 — to
-// measurements by least squares on the relative error: each measurement's
-// time is, along the schedule's critical path, a sum of so many α, o,
-// bytes·β and bytes·γ, and the simulator itself finds how many by running
-// the measured case with one cost at a time. cores is the measured host's
-// core count (see Profile.Cores); with cores set, the fit also picks the
-// oversubscription exponent, from 1 to 3, that fits best (the runs must
-// then include rank counts above cores). The fitted profile's inter-host level is
-// its intra-host level: one host's runs say nothing of a network between
-// hosts.
-func Fit(points []Measured, cores int, o Options) (Fitted, error) {
+// Fit fits a one-host profile's link costs — α, o, β and γ, each at least
+// 0 — to measurements by least squares on the relative error. host is the
+// measured host: its cores (0: a core per rank) and what a crowded host
+// costs a message, as Probe measured it (zero: nothing), which the fit
+// takes as they are. A case's simulated time is a piecewise linear
+// function of the costs, homogeneous (the same schedule with every cost
+// doubled takes twice as long): near a profile it is the sum of each cost
+// times the case's slope in it — how many α, o, bytes·β and bytes·γ lie on
+// its critical path, turns on a crowded host's processors included. So the
+// fit takes every case's slopes by finite differences (the replay is
+// deterministic), solves for the costs, and takes the slopes again at the
+// solution, a few times. The fitted profile's inter-host level is its
+// intra-host level: one host's runs say nothing of a network between hosts.
+func Fit(points []Measured, host HostCosts, o Options) (Fitted, error) {
 	if len(points) == 0 {
 		return Fitted{}, fmt.Errorf("sim: nothing to fit")
 	}
-	if cores < 0 {
-		return Fitted{}, fmt.Errorf("sim: cores is %d: want 0 (a core per rank) or more", cores)
-	}
-	coef := make([][]float64, len(points)) // seconds per unit of each param
-	for i := range coef {
-		coef[i] = make([]float64, len(params))
+	if host.Cores < 0 {
+		return Fitted{}, fmt.Errorf("sim: cores is %d: want 0 (a core per rank) or more", host.Cores)
 	}
 	var ranks []int
 	for _, p := range points {
@@ -147,11 +147,11 @@ func Fit(points []Measured, cores int, o Options) (Fitted, error) {
 			ranks = append(ranks, p.Ranks)
 		}
 	}
-	// times runs every point at profile q(n) (no slowdown).
-	times := func(q func(n int) simch.Profile) ([]float64, error) {
+	// times simulates every point with the link costs th.
+	times := func(th []float64) ([]float64, error) {
 		ts := make([]float64, len(points))
 		for _, n := range ranks {
-			cl, err := NewCluster(q(n), o)
+			cl, err := NewCluster(fitProfile(th, n, host), o)
 			if err != nil {
 				return nil, err
 			}
@@ -170,71 +170,22 @@ func Fit(points []Measured, cores int, o Options) (Fitted, error) {
 		}
 		return ts, nil
 	}
-	for k := range params {
-		ts, err := times(func(n int) simch.Profile { return unitProfile(k, n, 0) })
-		if err != nil {
-			return Fitted{}, err
-		}
-		for i := range points {
-			coef[i][k] = ts[i]
-		}
+	coef := make([][]float64, len(points)) // each point's slope in each cost
+	for i := range coef {
+		coef[i] = make([]float64, len(params))
 	}
-	// On one host every cost of every rank is multiplied by the same
-	// slowdown, so the coefficients at a slowdown are those without it
-	// times the slowdown: the exponent is fitted by trying each, from 1
-	// (ranks take turns, nothing more) up.
-	var theta []float64
-	var bestExp float64
-	fitExp := func() {
-		theta, bestExp = nil, 0
-		bestErr := math.Inf(1)
-		for e := 1.0; e <= 3.0001; e += 0.05 {
-			scaled := make([][]float64, len(coef))
-			for i, p := range points {
-				s := simch.Slowdown(p.Ranks, cores, e)
-				scaled[i] = make([]float64, len(params))
-				for k := range params {
-					scaled[i][k] = coef[i][k] * s
-				}
-			}
-			th, err := nnls(scaled, points)
-			if err != nil {
-				continue
-			}
-			if r := residual(scaled, points, th); r < bestErr-1e-12 {
-				theta, bestExp, bestErr = th, e, r
-			}
-			if cores == 0 {
-				break // no slowdown: the exponent does not matter
-			}
-		}
-	}
-	fitExp()
-	// The counts with one cost at a time add up to a case's time only when
-	// its critical path is the same whatever the costs; where costs overlap
-	// (a rank's local copies while its peers' pieces are on their way, as
-	// in the push all-gather) it is not. A case's time is a piecewise
-	// linear, homogeneous function of the costs, so its counts at the
-	// fitted profile are its slopes there: they are taken by finite
-	// differences and the fit repeated, a few times.
-	for round := 0; round < 3 && theta != nil; round++ {
-		at := func(d int, h float64) func(n int) simch.Profile {
-			return func(n int) simch.Profile {
-				th := slices.Clone(theta)
-				if d >= 0 {
-					th[d] += h
-				}
-				lvl := simch.Level{AlphaUs: th[0], OverheadUs: th[1], BetaNsPerByte: th[2]}
-				return simch.Profile{Intra: lvl, Inter: lvl, GammaNsPerByte: th[3], Hosts: 1, RanksPerHost: n}
-			}
-		}
-		base, err := times(at(-1, 0))
+	fixed := make([]float64, len(points)) // what the host's costs add
+	theta := slices.Clone(fitStart)
+	for round := 0; round < fitRounds; round++ {
+		base, err := times(theta)
 		if err != nil {
 			return Fitted{}, err
 		}
 		for k := range params {
+			th := slices.Clone(theta)
 			h := max(theta[k]*1e-3, 1e-4)
-			ts, err := times(at(k, h))
+			th[k] += h
+			ts, err := times(th)
 			if err != nil {
 				return Fitted{}, err
 			}
@@ -242,29 +193,30 @@ func Fit(points []Measured, cores int, o Options) (Fitted, error) {
 				coef[i][k] = (ts[i] - base[i]) / h
 			}
 		}
-		fitExp()
-	}
-	for i, p := range points {
-		s := simch.Slowdown(p.Ranks, cores, bestExp)
-		for k := range params {
-			coef[i][k] *= s
+		for i := range points {
+			fixed[i] = base[i]
+			for k := range params {
+				fixed[i] -= coef[i][k] * theta[k]
+			}
 		}
-	}
-	lvl := simch.Level{AlphaUs: theta[0], OverheadUs: theta[1], BetaNsPerByte: theta[2]}
-	f := Fitted{Profile: simch.Profile{Intra: lvl, Inter: lvl, GammaNsPerByte: theta[3], Hosts: 1, RanksPerHost: slices.Max(ranks), Cores: cores, OversubExp: bestExp},
-		Points: points, Pred: make([]float64, len(points))}
-	for i := range points {
-		for k := range params {
-			f.Pred[i] += coef[i][k] * theta[k]
+		next, err := nnls(coef, fixed, points)
+		if err != nil {
+			return Fitted{}, err
 		}
+		theta = next
 	}
+	pred, err := times(theta)
+	if err != nil {
+		return Fitted{}, err
+	}
+	f := Fitted{Profile: fitProfile(theta, slices.Max(ranks), host), Points: points, Pred: pred}
 	return f, f.Profile.Validate()
 }
 
-// nnls minimises Σ ((Σ_k a_ik θ_k − t_i)/t_i)² over θ ≥ 0: the least
-// squares of every subset of the parameters, keeping the best whose
-// solution is non-negative (four parameters: sixteen subsets).
-func nnls(a [][]float64, pts []Measured) ([]float64, error) {
+// nnls minimises Σ ((Σ_k a_ik θ_k + c_i − t_i)/t_i)² over θ ≥ 0: the
+// least squares of every subset of the parameters, keeping the best whose
+// solution is non-negative (four parameters: fifteen subsets).
+func nnls(a [][]float64, c []float64, pts []Measured) ([]float64, error) {
 	m := len(params)
 	best, bestErr := []float64(nil), math.Inf(1)
 	for mask := 1; mask < 1<<m; mask++ {
@@ -284,7 +236,7 @@ func nnls(a [][]float64, pts []Measured) ([]float64, error) {
 		for i, p := range pts {
 			w := 1 / p.Time
 			for r, kr := range idx {
-				atb[r] += a[i][kr] * w * w * p.Time
+				atb[r] += a[i][kr] * w * w * (p.Time - c[i])
 				for c, kc := range idx {
 					ata[r][c] += a[i][kr] * a[i][kc] * w * w
 				}
@@ -298,21 +250,21 @@ func nnls(a [][]float64, pts []Measured) ([]float64, error) {
 		for r, k := range idx {
 			theta[k] = x[r]
 		}
-		if e := residual(a, pts, theta); e < bestErr {
+		if e := residual(a, c, pts, theta); e < bestErr {
 			best, bestErr = theta, e
 		}
 	}
 	if best == nil {
-		return nil, fmt.Errorf("sim: no non-negative α, o, β, γ fit the measurements")
+		return nil, fmt.Errorf("sim: no non-negative α, o, β and γ fit the measurements")
 	}
 	return best, nil
 }
 
-// residual is Σ ((Σ_k a_ik θ_k − t_i)/t_i)².
-func residual(a [][]float64, pts []Measured, theta []float64) float64 {
+// residual is Σ ((Σ_k a_ik θ_k + c_i − t_i)/t_i)².
+func residual(a [][]float64, c []float64, pts []Measured, theta []float64) float64 {
 	var e float64
 	for i, p := range pts {
-		var t float64
+		t := c[i]
 		for k := range theta {
 			t += a[i][k] * theta[k]
 		}

@@ -12,14 +12,16 @@ import (
 )
 
 // TestFitRecoversProfile: times simulated at 2–4 ranks with a known
-// profile fit back to it, and the fitted profile predicts 8 ranks as the
-// known one does.
+// profile on a crowded host (2 cores, with a switch and a wake-up) fit
+// back to its link costs when the fit is told the host's.
 func TestFitRecoversProfile(t *testing.T) {
 	truth := simch.Level{AlphaUs: 20, OverheadUs: 4, BetaNsPerByte: 0.8}
-	const gamma, cores = 0.3, 2
+	const gamma = 0.3
+	host := HostCosts{Cores: 2, SwitchUs: 6, WakeUs: 15}
 	var pts []Measured
 	for _, n := range []int{2, 3, 4} {
-		cl, err := NewCluster(simch.Profile{Intra: truth, GammaNsPerByte: gamma, Hosts: 1, RanksPerHost: n, Cores: cores}, Options{})
+		cl, err := NewCluster(simch.Profile{Intra: truth, GammaNsPerByte: gamma, Hosts: 1, RanksPerHost: n,
+			Cores: host.Cores, SwitchUs: host.SwitchUs, WakeUs: host.WakeUs}, Options{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -28,7 +30,7 @@ func TestFitRecoversProfile(t *testing.T) {
 		}
 		cl.Close()
 	}
-	f, err := Fit(pts, cores, Options{})
+	f, err := Fit(pts, host, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,8 +45,13 @@ func TestFitRecoversProfile(t *testing.T) {
 			t.Errorf("%s: fitted %v, want %v", c.name, c.got, c.want)
 		}
 	}
-	if got.Cores != cores || got.RanksPerHost != 4 || math.Abs(got.OversubExp-1) > 0.01 {
-		t.Errorf("fitted shape %d ranks, %d cores, exponent %v; want 4, %d and 1", got.RanksPerHost, got.Cores, got.OversubExp, cores)
+	if got.Cores != host.Cores || got.RanksPerHost != 4 || got.SwitchUs != host.SwitchUs || got.WakeUs != host.WakeUs {
+		t.Errorf("fitted shape %d ranks, %d cores, switch %v, wake %v; want 4, and the host's %+v", got.RanksPerHost, got.Cores, got.SwitchUs, got.WakeUs, host)
+	}
+	for i, p := range f.Points {
+		if math.Abs(f.Pred[i]-p.Time) > 0.05*p.Time {
+			t.Errorf("%d ranks, %d bytes: fitted profile predicts %v s, the truth %v s", p.Ranks, p.Bytes, f.Pred[i], p.Time)
+		}
 	}
 }
 

@@ -365,9 +365,13 @@ func (cl *Cluster) Run(cs Case) (Result, error) {
 	if err != nil {
 		return Result{}, fmt.Errorf("sim: %s %s of %d bytes over %d ranks: %w", cs.Collective, cs.Algorithm, cs.Bytes, n, err)
 	}
+	ends, err := cl.w.Finish()
+	if err != nil {
+		return Result{}, fmt.Errorf("sim: %s %s of %d bytes over %d ranks: %w", cs.Collective, cs.Algorithm, cs.Bytes, n, err)
+	}
 	t := 0.0
-	for r := 0; r < n; r++ {
-		t = max(t, cl.w.Now(r))
+	for _, e := range ends {
+		t = max(t, e)
 	}
 	cl.algos.mu.Lock()
 	algo := cl.algos.last

@@ -1,8 +1,10 @@
 package sim
 
 import (
+	"fmt"
 	"math"
 	"math/bits"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -12,7 +14,16 @@ import (
 	"github.com/hcomm-dev/hcomm/internal/leakcheck"
 )
 
-func TestMain(m *testing.M) { leakcheck.Main(m) }
+func TestMain(m *testing.M) {
+	if os.Getenv(ringEnv) == "1" { // a process of TestProbe's ring
+		if err := RingMember(os.Args[len(os.Args)-4:], os.Stdout); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	leakcheck.Main(m)
+}
 
 const (
 	alpha = 10e-6 // seconds
@@ -114,11 +125,14 @@ func TestTreeBroadcastHops(t *testing.T) {
 	}
 }
 
-// TestCoresSlowDown: four ranks on two cores take twice as long as on four.
-func TestCoresSlowDown(t *testing.T) {
-	p := simch.Profile{Intra: simch.Level{AlphaUs: 10, BetaNsPerByte: 1}, GammaNsPerByte: 0.5, Hosts: 1, RanksPerHost: 4}
-	var times [2]float64
-	for i, cores := range []int{4, 2} {
+// TestCoresShared: ranks that outnumber their host's cores take turns on
+// them. A 1 MiB ring all-reduce of 4 ranks is all processor time here (no
+// latency, no wake-ups), so on 2 cores it takes twice as long as on 4, and
+// on 4 as long as with a core per rank.
+func TestCoresShared(t *testing.T) {
+	p := simch.Profile{Intra: simch.Level{BetaNsPerByte: 1}, GammaNsPerByte: 0.5, Hosts: 1, RanksPerHost: 4}
+	var times [3]float64
+	for i, cores := range []int{0, 4, 2} {
 		p.Cores = cores
 		cl, err := NewCluster(p, Options{})
 		if err != nil {
@@ -127,8 +141,55 @@ func TestCoresSlowDown(t *testing.T) {
 		times[i] = run(t, cl, Case{"allreduce", collectives.AlgoRing, 1 << 20}).Time
 		cl.Close()
 	}
-	if math.Abs(times[1]/times[0]-2) > 1e-9 {
-		t.Errorf("2 cores: %v s, 4 cores: %v s; want twice as long", times[1], times[0])
+	if times[1] != times[0] || math.Abs(times[2]/times[0]-2) > 0.02 {
+		t.Errorf("a core per rank: %v s, 4 cores: %v s, 2 cores: %v s; want the first two equal and the last twice as long", times[0], times[1], times[2])
+	}
+}
+
+// TestCrowdedRunsTheTree: the simulated ranks of a crowded host run what
+// real ones do (hcomm.Comm.Crowded: the sim Dialer tells InitAllOver its
+// host's cores): 16 ranks on 2 cores all-reduce 1 MiB with the binomial
+// tree, and with a core each with halving-doubling.
+func TestCrowdedRunsTheTree(t *testing.T) {
+	p := simch.Profile{Intra: simch.Level{AlphaUs: 5, OverheadUs: 2, BetaNsPerByte: 0.3}, GammaNsPerByte: 0.1, Hosts: 1, RanksPerHost: 16}
+	for _, c := range []struct {
+		cores int
+		want  string
+	}{{2, "tree"}, {0, "hd"}} {
+		p.Cores = c.cores
+		cl, err := NewCluster(p, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r := run(t, cl, Case{"allreduce", collectives.AlgoAuto, 1 << 20}); r.Algo != c.want {
+			t.Errorf("16 ranks on %d cores: the selector ran %q, want %q", c.cores, r.Algo, c.want)
+		}
+		cl.Close()
+	}
+}
+
+// TestReplayIsDeterministic: a case's predicted time does not depend on
+// the order the ranks' goroutines ran in. Two hosts share their NICs and
+// two cores among 8 ranks each, where the order charges reach a NIC or a
+// processor decides who waits; the replay takes them in virtual time, so
+// every run of the same case gives the same time (charged as the
+// goroutines came, the NIC's order varied from run to run).
+func TestReplayIsDeterministic(t *testing.T) {
+	p := simch.Profile{Intra: simch.Level{AlphaUs: 2, OverheadUs: 1, BetaNsPerByte: 0.2},
+		Inter: simch.Level{AlphaUs: 10, OverheadUs: 3, BetaNsPerByte: 1}, GammaNsPerByte: 0.1,
+		Hosts: 2, RanksPerHost: 8, Cores: 2, WakeUs: 20, SwitchUs: 5}
+	cl, err := NewCluster(p, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	for _, c := range []Case{{"allreduce", collectives.AlgoAuto, 4096}, {"alltoall", collectives.AlgoPairwise, 64 << 10}, {"allgather", collectives.AlgoRing, 256 << 10}} {
+		first := run(t, cl, c).Time
+		for i := 0; i < 4; i++ {
+			if got := run(t, cl, c).Time; got != first {
+				t.Errorf("%s %v of %d bytes: run %d took %v s, the first %v s", c.Collective, c.Algorithm, c.Bytes, i+2, got, first)
+			}
+		}
 	}
 }
 
