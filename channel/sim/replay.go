@@ -152,7 +152,7 @@ func (w *World) Finish() ([]float64, error) {
 	rp := &replay{w: w, ops: w.tr.ops, now: make([]float64, n), next: make([]int, n),
 		msgs: make([]msgState, w.tr.msgs), sends: make([]charge, w.tr.msgs),
 		procs: make([][]float64, w.p.Hosts), nics: make([]float64, w.p.Hosts)}
-	if w.p.Cores > 0 {
+	if w.p.Cores > 0 && w.p.OversubExp == 0 { // the slowdown model shares nothing
 		for h := range rp.procs {
 			rp.procs[h] = make([]float64, w.p.Cores)
 		}

@@ -30,6 +30,10 @@
 //     the reduction at the far end of a write-reduce S·γ of the far host's,
 //     before the bytes count as arrived.
 //
+// In the slowdown model (Profile.OversubExp) no processor is shared and no
+// wait pays a switch or a wake-up: every charge above is multiplied by the
+// host's Profile.Slowdown instead.
+//
 // The clock is one per rank: a rank's streams share it, so work a rank runs
 // on two streams at once is charged one after the other. Work is placed on
 // a host's processors, and messages on its NIC, in the order the
@@ -68,6 +72,7 @@ type World struct {
 	wake      float64 // seconds a halted processor takes to wake
 	switching float64 // seconds of processor time a blocked wait costs on a crowded host
 	crowded   bool
+	slow      float64 // the slowdown model's factor on every cost (1: none)
 	fab       *inproc.Fabric
 	tr        trace
 
@@ -139,7 +144,8 @@ func NewWorld(p Profile) (*World, error) {
 		fab:   inproc.NewFabric(),
 		ends:  make(map[string]*end),
 	}
-	if p.Crowded() {
+	w.slow = p.Slowdown()
+	if p.Crowded() && p.OversubExp == 0 {
 		w.crowded = true
 		w.wake = p.WakeUs * 1e-6
 		w.switching = p.SwitchUs * 1e-6
@@ -211,7 +217,7 @@ func (d *Dialer) Close() error { return nil }
 
 // LocalWork charges the rank S·γ for a local copy or reduction of n bytes.
 func (d *Dialer) LocalWork(n int64) {
-	d.w.tr.record(d.rank, charge{kind: opWork, d: float64(n) * d.w.gamma})
+	d.w.tr.record(d.rank, charge{kind: opWork, d: float64(n) * d.w.gamma * d.w.slow})
 }
 
 // end is one end of a channel: the records on each of its notifies that no
@@ -307,7 +313,7 @@ func (t *Transport) send(n int, far float64) int32 {
 	t.last = m
 	t.mu.Unlock()
 	w.tr.record(t.me, charge{kind: opSend, nic: t.inter, farHost: int32(w.Host(t.peer)), ev: m, prev: prev,
-		d: t.c.o + float64(n)*t.c.beta, lat: t.c.alpha, far: far})
+		d: (t.c.o + float64(n)*t.c.beta) * w.slow, lat: t.c.alpha * w.slow, far: far * w.slow})
 	return m
 }
 
@@ -323,7 +329,8 @@ func (t *Transport) Write(stop <-chan struct{}, dst device.Ptr, src []byte) erro
 
 // Read copies the peer's memory at src into dst: a round trip.
 func (t *Transport) Read(stop <-chan struct{}, dst []byte, src device.Ptr) error {
-	t.w.tr.record(t.me, charge{kind: opWork, lat: 2 * t.c.alpha, d: t.c.o + float64(len(dst))*t.c.beta})
+	s := t.w.slow
+	t.w.tr.record(t.me, charge{kind: opWork, lat: 2 * t.c.alpha * s, d: (t.c.o + float64(len(dst))*t.c.beta) * s})
 	return t.inner.Read(stop, dst, src)
 }
 
@@ -337,7 +344,8 @@ func (t *Transport) WriteReduce(stop <-chan struct{}, dst device.Ptr, src []byte
 // ReadReduce computes dst = dst op peer[src]: a read, then a local reduction.
 func (t *Transport) ReadReduce(stop <-chan struct{}, dst []byte, src device.Ptr, count int, dt reduce.DataType, op reduce.Op) error {
 	n := float64(len(dst))
-	t.w.tr.record(t.me, charge{kind: opWork, lat: 2 * t.c.alpha, d: t.c.o + n*t.c.beta + n*t.w.gamma})
+	s := t.w.slow
+	t.w.tr.record(t.me, charge{kind: opWork, lat: 2 * t.c.alpha * s, d: (t.c.o + n*t.c.beta + n*t.w.gamma) * s})
 	return t.inner.ReadReduce(stop, dst, src, count, dt, op)
 }
 
@@ -364,7 +372,7 @@ func (t *Transport) NotifyWaited(idx int) {
 	ms := t.mine.pending[idx]
 	t.mine.pending[idx] = nil
 	t.mine.mu.Unlock()
-	t.w.tr.record(t.me, charge{kind: opWait, after: ms, d: t.c.o})
+	t.w.tr.record(t.me, charge{kind: opWait, after: ms, d: t.c.o * t.w.slow})
 }
 
 // Fence returns once every earlier operation is complete at the peer: the
@@ -397,6 +405,11 @@ var (
 // HostProcessors returns the profile's cores (channel.HostProcessors): the
 // simulated ranks of a crowded host run the schedules real ranks of one run
 // (hcomm.Comm.Crowded).
-func (d *Dialer) HostProcessors() int { return d.w.p.Cores }
+func (d *Dialer) HostProcessors() int {
+	if d.w.p.OversubExp > 0 {
+		return 0 // the slowdown model times uncrowded ranks' schedules
+	}
+	return d.w.p.Cores
+}
 
 var _ channel.HostProcessors = (*Dialer)(nil)

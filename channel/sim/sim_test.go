@@ -50,6 +50,8 @@ func TestProfileErrors(t *testing.T) {
 		{"negative cores", func(p *Profile) { p.Cores = -1 }, "cores is -1"},
 		{"negative wake-up", func(p *Profile) { p.WakeUs = -3 }, "wake_us is -3"},
 		{"switch not a number", func(p *Profile) { p.SwitchUs = math.NaN() }, "switch_us is NaN"},
+		{"exponent", func(p *Profile) { p.OversubExp = 5 }, "oversub_exponent is 5"},
+		{"two models", func(p *Profile) { p.OversubExp, p.WakeUs = 1, 20 }, "two models of a crowded host"},
 	} {
 		p := good
 		c.edit(&p)
@@ -75,7 +77,8 @@ func TestProfileErrors(t *testing.T) {
 	if err != nil || p.Intra.AlphaUs != 2 || p.WakeUs != 20 || p.SwitchUs != 5 || !p.Crowded() {
 		t.Errorf("ParseProfile: %+v, %v; want alpha 2 µs, wake-up 20, switch 5, crowded", p, err)
 	}
-	if _, err := ParseProfile([]byte(`{"hosts": 1, "ranks_per_host": 4, "cores": 2, "oversub_exponent": 1}`)); err == nil || !strings.Contains(err.Error(), `unknown field "oversub_exponent"`) {
-		t.Errorf("a profile of the old slowdown model: error %v, want the field named", err)
+	p, err = ParseProfile([]byte(`{"hosts": 1, "ranks_per_host": 4, "cores": 2, "oversub_exponent": 2}`))
+	if err != nil || p.Slowdown() != 4 || Slowdown(2, 4, 2) != 1 {
+		t.Errorf("slowdown of 4 ranks on 2 cores, exponent 2: %v (%v), want 4; of 2 ranks on 4 cores: %v, want 1", p.Slowdown(), err, Slowdown(2, 4, 2))
 	}
 }

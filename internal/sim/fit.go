@@ -121,8 +121,9 @@ func fitProfile(th []float64, n int, host HostCosts) simch.Profile {
 // Fit fits a one-host profile's link costs — α, o, β and γ, each at least
 // 0 — to measurements by least squares on the relative error. host is the
 // measured host: its cores (0: a core per rank) and what a crowded host
-// costs a message, as Probe measured it (zero: nothing), which the fit
-// takes as they are. A case's simulated time is a piecewise linear
+// costs a message, as Probe measured it, which the fit takes as they are
+// (the shared-cores model); with cores but neither cost, the fit is of the
+// slowdown model and finds its exponent too (Profile.OversubExp). A case's simulated time is a piecewise linear
 // function of the costs, homogeneous (the same schedule with every cost
 // doubled takes twice as long): near a profile it is the sum of each cost
 // times the case's slope in it — how many α, o, bytes·β and bytes·γ lie on
@@ -147,11 +148,23 @@ func Fit(points []Measured, host HostCosts, o Options) (Fitted, error) {
 			ranks = append(ranks, p.Ranks)
 		}
 	}
+	// Told cores but no switch or wake-up, the fit is of the slowdown
+	// model (Profile.OversubExp): on one host every cost of every rank is
+	// multiplied by the same factor, and a case's time is homogeneous in
+	// the costs, so a case's time at a slowdown is its time without one
+	// times the slowdown. The cases are simulated without, and the
+	// exponent that fits best is found by trying each from 1 (ranks take
+	// turns, nothing more) to 3.
+	slowdown := host.Cores > 0 && host.WakeUs == 0 && host.SwitchUs == 0
+	simHost := host
+	if slowdown {
+		simHost.Cores = 0
+	}
 	// times simulates every point with the link costs th.
 	times := func(th []float64) ([]float64, error) {
 		ts := make([]float64, len(points))
 		for _, n := range ranks {
-			cl, err := NewCluster(fitProfile(th, n, host), o)
+			cl, err := NewCluster(fitProfile(th, n, simHost), o)
 			if err != nil {
 				return nil, err
 			}
@@ -176,6 +189,7 @@ func Fit(points []Measured, host HostCosts, o Options) (Fitted, error) {
 	}
 	fixed := make([]float64, len(points)) // what the host's costs add
 	theta := slices.Clone(fitStart)
+	exp := 0.0
 	for round := 0; round < fitRounds; round++ {
 		base, err := times(theta)
 		if err != nil {
@@ -199,17 +213,50 @@ func Fit(points []Measured, host HostCosts, o Options) (Fitted, error) {
 				fixed[i] -= coef[i][k] * theta[k]
 			}
 		}
-		next, err := nnls(coef, fixed, points)
-		if err != nil {
-			return Fitted{}, err
+		if !slowdown {
+			next, err := nnls(coef, fixed, points)
+			if err != nil {
+				return Fitted{}, err
+			}
+			theta = next
+			continue
 		}
-		theta = next
+		var best []float64
+		bestErr := math.Inf(1)
+		for e := 1.0; e <= 3.0001; e += 0.05 {
+			sc, sf := make([][]float64, len(points)), make([]float64, len(points))
+			for i, p := range points {
+				s := simch.Slowdown(p.Ranks, host.Cores, e)
+				sc[i] = make([]float64, len(params))
+				for k := range params {
+					sc[i][k] = coef[i][k] * s
+				}
+				sf[i] = fixed[i] * s
+			}
+			th, err := nnls(sc, sf, points)
+			if err != nil {
+				continue
+			}
+			if r := residual(sc, sf, points, th); r < bestErr-1e-12 {
+				best, exp, bestErr = th, e, r
+			}
+		}
+		if best == nil {
+			return Fitted{}, fmt.Errorf("sim: no non-negative α, o, β and γ fit the measurements")
+		}
+		theta = best
 	}
 	pred, err := times(theta)
 	if err != nil {
 		return Fitted{}, err
 	}
 	f := Fitted{Profile: fitProfile(theta, slices.Max(ranks), host), Points: points, Pred: pred}
+	if slowdown {
+		f.Profile.OversubExp = exp
+		for i, p := range points {
+			f.Pred[i] *= simch.Slowdown(p.Ranks, host.Cores, exp)
+		}
+	}
 	return f, f.Profile.Validate()
 }
 

@@ -55,6 +55,40 @@ func TestFitRecoversProfile(t *testing.T) {
 	}
 }
 
+// TestFitFindsSlowdown: times of the slowdown model at 2–4 ranks on 2
+// cores fit back to its costs and exponent when the fit is told only the
+// cores.
+func TestFitFindsSlowdown(t *testing.T) {
+	truth := simch.Level{AlphaUs: 20, OverheadUs: 4, BetaNsPerByte: 0.8}
+	const gamma, cores, exp = 0.3, 2, 1.5
+	var pts []Measured
+	for _, n := range []int{2, 3, 4} {
+		cl, err := NewCluster(simch.Profile{Intra: truth, GammaNsPerByte: gamma, Hosts: 1, RanksPerHost: n, Cores: cores, OversubExp: exp}, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for b := int64(16); b <= 1<<20; b *= 4 {
+			pts = append(pts, Measured{"allreduce", n, b, run(t, cl, Case{Collective: "allreduce", Bytes: b}).Time})
+		}
+		cl.Close()
+	}
+	f, err := Fit(pts, HostCosts{Cores: cores}, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := f.Profile
+	t.Logf("fitted %+v", got)
+	for _, c := range []struct {
+		name      string
+		got, want float64
+	}{{"alpha", got.Intra.AlphaUs, truth.AlphaUs}, {"overhead", got.Intra.OverheadUs, truth.OverheadUs},
+		{"beta", got.Intra.BetaNsPerByte, truth.BetaNsPerByte}, {"gamma", got.GammaNsPerByte, gamma}, {"exponent", got.OversubExp, exp}} {
+		if math.Abs(c.got-c.want) > 0.05*c.want {
+			t.Errorf("%s: fitted %v, want %v", c.name, c.got, c.want)
+		}
+	}
+}
+
 func TestReadBench(t *testing.T) {
 	dir := t.TempDir()
 	good := `{"args": ["hcomm", "bench", "allreduce", "-b", "16"], "config": {"devices": [{}, {}, {}]},

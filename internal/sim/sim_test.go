@@ -146,6 +146,30 @@ func TestCoresShared(t *testing.T) {
 	}
 }
 
+// TestCoresSlowDown: in the slowdown model (oversub_exponent), four ranks
+// on two cores take twice as long as with a core each at exponent 1, and
+// run the same schedule (its ranks are not Crowded).
+func TestCoresSlowDown(t *testing.T) {
+	p := simch.Profile{Intra: simch.Level{AlphaUs: 10, OverheadUs: 1, BetaNsPerByte: 1}, GammaNsPerByte: 0.5, Hosts: 1, RanksPerHost: 16}
+	var times [2]float64
+	for i, cores := range []int{0, 8} {
+		p.Cores, p.OversubExp = cores, 1
+		cl, err := NewCluster(p, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := run(t, cl, Case{"allreduce", collectives.AlgoAuto, 1 << 20})
+		times[i] = r.Time
+		if r.Algo != "hd" {
+			t.Errorf("16 ranks on %d cores, the slowdown model: the selector ran %q, want hd", cores, r.Algo)
+		}
+		cl.Close()
+	}
+	if math.Abs(times[1]/times[0]-2) > 1e-9 {
+		t.Errorf("8 cores: %v s, a core each: %v s; want twice as long", times[1], times[0])
+	}
+}
+
 // TestCrowdedRunsTheTree: the simulated ranks of a crowded host run what
 // real ones do (hcomm.Comm.Crowded: the sim Dialer tells InitAllOver its
 // host's cores): 16 ranks on 2 cores all-reduce 1 MiB with the binomial
