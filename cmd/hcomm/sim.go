@@ -55,7 +55,7 @@ func simCmd(args []string, stdout, stderr io.Writer) int {
 	maxB := fs.String("e", "1M", "largest size")
 	factor := fs.Int("f", 4, "size factor between rows")
 	algos := fs.String("a", "", "algorithms, comma-separated (auto = the selector's; default: auto and every algorithm the collective has)")
-	compare := fs.String("compare", "", "hcomm bench -J files (comma-separated) measured on one host: printed beside the predictions of their rank count")
+	compare := fs.String("compare", "", "hcomm bench -J files (comma-separated) measured on one host: printed beside the predictions of their rank count (the median of files of one rank count)")
 	plot := fs.String("plot", "", "write busbw against size as SVG to this file")
 	jsonOut := fs.String("J", "", "write the predictions as JSON to this file")
 	buffMB := fs.Int64("buffsize", 16, "each rank's HCCL_BUFFSIZE in MB, as the measured runs'")
@@ -136,12 +136,16 @@ func simCmd(args []string, stdout, stderr io.Writer) int {
 				if m.Collective != coll {
 					return fail(fmt.Errorf("%s measures %s, not %s", f, m.Collective, coll))
 				}
-				if measured[m.Ranks] == nil {
-					measured[m.Ranks] = map[int64]float64{}
-				}
-				measured[m.Ranks][m.Bytes] = m.Time
 				points = append(points, m)
 			}
+		}
+		// Files of one rank count are repeated runs: their median.
+		points = sim.Medians(points)
+		for _, m := range points {
+			if measured[m.Ranks] == nil {
+				measured[m.Ranks] = map[int64]float64{}
+			}
+			measured[m.Ranks][m.Bytes] = m.Time
 		}
 	}
 	opts := sim.Options{BufferSize: *buffMB << 20, MemLimit: *memGB << 30}

@@ -4,6 +4,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -129,5 +130,15 @@ func TestAlgoNamesHasEveryAlgorithm(t *testing.T) {
 				t.Errorf("%s's %v: AlgoNames has %v, %v", c, a, got, ok)
 			}
 		}
+	}
+}
+
+// TestMedians: repeated runs of a case merge into their median, in the
+// order the cases first appear; other cases stay apart.
+func TestMedians(t *testing.T) {
+	in := []Measured{{"allreduce", 2, 16, 3}, {"allreduce", 4, 16, 7}, {"allreduce", 2, 16, 100}, {"allreduce", 2, 16, 4}, {"broadcast", 2, 16, 9}}
+	want := []Measured{{"allreduce", 2, 16, 4}, {"allreduce", 4, 16, 7}, {"broadcast", 2, 16, 9}}
+	if got := Medians(in); !slices.Equal(got, want) {
+		t.Errorf("Medians: %v, want %v", got, want)
 	}
 }
