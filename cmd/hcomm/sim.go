@@ -308,15 +308,8 @@ func simFitCmd(args []string, stdout, stderr io.Writer) int {
 	hostFile := fs.String("host", "", "the measured host's costs, as hcomm sim probe writes them (its cores, and what a crowded host costs a message)")
 	out := fs.String("o", "", "write the fitted profile (JSON) to this file; default: standard output only")
 	buffMB := fs.Int64("buffsize", 16, "the measured runs' HCCL_BUFFSIZE in MB")
-	fs.Usage = func() {
-		fmt.Fprint(stderr, simUsage)
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
+	if code, ok := simParse(fs, args, stderr); !ok {
+		return code
 	}
 	if fs.NArg() == 0 {
 		fmt.Fprintln(stderr, "hcomm sim fit: give the hcomm bench -J files to fit (2–4 ranks of one host)")
@@ -368,6 +361,22 @@ func simFitCmd(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
+// simParse parses a sim subcommand's flags with the sim usage; false with
+// the exit code when the command ends there (help: 0, a bad flag: 2).
+func simParse(fs *flag.FlagSet, args []string, stderr io.Writer) (int, bool) {
+	fs.Usage = func() {
+		fmt.Fprint(stderr, simUsage)
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0, false
+		}
+		return 2, false
+	}
+	return 0, true
+}
+
 // ringMember is the hidden subcommand that runs one process of the probe's
 // ring.
 const ringMember = "ring-member"
@@ -379,15 +388,8 @@ func simProbeCmd(args []string, stdout, stderr io.Writer) int {
 	procs := fs.Int("n", 0, "processes of the crowded ring (default 4 × cores, at least 4)")
 	msgs := fs.Int("m", 4000, "messages each process passes on")
 	out := fs.String("o", "", "write the host's costs (JSON) to this file, for hcomm sim fit -host")
-	fs.Usage = func() {
-		fmt.Fprint(stderr, simUsage)
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
+	if code, ok := simParse(fs, args, stderr); !ok {
+		return code
 	}
 	if fs.NArg() != 0 {
 		fmt.Fprintf(stderr, "hcomm sim probe: takes no arguments, have %q\n", fs.Args())

@@ -12,17 +12,14 @@ import (
 	"github.com/hcomm-dev/hcomm/collectives"
 )
 
-// TestFitRecoversProfile: times simulated at 2–4 ranks with a known
-// profile on a crowded host (2 cores, with a switch and a wake-up) fit
-// back to its link costs when the fit is told the host's.
-func TestFitRecoversProfile(t *testing.T) {
-	truth := simch.Level{AlphaUs: 20, OverheadUs: 4, BetaNsPerByte: 0.8}
-	const gamma = 0.3
-	host := HostCosts{Cores: 2, SwitchUs: 6, WakeUs: 15}
+// simulated returns the times of 16 B to 1 MiB all-reduces of 2, 3 and 4
+// ranks simulated with p (its RanksPerHost set to each).
+func simulated(t *testing.T, p simch.Profile) []Measured {
+	t.Helper()
 	var pts []Measured
 	for _, n := range []int{2, 3, 4} {
-		cl, err := NewCluster(simch.Profile{Intra: truth, GammaNsPerByte: gamma, Hosts: 1, RanksPerHost: n,
-			Cores: host.Cores, SwitchUs: host.SwitchUs, WakeUs: host.WakeUs}, Options{})
+		p.RanksPerHost = n
+		cl, err := NewCluster(p, Options{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -31,6 +28,13 @@ func TestFitRecoversProfile(t *testing.T) {
 		}
 		cl.Close()
 	}
+	return pts
+}
+
+// fitsBack fits pts with host and checks that the link costs come back
+// within 5 % of truth's (and the exponent, when truth has one).
+func fitsBack(t *testing.T, pts []Measured, host HostCosts, truth simch.Profile) simch.Profile {
+	t.Helper()
 	f, err := Fit(pts, host, Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -40,19 +44,31 @@ func TestFitRecoversProfile(t *testing.T) {
 	for _, c := range []struct {
 		name      string
 		got, want float64
-	}{{"alpha", got.Intra.AlphaUs, truth.AlphaUs}, {"overhead", got.Intra.OverheadUs, truth.OverheadUs},
-		{"beta", got.Intra.BetaNsPerByte, truth.BetaNsPerByte}, {"gamma", got.GammaNsPerByte, gamma}} {
+	}{{"alpha", got.Intra.AlphaUs, truth.Intra.AlphaUs}, {"overhead", got.Intra.OverheadUs, truth.Intra.OverheadUs},
+		{"beta", got.Intra.BetaNsPerByte, truth.Intra.BetaNsPerByte}, {"gamma", got.GammaNsPerByte, truth.GammaNsPerByte},
+		{"exponent", got.OversubExp, truth.OversubExp}} {
 		if math.Abs(c.got-c.want) > 0.05*c.want {
 			t.Errorf("%s: fitted %v, want %v", c.name, c.got, c.want)
 		}
-	}
-	if got.Cores != host.Cores || got.RanksPerHost != 4 || got.SwitchUs != host.SwitchUs || got.WakeUs != host.WakeUs {
-		t.Errorf("fitted shape %d ranks, %d cores, switch %v, wake %v; want 4, and the host's %+v", got.RanksPerHost, got.Cores, got.SwitchUs, got.WakeUs, host)
 	}
 	for i, p := range f.Points {
 		if math.Abs(f.Pred[i]-p.Time) > 0.05*p.Time {
 			t.Errorf("%d ranks, %d bytes: fitted profile predicts %v s, the truth %v s", p.Ranks, p.Bytes, f.Pred[i], p.Time)
 		}
+	}
+	return got
+}
+
+// TestFitRecoversProfile: times simulated at 2–4 ranks with a known
+// profile on a crowded host (2 cores, with a switch and a wake-up) fit
+// back to its link costs when the fit is told the host's.
+func TestFitRecoversProfile(t *testing.T) {
+	truth := simch.Profile{Intra: simch.Level{AlphaUs: 20, OverheadUs: 4, BetaNsPerByte: 0.8}, GammaNsPerByte: 0.3, Hosts: 1,
+		Cores: 2, SwitchUs: 6, WakeUs: 15}
+	host := HostCosts{Cores: truth.Cores, SwitchUs: truth.SwitchUs, WakeUs: truth.WakeUs}
+	got := fitsBack(t, simulated(t, truth), host, truth)
+	if got.Cores != host.Cores || got.RanksPerHost != 4 || got.SwitchUs != host.SwitchUs || got.WakeUs != host.WakeUs {
+		t.Errorf("fitted shape %d ranks, %d cores, switch %v, wake %v; want 4, and the host's %+v", got.RanksPerHost, got.Cores, got.SwitchUs, got.WakeUs, host)
 	}
 }
 
@@ -60,34 +76,9 @@ func TestFitRecoversProfile(t *testing.T) {
 // cores fit back to its costs and exponent when the fit is told only the
 // cores.
 func TestFitFindsSlowdown(t *testing.T) {
-	truth := simch.Level{AlphaUs: 20, OverheadUs: 4, BetaNsPerByte: 0.8}
-	const gamma, cores, exp = 0.3, 2, 1.5
-	var pts []Measured
-	for _, n := range []int{2, 3, 4} {
-		cl, err := NewCluster(simch.Profile{Intra: truth, GammaNsPerByte: gamma, Hosts: 1, RanksPerHost: n, Cores: cores, OversubExp: exp}, Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		for b := int64(16); b <= 1<<20; b *= 4 {
-			pts = append(pts, Measured{"allreduce", n, b, run(t, cl, Case{Collective: "allreduce", Bytes: b}).Time})
-		}
-		cl.Close()
-	}
-	f, err := Fit(pts, HostCosts{Cores: cores}, Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := f.Profile
-	t.Logf("fitted %+v", got)
-	for _, c := range []struct {
-		name      string
-		got, want float64
-	}{{"alpha", got.Intra.AlphaUs, truth.AlphaUs}, {"overhead", got.Intra.OverheadUs, truth.OverheadUs},
-		{"beta", got.Intra.BetaNsPerByte, truth.BetaNsPerByte}, {"gamma", got.GammaNsPerByte, gamma}, {"exponent", got.OversubExp, exp}} {
-		if math.Abs(c.got-c.want) > 0.05*c.want {
-			t.Errorf("%s: fitted %v, want %v", c.name, c.got, c.want)
-		}
-	}
+	truth := simch.Profile{Intra: simch.Level{AlphaUs: 20, OverheadUs: 4, BetaNsPerByte: 0.8}, GammaNsPerByte: 0.3, Hosts: 1,
+		Cores: 2, OversubExp: 1.5}
+	fitsBack(t, simulated(t, truth), HostCosts{Cores: truth.Cores}, truth)
 }
 
 func TestReadBench(t *testing.T) {
