@@ -22,8 +22,10 @@
 //   - a wait that returns advances the waiter to the arrival of the record
 //     it waited for, then charges it o(L) of processor time for the
 //     receipt; on a crowded host (more ranks than cores) a wait that
-//     blocked — the record arrived after the waiter's clock — returns
-//     Profile.WakeUs after the arrival (the waiter slept);
+//     blocked — the record arrived after the waiter's clock: it slept —
+//     charges Profile.SwitchUs more, and starts Profile.WakeUs after the
+//     arrival when one of the host's processors had nothing to run (it
+//     halted, and wakes first);
 //   - a read is a round trip: 2·α(L), then o(L) + S·β(L) of processor
 //     time; a fence waits for the channel's last arrival;
 //   - a local copy or reduction of S bytes costs S·γ of processor time, and
@@ -39,10 +41,11 @@
 // sender's o alone held 8 sizes of 9 within 25 %; BENCHMARKS.md, stop 28).
 //
 // The clock is one per rank: a rank's streams share it, so work a rank runs
-// on two streams at once is charged one after the other. Work is placed on
-// a host's processors, and messages on its NIC, in the order the
-// goroutines issue them, which is not always the order of their virtual
-// times.
+// on two streams at once is charged one after the other. The charges are
+// recorded as the ranks' goroutines make them and replayed in virtual-time
+// order once the case is over (replay.go), so a host's processors and NIC
+// go to the charges that reach them first in virtual time, whatever order
+// the goroutines ran in.
 package sim
 
 import (
@@ -66,8 +69,8 @@ const Name = "sim"
 // cost is a level's profile in seconds.
 type cost struct{ alpha, o, beta float64 }
 
-// World is one simulated cluster: the ranks' clocks, the hosts' NICs and the
-// fabric their channels meet on. Safe for concurrent use.
+// World is one simulated cluster: the trace of its ranks' charges (replayed
+// by Finish) and the fabric their channels meet on. Safe for concurrent use.
 type World struct {
 	p         Profile
 	intra     cost
