@@ -151,8 +151,16 @@ func simCmd(args []string, stdout, stderr io.Writer) int {
 	opts := sim.Options{BufferSize: *buffMB << 20, MemLimit: *memGB << 30}
 	var all []sim.Result
 	fmt.Fprintf(stdout, "# hcomm sim %s: profile %s\n", coll, *profile)
-	fmt.Fprintf(stdout, "#   intra α %.3g µs o %.3g µs β %.4g ns/B; inter α %.3g µs o %.3g µs β %.4g ns/B; γ %.4g ns/B; cores per host %d\n",
-		prof.Intra.AlphaUs, prof.Intra.OverheadUs, prof.Intra.BetaNsPerByte, prof.Inter.AlphaUs, prof.Inter.OverheadUs, prof.Inter.BetaNsPerByte, prof.GammaNsPerByte, prof.Cores)
+	crowding := "" // how a crowded host is modelled
+	switch {
+	case prof.Cores == 0:
+	case prof.OversubExp > 0:
+		crowding = fmt.Sprintf(" (slowdown, exponent %.3g)", prof.OversubExp)
+	default:
+		crowding = fmt.Sprintf(" (shared; switch %.3g µs, wake-up %.3g µs)", prof.SwitchUs, prof.WakeUs)
+	}
+	fmt.Fprintf(stdout, "#   intra α %.3g µs o %.3g µs β %.4g ns/B; inter α %.3g µs o %.3g µs β %.4g ns/B; γ %.4g ns/B; cores per host %d%s\n",
+		prof.Intra.AlphaUs, prof.Intra.OverheadUs, prof.Intra.BetaNsPerByte, prof.Inter.AlphaUs, prof.Inter.OverheadUs, prof.Inter.BetaNsPerByte, prof.GammaNsPerByte, prof.Cores, crowding)
 	fmt.Fprintf(stdout, "# %6s %6s %10s %-9s %12s %8s %8s %12s %7s\n", "ranks", "hosts", "size", "algo", "time(us)", "algbw", "busbw", "measured", "error")
 	for _, n := range ns {
 		p := prof
