@@ -59,7 +59,7 @@ func simCmd(args []string, stdout, stderr io.Writer) int {
 	plot := fs.String("plot", "", "write busbw against size as SVG to this file")
 	jsonOut := fs.String("J", "", "write the predictions as JSON to this file")
 	buffMB := fs.Int64("buffsize", 16, "each rank's HCCL_BUFFSIZE in MB, as the measured runs'")
-	memGB := fs.Int64("mem", 8, "memory the simulation may use over all ranks, GB")
+	memGB := fs.Int64("mem", 8, "memory the simulation may use over all ranks, GB: the send and receive buffers, and apart the heap while a case runs (a case over it is aborted)")
 	fs.Usage = func() {
 		fmt.Fprint(stderr, simUsage)
 		fs.PrintDefaults()

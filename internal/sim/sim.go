@@ -8,7 +8,8 @@
 //
 // Sizes are not scaled: a predicted size is what moves, so memory grows as
 // ranks × size (Options.MemLimit refuses a case whose send and receive
-// buffers would pass it, naming both). The HCCL buffer is Options.BufferSize
+// buffers would pass it, naming both, and aborts one whose Go heap passes
+// it as it runs: Cluster.guard). The HCCL buffer is Options.BufferSize
 // per rank (16 MB by default, as the measured runs' HCCL_BUFFSIZE=16), which
 // fixes the pipeline's piece size and the hello slots exactly as on a real
 // run; it is reserved address space, committed only where a schedule
@@ -25,8 +26,10 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"runtime/metrics"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	simch "github.com/hcomm-dev/hcomm/channel/sim"
@@ -40,7 +43,9 @@ type Options struct {
 	// BufferSize is each rank's HCCL_BUFFSIZE in bytes (default 16 MiB).
 	BufferSize int64
 	// MemLimit bounds the device memory a case may use over all ranks,
-	// in bytes (default 8 GiB).
+	// and, apart, the Go heap of the process while it runs, in bytes
+	// (default 8 GiB): a case over either fails with an error; one over
+	// the heap aborts every rank, leaving the cluster unusable.
 	MemLimit int64
 	// Timeout bounds the real time of one case (default 2 minutes): a
 	// schedule that hangs fails with the ranks that did not finish.
@@ -192,6 +197,58 @@ type Cluster struct {
 	cap     int64           // bytes of each buffer
 	runs    int             // cases run: the inputs' salt
 	algos   *algoLog
+	aborted error // why a case aborted every rank (guard), or nil
+}
+
+// guardEvery is how often a running case's heap is looked at.
+const guardEvery = 50 * time.Millisecond
+
+// guard watches the process's Go heap while a case runs — the schedules'
+// channels and the trace, which Options.MemLimit's check of the buffers
+// does not see (an algorithm whose setup reaches every peer holds n²
+// channels) — and aborts every rank when it passes Options.MemLimit, so
+// that the case fails with an error instead of taking the machine's
+// memory. The returned function stops the watch and reports the heap that
+// passed the limit, or 0.
+func (cl *Cluster) guard() func() int64 {
+	sample := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}}
+	heap := func() int64 {
+		metrics.Read(sample)
+		return int64(sample[0].Value.Uint64())
+	}
+	var over atomic.Int64
+	abort := func(h int64) {
+		over.Store(h)
+		for _, c := range cl.comms {
+			c.Abort()
+		}
+	}
+	done, exited := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(exited)
+		if h := heap(); h > cl.o.MemLimit {
+			abort(h)
+			return
+		}
+		t := time.NewTicker(guardEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+			}
+			if h := heap(); h > cl.o.MemLimit {
+				abort(h)
+				return
+			}
+		}
+	}()
+	return func() int64 {
+		close(done)
+		<-exited
+		return over.Load()
+	}
 }
 
 // algoLog keeps the algorithm of the last collective rank 0 issued, from
@@ -332,6 +389,9 @@ func (cl *Cluster) grow(n int64) error {
 // fails naming the collective, the size, and the first rank and element
 // that came out wrong; or with the collective's error.
 func (cl *Cluster) Run(cs Case) (Result, error) {
+	if cl.aborted != nil {
+		return Result{}, fmt.Errorf("sim: the cluster is unusable: %w", cl.aborted)
+	}
 	co, ok := colls[cs.Collective]
 	if !ok {
 		return Result{}, fmt.Errorf("sim: no collective %q (have %s)", cs.Collective, strings.Join(Collectives(), ", "))
@@ -355,6 +415,7 @@ func (cl *Cluster) Run(cs Case) (Result, error) {
 	}
 	cl.w.Reset()
 	o := &collectives.Options{Algorithm: cs.Algorithm}
+	over := cl.guard()
 	err := eachRank(n, func(r int) error {
 		s := cl.streams[r]
 		if err := co.run(cl.comms[r], s, cl.bufs[r][0], cl.bufs[r][1], sc, rc, o); err != nil {
@@ -362,6 +423,10 @@ func (cl *Cluster) Run(cs Case) (Result, error) {
 		}
 		return s.SynchronizeWithTimeout(cl.o.Timeout)
 	})
+	if heap := over(); heap > 0 {
+		cl.aborted = fmt.Errorf("sim: %s %s of %d bytes over %d ranks took %d bytes of heap, over the memory limit of %d (-mem): every rank was aborted, and the cluster with them", cs.Collective, cs.Algorithm, cs.Bytes, n, heap, cl.o.MemLimit)
+		return Result{}, cl.aborted
+	}
 	if err != nil {
 		return Result{}, fmt.Errorf("sim: %s %s of %d bytes over %d ranks: %w", cs.Collective, cs.Algorithm, cs.Bytes, n, err)
 	}

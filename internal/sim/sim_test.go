@@ -310,3 +310,22 @@ func TestBadInput(t *testing.T) {
 }
 
 func itoa(n int) string { return strconv.Itoa(n) }
+
+// TestHeapGuard: a case whose heap passes the memory limit is aborted with
+// an error naming the limit, and the cluster refuses the cases after it
+// (the ring at 1024 ranks and 64 KiB grew past 24 GB without the guard).
+// The limit here is below what the cluster's communicators hold already.
+func TestHeapGuard(t *testing.T) {
+	cl, err := NewCluster(simch.Profile{Intra: simch.Level{AlphaUs: 1}, Hosts: 1, RanksPerHost: 8}, Options{MemLimit: 64 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	_, err = cl.Run(Case{"allreduce", collectives.AlgoAuto, 64})
+	if err == nil || !strings.Contains(err.Error(), "over the memory limit of 65536 (-mem)") {
+		t.Fatalf("a case over the heap limit: error %v", err)
+	}
+	if _, err := cl.Run(Case{"allreduce", collectives.AlgoAuto, 64}); err == nil || !strings.Contains(err.Error(), "unusable") {
+		t.Errorf("the case after: error %v, want the cluster unusable", err)
+	}
+}
