@@ -1024,26 +1024,10 @@ func TestRing(t *testing.T) {
 // the peer's side is not what is checked here.)
 func TestStuckSendIsDetected(t *testing.T) {
 	const timeout = 400 * time.Millisecond
-	d0 := newDialer(t, Options{PeerTimeout: timeout, Streams: 1})
-	d1 := newDialer(t, Options{PeerTimeout: 20 * timeout, Streams: 1})
-	r0, r1 := newRankMem(t, 0, 4096), newRankMem(t, 1, 4096)
-	e0, e1 := exchangePair()
+	p := connectPair(t, Options{PeerTimeout: timeout, Streams: 1}, Options{PeerTimeout: 20 * timeout, Streams: 1}, 4096, 1)
+	c0, c1, r0 := p.c0, p.c1, p.r0
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	var c1 *channel.Conn
-	var err1 error
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		c1, err1 = d1.Connect(ctx, r1.local(0, 1), e1)
-	}()
-	c0, err0 := d0.Connect(ctx, r0.local(1, 1), e0)
-	<-done
-	if err0 != nil || err1 != nil {
-		t.Fatal(err0, err1)
-	}
-	defer c0.Transport.Close()
-	defer c1.Transport.Close()
 	// Rank 1 keeps writing, so that rank 0 hears from it throughout.
 	stopW := make(chan struct{})
 	var wg sync.WaitGroup
