@@ -180,6 +180,7 @@ func broadcastRing(sc *sched, buf device.Ptr, bytes int64, root int, ln *loan) {
 	pos := mod(me-root, n)
 	right, left := mod(me+1, n), mod(me-1, n)
 	per := sc.piece()
+	ln.setPieces(bytes, per)
 	for lo := int64(0); lo < bytes; lo += per {
 		m := min(per, bytes-lo)
 		if pos == 0 {
@@ -187,7 +188,7 @@ func broadcastRing(sc *sched, buf device.Ptr, bytes int64, root int, ln *loan) {
 			continue
 		}
 		if ln.takes(left) {
-			sc.recvLent(left)
+			sc.recvLent(ln, left)
 			if pos < n-1 {
 				sc.sendPiece(ln, right, lo, buf.Add(lo), m)
 			}

@@ -237,10 +237,12 @@
 // receipt nor reads lent memory (below) stays staged within the same call.
 // The Broadcast's tree and ring over tcp lend every receiver's buffer too,
 // and go by lent pipes: each piece is written straight to its place in the
-// receiver's buffer with the pipe's own notify, acknowledged as soon as it
-// is waited for, and forwarded from there — the staged pipes' copy of every
-// piece out of the inbox is gone (2 processes, 1 MiB: 276–326 µs staged
-// against 159–259 lent, interleaved). Over a network the pipes move pieces
+// receiver's buffer with a notify of the lent pipes' own, acknowledged only
+// when the sender waits for it (a piece two further on), and forwarded from
+// there — the staged pipes' copy of every piece out of the inbox is gone
+// (2 processes, 1 MiB: 276–326 µs staged against 159–259 lent,
+// interleaved), and so is the wait at a call's end for its last pieces'
+// acknowledgements. Over a network the pipes move pieces
 // of at most 256 KiB (netPiece, tuning.go), lent or staged.
 // An AlltoAll or AlltoAllV
 // whose send and receive buffers overlap is refused (ErrPara): there is no

@@ -55,6 +55,12 @@ const NetPiece = netPiece
 // LentPipes counts the pieces sent by lent pipes (tcp).
 func LentPipes() int64 { return lentPipes.Load() }
 
+// LentAcks counts the acknowledgements the lent pipes' receivers recorded.
+func LentAcks() int64 { return lentAcks.Load() }
+
+// LentWindow is how many pieces a lent pipe may have unacknowledged.
+const LentWindow = lentWindow
+
 // LentReads counts the lent reads run (shm, through the kernel).
 func LentReads() int64 { return lentReads.Load() }
 

@@ -68,6 +68,9 @@ type loan struct {
 	files     []channel.PeerFile // by rank: where the peer's send buffer lies in its memory file, from its hello
 	k         []uint64           // by rank: the gather slot whose nDone this rank's write or read records
 	least     int64              // the least data a pair that reads lent memory reads so (readLeast)
+	pieces    int64              // lent pipes: the pieces of the call each pair moves (setPieces)
+	sentTo    []int64            // lent pipes, by rank: pieces of the call written to it so far
+	recvFrom  []int64            // lent pipes, by rank: pieces of the call received from it so far
 }
 
 // lend sets up the loan of recv (n bytes) and send for the call: the pairs
@@ -530,20 +533,56 @@ func (s *sched) lendHello(h header, algo Algorithm, recv device.Ptr, n int64, se
 	return ln, true
 }
 
-// Lent pipes (tcp): a pipe whose pieces the sender writes straight to
-// their place in the receiver's lent receive buffer
-// (hcomm.WriteLentWithNotifyNbi) instead of its inbox, signalled by the
-// pipe's own nData and acknowledged by its nAck. The receiver acknowledges
-// a piece as soon as it has waited for it: there is no slot to empty, and
-// the acknowledgement only frees the notify for the piece after next (a
-// notify is a flag; two records of one index with no wait between them
-// would collapse). The pipes' counters count a piece alike whichever way
-// it goes, so one schedule may send some pairs' pieces lent and others'
-// through the inboxes; both ends of a pair decide alike (ln.takes, from
-// the channel they share). A rank forwards a piece from where it landed,
-// its own receive buffer. Where a staged piece costs the receiver a copy
-// out of its inbox for each piece it receives, a lent one costs none:
-// the socket reads it into place.
+// Lent pipes (tcp): the sender writes each piece straight to its place in
+// the receiver's lent receive buffer (hcomm.WriteLentWithNotifyNbi)
+// instead of its inbox, with a notify of the lent pipes' own: piece j of
+// the call records nLentData + j mod lentWindow. There is no slot to
+// empty, so an acknowledgement only frees a notify for reuse (a notify is a
+// flag: two records of one index with no wait between them would
+// collapse), and paces the sender: the receiver acknowledges piece j, on
+// nLentAck + j mod lentWindow, when the call has a piece j + lentWindow,
+// and the sender waits for that before it writes the piece. The last
+// lentWindow pieces of a call go unacknowledged and nothing drains at its
+// end: the next call's handshake is what frees their indices (the
+// collectives of a communicator run one after another on every rank, so
+// the receiver sends its next hello once it has waited for every piece,
+// and the sender writes nothing before it has that hello, whose loan gives
+// the address). Every acknowledgement the receiver records is one the
+// sender waits for within the call, so none is left to record once the
+// sender's call is over: the sender may destroy its communicator then.
+// The pieces are counted per call (loan.sentTo, loan.recvFrom), apart from
+// the staged pipes' counters, and both ends of a pair count alike: the
+// schedules cut every pair's data into the same pieces (setPieces), and
+// both ends decide alike whether a pair lends (ln.takes, from the channel
+// they share). A rank forwards a piece from where it landed, its own
+// receive buffer. Where a staged piece costs the receiver a copy out of
+// its inbox for each piece it receives, a lent one costs none: the socket
+// reads it into place.
+//
+// Against the same pipe acknowledging every piece and draining the last
+// two at the end, over tcp loopback on the 2-core VM, launches interleaved
+// (BENCHMARKS.md, stop 29): 2 processes, 1 MiB broadcast 141–184 µs
+// against 157–193, 512 KiB 78–111 against 86–167, 4 MiB 628–691 against
+// 626–1358; 4 processes 1 MiB 427–673 against 461–749, 4 MiB alike. A
+// window of four pieces, with the same unacknowledged end, was slower
+// (2 processes 4 MiB 916–1307 µs, 4 processes 1 MiB 659–962): with more of
+// a call in the socket at once, each 256 KiB write (whose loopback
+// delivery runs the receiving side of tcp inside the sender's system
+// call) took 45–80 µs instead of 28–39.
+
+// lentWindow is how many pieces a lent pipe may have unacknowledged.
+const lentWindow = 2
+
+// setPieces tells the loan how many pieces the call moves over each lent
+// pair, the same on both ends.
+func (ln *loan) setPieces(bytes, per int64) {
+	if ln == nil || per <= 0 {
+		return
+	}
+	ln.pieces = (bytes + per - 1) / per
+	n := len(ln.lends)
+	ln.sentTo, ln.recvFrom = make([]int64, n), make([]int64, n)
+}
 
 // openLentPipes opens a collective whose pieces go by lent pipes where the
 // pair lends: it lends recv (n bytes; n 0: this rank receives nothing) and
@@ -573,19 +612,29 @@ func (s *sched) openPipes(h header, algo Algorithm, recv device.Ptr, n int64) *l
 	return s.openLentPipes(h, algo, recv, n)
 }
 
-// lentPipes counts the pieces sent by lent pipes: a test's witness.
-var lentPipes atomic.Int64
+// lentPipes counts the pieces sent by lent pipes, and lentAcks the
+// acknowledgements their receivers recorded: a test's witnesses.
+var lentPipes, lentAcks atomic.Int64
 
 // sendPiece sends n bytes at src to peer: by the lent pipe, to off in the
-// peer's receive buffer, when the pair lends; through the peer's inbox
-// otherwise.
+// peer's receive buffer, when the pair lends (once the piece lentWindow
+// before it is acknowledged); through the peer's inbox otherwise.
 func (s *sched) sendPiece(ln *loan, peer int, off int64, src device.Ptr, n int64) {
 	if !ln.takes(peer) {
 		s.pipeSend(peer, src, n)
 		return
 	}
-	k, ok := s.pipeNext(peer)
-	if !ok {
+	s.jitter()
+	j := ln.sentTo[peer]
+	ln.sentTo[peer]++
+	if j >= ln.pieces {
+		s.do(fmt.Errorf("collectives: rank %d's lent pipe to rank %d sends piece %d of a call of %d", s.st.comm.Rank(), peer, j, ln.pieces))
+		return
+	}
+	if j >= lentWindow {
+		s.wait(peer, nLentAck+int(j%lentWindow)) // piece j − lentWindow is in: its notify is free again
+	}
+	if !s.ok() {
 		return
 	}
 	ch, me := s.ch(peer), s.st.comm.Rank()
@@ -595,19 +644,28 @@ func (s *sched) sendPiece(ln *loan, peer int, off int64, src device.Ptr, n int64
 			return fmt.Errorf("collectives: rank %d has no receive buffer address of rank %d", me, peer)
 		}
 		lentPipes.Add(1)
-		return hcomm.WriteLentWithNotifyNbi(stop, ch, dst.Add(off), src, n, nData+int(k))
+		return hcomm.WriteLentWithNotifyNbi(stop, ch, dst.Add(off), src, n, nLentData+int(j%lentWindow))
 	})
 }
 
 // recvLent waits for the next piece peer sends by the lent pipe (in place
-// in this rank's receive buffer once the wait is over) and acknowledges it.
-func (s *sched) recvLent(peer int) {
+// in this rank's receive buffer once the wait is over), and acknowledges it
+// when the call has a piece lentWindow further on, which waits for that.
+func (s *sched) recvLent(ln *loan, peer int) {
 	s.jitter()
-	st := s.st
-	k := st.recvd[peer] % 2
-	st.recvd[peer]++
-	s.wait(peer, nData+int(k))
-	s.record(peer, nAck+int(k))
+	j := ln.recvFrom[peer]
+	ln.recvFrom[peer]++
+	if j >= ln.pieces {
+		s.do(fmt.Errorf("collectives: rank %d's lent pipe from rank %d receives piece %d of a call of %d", s.st.comm.Rank(), peer, j, ln.pieces))
+		return
+	}
+	s.wait(peer, nLentData+int(j%lentWindow))
+	if j+lentWindow < ln.pieces {
+		if s.ok() {
+			lentAcks.Add(1)
+		}
+		s.record(peer, nLentAck+int(j%lentWindow))
+	}
 }
 
 // pairwise moves, for r = 1 … n-1, this rank's data for rank me+r and

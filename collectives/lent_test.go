@@ -118,6 +118,41 @@ func TestLentPipesOverTCP(t *testing.T) {
 	}
 }
 
+// TestLentPipesAcknowledgeWhatTheSenderWaitsFor: a lent pipe's receiver
+// acknowledges a piece only when the call has a piece LentWindow further
+// on (the sender waits for that acknowledgement before writing it), never
+// the call's last LentWindow pieces, whose notifies the next call's
+// handshake frees: over tcp, 2 and 3 ranks, the tree and the ring, calls
+// of 1 to 9 pieces back to back in an order that mixes them (a call of
+// many pieces after one of few and the other way), each exact and
+// acknowledged (n−1)·max(0, pieces−LentWindow) times. Acknowledging every
+// piece and draining the last ones, as before, fails the count.
+func TestLentPipesAcknowledgeWhatTheSenderWaitsFor(t *testing.T) {
+	for _, n := range []int{2, 3} {
+		t.Run(fmt.Sprintf("ranks=%d", n), func(t *testing.T) {
+			comms := hcommtest.Options{Config: &hcomm.Config{BufferSize: 8 << 20}}.New(t, n, hcommtest.TCP)
+			if p := collectives.PieceBytes(comms[0]); p <= collectives.NetPiece {
+				t.Fatalf("an 8 MiB buffer's slot is %d bytes, not more than the network's piece %d", p, collectives.NetPiece)
+			}
+			sent := collectives.LentPipes()
+			for _, pieces := range []int64{3, 1, 9, 2, 4, 5, 1, 6} {
+				for _, algo := range []collectives.Algorithm{collectives.AlgoRing, collectives.AlgoTree} {
+					m := matrixCase{dt: hcomm.Int8, op: hcomm.Sum, count: pieces*collectives.NetPiece - 5, root: int(pieces) % n, inline: 1 << 40}
+					before := collectives.LentAcks()
+					broadcastRaw(t, comms, m, algo)
+					want := int64(n-1) * max(0, pieces-collectives.LentWindow)
+					if got := collectives.LentAcks() - before; got != want {
+						t.Fatalf("%v broadcast of %d pieces over %d ranks: %d acknowledgements, want %d", algo, pieces, n, got, want)
+					}
+				}
+			}
+			if collectives.LentPipes() == sent {
+				t.Fatal("no piece went by a lent pipe: the broadcasts were all staged")
+			}
+		})
+	}
+}
+
 // TestLentInProcessAnySize: between the ranks of one process the
 // all-gather and the all-to-all write every block straight into the peers'
 // receive buffers at any size, streamed past the cache (the lent copy was

@@ -19,12 +19,16 @@ import (
 // without two records of one index collapsing (a notify is a flag, not a
 // counter).
 const (
-	nData     = 0 // + slot: "a piece is in your inbox slot from me"
-	nAck      = 2 // + slot: "inbox slot consumed, you may write it again"
-	nHello    = 4 // + parity: the handshake that opens every collective
-	nReady    = 6 // + slot: "my gather slot holds what you may read now"
-	nDone     = 8 // + slot: "I have read your gather slot"
-	notifyNum = 10
+	nData  = 0 // + slot: "a piece is in your inbox slot from me"
+	nAck   = 2 // + slot: "inbox slot consumed, you may write it again"
+	nHello = 4 // + parity: the handshake that opens every collective
+	nReady = 6 // + slot: "my gather slot holds what you may read now"
+	nDone  = 8 // + slot: "I have read your gather slot"
+	// The lent pipes' own (lent.go): a piece's arrival and its
+	// acknowledgement, lentWindow of each, used in turn.
+	nLentData = 10 // + piece mod lentWindow: "a piece of this call is in your buffer"
+	nLentAck  = nLentData + lentWindow
+	notifyNum = nLentAck + lentWindow
 	chanTag   = "hcomm/collectives"
 )
 

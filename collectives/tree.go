@@ -47,6 +47,7 @@ func broadcastTree(sc *sched, buf device.Ptr, bytes int64, root int, ln *loan) {
 	real := func(u int) int { return (u + root) % n }
 	kids := treeChildren(v, n)
 	per := sc.piece()
+	ln.setPieces(bytes, per)
 	for lo := int64(0); lo < bytes; lo += per {
 		m := min(per, bytes-lo)
 		if v == 0 {
@@ -56,7 +57,7 @@ func broadcastTree(sc *sched, buf device.Ptr, bytes int64, root int, ln *loan) {
 			continue
 		}
 		if parent := real(treeParent(v)); ln.takes(parent) {
-			sc.recvLent(parent) // the piece is in buf
+			sc.recvLent(ln, parent) // the piece is in buf
 			for _, k := range kids {
 				sc.sendPiece(ln, real(k), lo, buf.Add(lo), m)
 			}
