@@ -8,7 +8,8 @@
 #      50 timed iterations as sitting.sh's scale rows do (at the default
 #      HCCL_BUFFSIZE unless it is set);
 #      64 processes: NPS=64 MODES=tcp COLLS=allreduce scripts/sitting-colls.sh 256 65536 1048576
-#      (Open MPI's coll_bench starts at 4 bytes a rank: 256 B at 64 ranks).
+#      (Open MPI's coll_bench starts at 4 bytes a rank: below that, its row is
+#      4·np bytes, marked "(Open MPI at N B)" — 64 B at 16 ranks, 256 B at 64).
 # Like sitting.sh it builds hcomm from this checkout and Open MPI's coll_bench.c
 # from ../shared/peers, runs them interleaved launch by launch, and prints medians
 # and the busbw ratio hcomm / Open MPI (above 1: hcomm ahead), with both times.
@@ -60,16 +61,20 @@ for coll in ${COLLS:-allreduce broadcast allgather reducescatter alltoall}; do
     for np in ${NPS:-2 4}; do
       for b in $sizes; do
         ht=(); hb=(); mt=(); mb=()
+        # coll_bench moves at least 4 bytes a rank: below 4·np bytes Open MPI
+        # runs 4·np, and the row says so (hcomm keeps the size asked for).
+        ms=$b note=
+        if [ "$b" -lt $((4 * np)) ]; then ms=$((4 * np)) note="  (Open MPI at $ms B)"; fi
         for i in $(seq 1 "$REPS"); do
           read -r t bw < <(hrun "$mode" "$np" "$coll" "$b"); ht+=("${t:-nan}"); hb+=("${bw:-nan}")
-          read -r t bw < <(mrun "$tr" "$np" "$(mpiop "$coll")" "$b"); mt+=("${t:-nan}"); mb+=("${bw:-nan}")
+          read -r t bw < <(mrun "$tr" "$np" "$(mpiop "$coll")" "$ms"); mt+=("${t:-nan}"); mb+=("${bw:-nan}")
         done
         h=$(med "${hb[@]}"); m=$(med "${mb[@]}"); htm=$(med "${ht[@]}"); mtm=$(med "${mt[@]}")
         # busbw is bytes over time, so the busbw ratio is Open MPI's time over
         # hcomm's: taken from the times, it stays exact where busbw rounds to 0.
         r=$(awk -v a="$htm" -v b="$mtm" 'BEGIN{ if (a>0 && b>0) printf "%.2f", b/a; else print "nan" }')
-        printf '%-13s %-6s np=%s %9s  busbw hcomm %7s  OpenMPI %7s  ratio %5s  us hcomm %8s  OpenMPI %8s\n' \
-          "$coll" "$mode" "$np" "$b" "$h" "$m" "$r" "$htm" "$mtm"
+        printf '%-13s %-6s np=%s %9s  busbw hcomm %7s  OpenMPI %7s  ratio %5s  us hcomm %8s  OpenMPI %8s%s\n' \
+          "$coll" "$mode" "$np" "$b" "$h" "$m" "$r" "$htm" "$mtm" "$note"
       done
     done
   done
