@@ -624,11 +624,8 @@ func (s *sched) sendPiece(ln *loan, peer int, off int64, src device.Ptr, n int64
 		s.pipeSend(peer, src, n)
 		return
 	}
-	s.jitter()
-	j := ln.sentTo[peer]
-	ln.sentTo[peer]++
-	if j >= ln.pieces {
-		s.do(fmt.Errorf("collectives: rank %d's lent pipe to rank %d sends piece %d of a call of %d", s.st.comm.Rank(), peer, j, ln.pieces))
+	j, ok := s.nextLent(ln.sentTo, ln, peer, "sends")
+	if !ok {
 		return
 	}
 	if j >= lentWindow {
@@ -652,11 +649,8 @@ func (s *sched) sendPiece(ln *loan, peer int, off int64, src device.Ptr, n int64
 // in this rank's receive buffer once the wait is over), and acknowledges it
 // when the call has a piece lentWindow further on, which waits for that.
 func (s *sched) recvLent(ln *loan, peer int) {
-	s.jitter()
-	j := ln.recvFrom[peer]
-	ln.recvFrom[peer]++
-	if j >= ln.pieces {
-		s.do(fmt.Errorf("collectives: rank %d's lent pipe from rank %d receives piece %d of a call of %d", s.st.comm.Rank(), peer, j, ln.pieces))
+	j, ok := s.nextLent(ln.recvFrom, ln, peer, "receives")
+	if !ok {
 		return
 	}
 	s.wait(peer, nLentData+int(j%lentWindow))
@@ -666,6 +660,21 @@ func (s *sched) recvLent(ln *loan, peer int) {
 		}
 		s.record(peer, nLentAck+int(j%lentWindow))
 	}
+}
+
+// nextLent counts the next piece of the call on the lent pipe with peer
+// (counts: ln.sentTo or ln.recvFrom) and returns its number; false, the
+// schedule failed, past the call's last piece (both ends cut the data
+// alike, so only a bug gets there).
+func (s *sched) nextLent(counts []int64, ln *loan, peer int, verb string) (int64, bool) {
+	s.jitter()
+	j := counts[peer]
+	counts[peer]++
+	if j >= ln.pieces {
+		s.do(fmt.Errorf("collectives: rank %d's lent pipe with rank %d %s piece %d of a call of %d", s.st.comm.Rank(), peer, verb, j, ln.pieces))
+		return 0, false
+	}
+	return j, true
 }
 
 // pairwise moves, for r = 1 … n-1, this rank's data for rank me+r and
