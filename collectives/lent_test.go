@@ -1,9 +1,11 @@
 package collectives_test
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -150,6 +152,69 @@ func TestLentPipesAcknowledgeWhatTheSenderWaitsFor(t *testing.T) {
 				t.Fatal("no piece went by a lent pipe: the broadcasts were all staged")
 			}
 		})
+	}
+}
+
+// TestLentPipesSenderDestroysAtOnce: no acknowledgement is left for a
+// lent pipe's receiver to record once its sender's call is over, so the
+// root may destroy its communicator as soon as its stream is done: over
+// tcp, 2 ranks, a broadcast of 5 pieces whose root destroys right after
+// its synchronize (its call ends with the last piece written, the
+// receiver perhaps still reading the last two, which nothing acknowledges)
+// — the receiver's broadcast completes with the root's data and no error,
+// five times.
+func TestLentPipesSenderDestroysAtOnce(t *testing.T) {
+	const size = 5*collectives.NetPiece - 3
+	for round := range 5 {
+		comms := hcommtest.Options{Config: &hcomm.Config{BufferSize: 8 << 20}}.New(t, 2, hcommtest.TCP)
+		want := make([]byte, size)
+		for i := range want {
+			want[i] = byte(i*7 + round)
+		}
+		got := make([]byte, size)
+		errs := make([]error, 2)
+		var wg sync.WaitGroup
+		for r, c := range comms {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				errs[r] = func() error {
+					s, err := c.Device().CreateStream()
+					if err != nil {
+						return err
+					}
+					defer s.Destroy()
+					buf, err := c.Device().Malloc(size)
+					if err != nil {
+						return err
+					}
+					if r == 0 {
+						if err := c.Device().MemcpyHtoD(buf, want); err != nil {
+							return err
+						}
+					}
+					if err := collectives.Broadcast(buf, size, hcomm.Int8, 0, c, s, &collectives.Options{Algorithm: collectives.AlgoRing}); err != nil {
+						return err
+					}
+					if err := s.SynchronizeWithTimeout(30 * time.Second); err != nil {
+						return err
+					}
+					if r == 0 {
+						return c.Destroy()
+					}
+					return c.Device().MemcpyDtoH(got, buf)
+				}()
+			}()
+		}
+		wg.Wait()
+		for r, err := range errs {
+			if err != nil {
+				t.Fatalf("round %d: rank %d: %v", round, r, err)
+			}
+		}
+		if !bytes.Equal(got, want) {
+			t.Fatalf("round %d: the receiver's buffer differs from the root's", round)
+		}
 	}
 }
 
