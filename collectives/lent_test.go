@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -172,46 +171,33 @@ func TestLentPipesSenderDestroysAtOnce(t *testing.T) {
 			want[i] = byte(i*7 + round)
 		}
 		got := make([]byte, size)
-		errs := make([]error, 2)
-		var wg sync.WaitGroup
-		for r, c := range comms {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				errs[r] = func() error {
-					s, err := c.Device().CreateStream()
-					if err != nil {
-						return err
-					}
-					defer s.Destroy()
-					buf, err := c.Device().Malloc(size)
-					if err != nil {
-						return err
-					}
-					if r == 0 {
-						if err := c.Device().MemcpyHtoD(buf, want); err != nil {
-							return err
-						}
-					}
-					if err := collectives.Broadcast(buf, size, hcomm.Int8, 0, c, s, &collectives.Options{Algorithm: collectives.AlgoRing}); err != nil {
-						return err
-					}
-					if err := s.SynchronizeWithTimeout(30 * time.Second); err != nil {
-						return err
-					}
-					if r == 0 {
-						return c.Destroy()
-					}
-					return c.Device().MemcpyDtoH(got, buf)
-				}()
-			}()
-		}
-		wg.Wait()
-		for r, err := range errs {
+		run(t, comms, func(c *hcomm.Comm) error {
+			r := c.Rank()
+			s, err := c.Device().CreateStream()
 			if err != nil {
-				t.Fatalf("round %d: rank %d: %v", round, r, err)
+				return err
 			}
-		}
+			defer s.Destroy()
+			buf, err := c.Device().Malloc(size)
+			if err != nil {
+				return err
+			}
+			if r == 0 {
+				if err := c.Device().MemcpyHtoD(buf, want); err != nil {
+					return err
+				}
+			}
+			if err := collectives.Broadcast(buf, size, hcomm.Int8, 0, c, s, &collectives.Options{Algorithm: collectives.AlgoRing}); err != nil {
+				return fmt.Errorf("round %d: rank %d: %w", round, r, err)
+			}
+			if err := s.SynchronizeWithTimeout(30 * time.Second); err != nil {
+				return fmt.Errorf("round %d: rank %d: %w", round, r, err)
+			}
+			if r == 0 {
+				return c.Destroy()
+			}
+			return c.Device().MemcpyDtoH(got, buf)
+		})
 		if !bytes.Equal(got, want) {
 			t.Fatalf("round %d: the receiver's buffer differs from the root's", round)
 		}
