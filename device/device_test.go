@@ -1090,6 +1090,29 @@ func TestEnqueueWaitsWhenQueueIsFull(t *testing.T) {
 	}
 }
 
+// A caller far ahead of its stream yields the processor at each further
+// enqueue, so that where the two share one processor the worker runs
+// between the enqueues: with GOMAXPROCS 1, no-op tasks never pile up much
+// past YieldAhead. Without the yield the caller ran on to MaxPending before
+// the worker ran a task, and, released from the throttle at MaxPending/2,
+// enqueued the next MaxPending/2 in one go while the worker waited.
+func TestEnqueueFarAheadYields(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	d := open(t, 0)
+	s := stream(t, d)
+	var worst uint64
+	for i := 0; i < 4*device.MaxPending; i++ {
+		if err := s.Launch("no-op", func(<-chan struct{}) error { return nil }); err != nil {
+			t.Fatal(err)
+		}
+		worst = max(worst, s.Pending())
+	}
+	sync0(t, s)
+	if worst > 2*device.YieldAhead {
+		t.Fatalf("the caller ran %d tasks ahead of its stream on one processor; past %d each enqueue should yield to the worker", worst, device.YieldAhead)
+	}
+}
+
 // A blocking host callback that enqueues on its own full stream — which
 // waits for the callback — must not deadlock: the enqueue stops waiting when
 // the stream makes no progress.

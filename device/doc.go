@@ -40,7 +40,10 @@
 // finds MaxPending tasks queued waits until the stream has run half of them
 // (or gives up after 100 ms without progress, so that a blocking host
 // callback that launches on its own stream cannot deadlock). A caller far
-// ahead of its stream therefore holds a bounded heap.
+// ahead of its stream therefore holds a bounded heap. A caller more than
+// YieldAhead tasks ahead yields the processor at each further enqueue: the
+// stream's worker is a goroutine of the same process, and where the two
+// share a processor it runs between the enqueues instead of after a burst.
 //
 // Memory and other processes: on Linux every allocation of the host backend
 // is its own memfd, reserved in full at Malloc (fallocate), sealed against
