@@ -142,8 +142,16 @@ func AllReduce(send, recv device.Ptr, count int64, dt hcomm.DataType, op hcomm.R
 			sc.open(h, algo)
 			allReduceRing(sc, send, recv, count, dt, op)
 		case AlgoHD:
-			sc.open(h, algo)
-			allReduceHD(sc, send, recv, count, dt, op)
+			var ln *loan
+			if c.Size() == 2 {
+				// Over tcp the all-gather half goes by lent pipes: each
+				// rank's half straight to its place in the other's recv
+				// (hd.go).
+				ln = sc.openPipes(h, algo, recv, n)
+			} else {
+				sc.open(h, algo)
+			}
+			allReduceHD(sc, send, recv, count, dt, op, ln)
 		case AlgoTree:
 			// A reduce up the binomial tree to rank 0 and a broadcast down
 			// it, each pipelined in pieces: 2 log2(n) hops deep, each piece

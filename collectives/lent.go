@@ -68,7 +68,8 @@ type loan struct {
 	files     []channel.PeerFile // by rank: where the peer's send buffer lies in its memory file, from its hello
 	k         []uint64           // by rank: the gather slot whose nDone this rank's write or read records
 	least     int64              // the least data a pair that reads lent memory reads so (readLeast)
-	pieces    int64              // lent pipes: the pieces of the call each pair moves (setPieces)
+	piecesTo  []int64            // lent pipes, by rank: the pieces of the call this rank sends it (setPieces)
+	piecesOf  []int64            // lent pipes, by rank: the pieces of the call it sends this rank
 	sentTo    []int64            // lent pipes, by rank: pieces of the call written to it so far
 	recvFrom  []int64            // lent pipes, by rank: pieces of the call received from it so far
 }
@@ -574,14 +575,31 @@ func (s *sched) lendHello(h header, algo Algorithm, recv device.Ptr, n int64, se
 const lentWindow = 2
 
 // setPieces tells the loan how many pieces the call moves over each lent
-// pair, the same on both ends.
+// pair, each way, the same on both ends: bytes in pieces of per.
 func (ln *loan) setPieces(bytes, per int64) {
 	if ln == nil || per <= 0 {
 		return
 	}
-	ln.pieces = (bytes + per - 1) / per
 	n := len(ln.lends)
+	ln.piecesTo, ln.piecesOf = make([]int64, n), make([]int64, n)
 	ln.sentTo, ln.recvFrom = make([]int64, n), make([]int64, n)
+	for p := range n {
+		ln.piecesTo[p] = pieces(bytes, per)
+		ln.piecesOf[p] = ln.piecesTo[p]
+	}
+}
+
+// setPairPieces is setPieces for a pair whose two ways differ: this rank
+// sends peer out bytes and receives in from it, in pieces of per (the
+// peer's call says the same with out and in swapped).
+func (ln *loan) setPairPieces(peer int, out, in, per int64) {
+	if ln == nil || per <= 0 {
+		return
+	}
+	if ln.piecesTo == nil {
+		ln.setPieces(0, per)
+	}
+	ln.piecesTo[peer], ln.piecesOf[peer] = pieces(out, per), pieces(in, per)
 }
 
 // openLentPipes opens a collective whose pieces go by lent pipes where the
@@ -599,7 +617,10 @@ func (s *sched) openLentPipes(h header, algo Algorithm, recv device.Ptr, n int64
 // channels take lent writes (st.netLends; every rank alike): the loan, or
 // nil after the plain handshake (memory mapped, or above helloFullMax
 // ranks, whose butterfly handshake carries no loan). The broadcast uses it
-// (openBroadcast). The ring all-reduce's all-gather by lent pipes measured
+// (openBroadcast), and the halving-doubling all-reduce of 2 ranks, whose
+// all-gather half it carries (hd.go): there the copy out of the inbox is
+// on the critical path, one piece of the half after the other with
+// nothing to overlap it. The ring all-reduce's all-gather by lent pipes measured
 // no faster than staged over tcp (2 and 4 processes, 1 and 64 MiB: its
 // receivers' copies overlap the senders' socket work, and a socket
 // reading into a cold destination costs about what the copy out of a warm
@@ -624,7 +645,7 @@ func (s *sched) sendPiece(ln *loan, peer int, off int64, src device.Ptr, n int64
 		s.pipeSend(peer, src, n)
 		return
 	}
-	j, ok := s.nextLent(ln.sentTo, ln, peer, "sends")
+	j, ok := s.nextLent(ln.sentTo, ln.piecesTo, peer, "sends")
 	if !ok {
 		return
 	}
@@ -649,12 +670,12 @@ func (s *sched) sendPiece(ln *loan, peer int, off int64, src device.Ptr, n int64
 // in this rank's receive buffer once the wait is over), and acknowledges it
 // when the call has a piece lentWindow further on, which waits for that.
 func (s *sched) recvLent(ln *loan, peer int) {
-	j, ok := s.nextLent(ln.recvFrom, ln, peer, "receives")
+	j, ok := s.nextLent(ln.recvFrom, ln.piecesOf, peer, "receives")
 	if !ok {
 		return
 	}
 	s.wait(peer, nLentData+int(j%lentWindow))
-	if j+lentWindow < ln.pieces {
+	if j+lentWindow < ln.piecesOf[peer] {
 		if s.ok() {
 			lentAcks.Add(1)
 		}
@@ -663,15 +684,16 @@ func (s *sched) recvLent(ln *loan, peer int) {
 }
 
 // nextLent counts the next piece of the call on the lent pipe with peer
-// (counts: ln.sentTo or ln.recvFrom) and returns its number; false, the
-// schedule failed, past the call's last piece (both ends cut the data
-// alike, so only a bug gets there).
-func (s *sched) nextLent(counts []int64, ln *loan, peer int, verb string) (int64, bool) {
+// (counts: ln.sentTo or ln.recvFrom; of: the call's pieces that way,
+// ln.piecesTo or ln.piecesOf) and returns its number; false, the schedule
+// failed, past the call's last piece (both ends cut the data alike, so only
+// a bug gets there).
+func (s *sched) nextLent(counts, of []int64, peer int, verb string) (int64, bool) {
 	s.jitter()
 	j := counts[peer]
 	counts[peer]++
-	if j >= ln.pieces {
-		s.do(fmt.Errorf("collectives: rank %d's lent pipe with rank %d %s piece %d of a call of %d", s.st.comm.Rank(), peer, verb, j, ln.pieces))
+	if j >= of[peer] {
+		s.do(fmt.Errorf("collectives: rank %d's lent pipe with rank %d %s piece %d of a call of %d", s.st.comm.Rank(), peer, verb, j, of[peer]))
 		return 0, false
 	}
 	return j, true

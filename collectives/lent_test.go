@@ -475,3 +475,30 @@ func TestLentWithCheckOff(t *testing.T) {
 		})
 	}
 }
+
+// TestAllReduceHDLentOverTCP: between 2 ranks over tcp the halving-doubling
+// all-reduce sends its all-gather half by lent pipes, each rank's reduced
+// half straight into the other's recv — every piece of both halves, the
+// two halves differing by an element across a piece's edge (1 piece one
+// way, 2 the other), calls of 1 to 7 pieces back to back, in and out of
+// place — exact, with exactly the acknowledgements the senders wait for.
+// It fails when the gather half goes through the inboxes.
+func TestAllReduceHDLentOverTCP(t *testing.T) {
+	comms := hcommtest.Options{Config: &hcomm.Config{BufferSize: 8 << 20}}.New(t, 2, hcommtest.TCP)
+	const per = 4096
+	defer collectives.SetPieceOverride(per)()
+	halfPieces := func(b int64) int64 { return (b + per - 1) / per }
+	for _, count := range []int64{2*per + 1, per, 14*per - 3, 1, 11 * per / 2, 2 * per} {
+		for _, inPlace := range []bool{false, true} {
+			sent, acks := collectives.LentPipes(), collectives.LentAcks()
+			allReduceRaw(t, comms, matrixCase{dt: hcomm.Int8, op: hcomm.Sum, count: count}, collectives.AlgoHD, inPlace)
+			p0, p1 := halfPieces(count/2), halfPieces(count-count/2) // rank 0 keeps the lower half
+			if got := collectives.LentPipes() - sent; got != p0+p1 {
+				t.Fatalf("count %d in-place=%v: %d pieces went by lent pipes, want %d (%d and %d)", count, inPlace, got, p0+p1, p0, p1)
+			}
+			if got, want := collectives.LentAcks()-acks, max(0, p0-collectives.LentWindow)+max(0, p1-collectives.LentWindow); got != want {
+				t.Fatalf("count %d in-place=%v: %d acknowledgements, want %d", count, inPlace, got, want)
+			}
+		}
+	}
+}

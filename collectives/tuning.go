@@ -74,9 +74,13 @@ var tuning = []tuneRow{
 	// 4.18 against 3.65).
 	{k: kAllReduce, class: linkMapped, minRanks: 2, maxRanks: 2, upTo: hdMax, algo: AlgoHD, measured: "sitting 5, AllReduce 2 ranks"},
 	{k: kAllReduce, class: linkMapped, minRanks: 2, algo: AlgoRing, measured: "sitting 5, AllReduce"},
-	// Over tcp, 2 ranks up to 1 MiB: each half whole, one write each
-	// way, rather than netPiece's pieces.
-	{k: kAllReduce, class: linkNetwork, minRanks: 2, maxRanks: 2, upTo: 1 << 20, algo: AlgoHD, piece: 512 << 10, measured: "stop 21, AllReduce tcp 2 ranks, 1 MiB: busbw 2.94–3.03 in 512 KiB pieces, 2.75–2.92 in 256 KiB (4 MiB: 256 KiB ahead, netPiece)"},
+	// Over tcp, 2 ranks: halving-doubling in netPiece's pieces, its
+	// all-gather half by lent pipes (hd.go). Stop 21 gave up to 1 MiB a
+	// row of 512 KiB pieces, each half in one write (1 MiB busbw
+	// 2.94–3.03 against 2.75–2.92 in 256 KiB); by stop 30 those writes ran
+	// bimodal launch to launch on this VM, 1 MiB in 327–336 µs or
+	// 419–447 (lent: 296–304 or 454–492), against 361–378 in 256 KiB
+	// pieces (lent: 331–355), six launches each, interleaved.
 	{k: kAllReduce, class: linkNetwork, minRanks: 2, maxRanks: 2, upTo: hdMax, algo: AlgoHD, measured: "stop 12, AllReduce tcp 2 ranks: hd 0.33 / 0.42 / 0.31, ring 0.21 / 0.38 / 0.28 at 256 KiB / 1 MiB / 4 MiB"},
 	{k: kAllReduce, class: linkNetwork, minRanks: 2, algo: AlgoRing, measured: "sitting 5, AllReduce 4 ranks (mapped figures; not re-measured over tcp)"},
 
