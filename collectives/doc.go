@@ -245,9 +245,9 @@
 // acknowledgements. The halving-doubling AllReduce of 2 ranks over tcp
 // sends its all-gather half the same way, each rank's reduced half straight
 // to its place in the other's recv (2 processes, 256 KiB: 86–101 µs
-// against 97–105 staged; 1 MiB: 331–355 against 361–378). Over a network
-// the pipes move pieces of at most 256 KiB (netPiece, tuning.go), lent or
-// staged.
+// against 97–105 staged; 1 MiB: 331–404, median 345, against 361–378,
+// median 373). Over a network the pipes move pieces of at most 256 KiB
+// (netPiece, tuning.go), lent or staged.
 // An AlltoAll or AlltoAllV
 // whose send and receive buffers overlap is refused (ErrPara): there is no
 // in-place form. lent.go has the protocol.
