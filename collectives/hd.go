@@ -23,8 +23,8 @@ import (
 // the other's recv — a region the other gave away in the first half and
 // never touches again, its bytes already handed to the kernel — and the
 // copy out of the inbox, the whole half on every rank, is gone. 2
-// processes over tcp, five launches each, interleaved, µs (BENCHMARKS.md,
-// stop 30): 128 KiB 57–61 against 64–72 staged, 256 KiB 86–101 against
+// processes over tcp, five to eight launches each, interleaved, µs
+// (BENCHMARKS.md, stop 30): 128 KiB 57–61 against 64–72 staged, 256 KiB 86–101 against
 // 97–105, 512 KiB 151–162 against 169–183, 1 MiB 331–404 (median 345)
 // against 361–378 (373), both in 256 KiB pieces (tuning.go), 4 MiB
 // 1351–1560 against 1416–1578.

@@ -620,8 +620,8 @@ func (s *sched) openLentPipes(h header, algo Algorithm, recv device.Ptr, n int64
 // (openBroadcast), and the halving-doubling all-reduce of 2 ranks, whose
 // all-gather half it carries (hd.go): there the copy out of the inbox is
 // on the critical path, one piece of the half after the other with
-// nothing to overlap it. The ring all-reduce's all-gather by lent pipes measured
-// no faster than staged over tcp (2 and 4 processes, 1 and 64 MiB: its
+// nothing to overlap it. The ring all-reduce's all-gather by lent pipes
+// measured no faster than staged over tcp (2 and 4 processes, 1 and 64 MiB: its
 // receivers' copies overlap the senders' socket work, and a socket
 // reading into a cold destination costs about what the copy out of a warm
 // inbox does), and stays staged.
