@@ -595,3 +595,29 @@ func TestResetAfterByeNotLost(t *testing.T) {
 	case <-time.After(200 * time.Millisecond):
 	}
 }
+
+// A call whose write finds the connection already closed — by another
+// write's failure (a keep-alive ping meeting a dead store) before the
+// reader has noticed — reports the connection's loss, not the write's
+// "use of closed network connection" that names no cause.
+func TestCallOnBrokenConnectionSaysLost(t *testing.T) {
+	sec, _ := NewSecret()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	srv, _ := newServer(t, sec)
+	for i := range 20 {
+		c, err := Dial(ctx, srv.Addr().String(), sec, Claim{Rank: i % 16, NRanks: 16})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.conn.Close() // as a failed concurrent write does
+		err = c.Set(ctx, "k", []byte("v"))
+		if err == nil || !errors.Is(err, ErrClosed) || !strings.Contains(err.Error(), "connection to the store") {
+			t.Fatalf("try %d: a Set on a broken connection: %v, want the connection's loss", i, err)
+		}
+		if !c.Lost() {
+			t.Fatalf("try %d: the broken connection did not count as lost", i)
+		}
+		c.Close()
+	}
+}

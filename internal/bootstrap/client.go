@@ -327,6 +327,18 @@ func (c *Client) call(ctx context.Context, op byte, body ...[]byte) ([]byte, err
 	dl, _ := ctx.Deadline()
 	if err := c.send(dl, frame(op, id, body...)); err != nil {
 		forget()
+		if errors.Is(err, ErrClosed) {
+			// The write found the connection broken (or a concurrent
+			// write's failure closed it): the reader ends at once and says
+			// why — the store's goodbye or its loss — which names the
+			// cause better than the write's "use of closed connection".
+			t := time.NewTimer(time.Second)
+			select {
+			case <-c.done:
+			case <-t.C:
+			}
+			t.Stop()
+		}
 		c.mu.Lock()
 		if c.err != nil { // the connection ended first (an ABORT, Close): say why
 			err = c.err
