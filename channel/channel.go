@@ -173,7 +173,9 @@ type WriteVNotifier interface {
 // (hcomm.WriteLentWithNotifyNbi) — which the writing end cannot check.
 // inproc implements it too: its copies check the peer's own registry as
 // they run. shm, whose writes go into the peer memory mapped when the
-// channel was made, does not.
+// channel was made, does not. A Dialer (one of hcomm.InitAllOver's) that
+// implements it says so of every channel it makes, before any is made
+// (hcomm.Comm.TakesLentTo): the collectives choose their schedules on it.
 type ReceiverChecker interface {
 	ChecksOnReceipt() bool
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/hcomm-dev/hcomm/channel/shm"
+	simch "github.com/hcomm-dev/hcomm/channel/sim"
 
 	"github.com/hcomm-dev/hcomm/collectives"
 	"github.com/hcomm-dev/hcomm/hcomm"
@@ -500,5 +501,42 @@ func TestAllReduceHDLentOverTCP(t *testing.T) {
 				t.Fatalf("count %d in-place=%v: %d acknowledgements, want %d", count, inPlace, got, want)
 			}
 		}
+	}
+}
+
+// TestLentPipesOverSim: the simulator's network takes lent writes as tcp
+// does (hcomm.Comm.TakesLentTo), so the schedules it times are tcp's: a
+// 2-rank broadcast and halving-doubling all-reduce over the sim transport
+// send their pieces by lent pipes, exact. Before, the simulator timed the
+// staged forms that tcp no longer runs.
+func TestLentPipesOverSim(t *testing.T) {
+	w, err := simch.NewWorld(simch.Profile{Intra: simch.Level{AlphaUs: 1, BetaNsPerByte: 0.1}, Hosts: 1, RanksPerHost: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	comms, err := hcomm.InitAllOver(w.Dialers(), nil, &hcomm.Config{BufferSize: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		for _, c := range comms {
+			c.Destroy()
+		}
+	}()
+	if !comms[0].TakesLentTo(1) {
+		t.Fatal("the sim transport's channels do not take lent writes")
+	}
+	const per = 4096
+	defer collectives.SetPieceOverride(per)()
+	m := matrixCase{dt: hcomm.Int8, op: hcomm.Sum, count: 5*per + 3, root: 1, inline: 1 << 40}
+	sent := collectives.LentPipes()
+	broadcastRaw(t, comms, m, collectives.AlgoTree)
+	if got := collectives.LentPipes() - sent; got != 6 {
+		t.Fatalf("the broadcast of 6 pieces sent %d by lent pipes, want 6", got)
+	}
+	sent = collectives.LentPipes()
+	allReduceRaw(t, comms, m, collectives.AlgoHD, false)
+	if got, want := collectives.LentPipes()-sent, int64(3+3); got != want {
+		t.Fatalf("the all-reduce's all-gather half sent %d pieces by lent pipes, want %d", got, want)
 	}
 }

@@ -136,7 +136,7 @@ type state struct {
 	strict    bool               // HCCL_DETERMINISTIC=strict: reductions in rank order (ordered.go)
 	multiHost bool               // ranks span hosts, some with several ranks: the two-level schedule pays
 	mapped    bool               // every peer's memory is mapped (inproc, shm): a read is a memmove
-	netLends  bool               // every peer whose memory is not mapped is over tcp, whose channels take lent writes (lent.go)
+	netLends  bool               // every peer whose memory is not mapped is over tcp (or the simulator's network), whose channels take lent writes (lent.go)
 	cma       bool               // the peers are processes of this host, and the configuration lets pairs read lent memory (lent.go)
 	allInproc bool               // every peer is a rank of this process (inproc): lent writes are copies (lent.go)
 	prepared  bool               // connect has checked the layout and learnt mapped
@@ -354,7 +354,8 @@ func (st *state) prepare() error {
 		}
 		if tr != hcomm.TransportInproc && tr != hcomm.TransportShm {
 			st.mapped = false
-			st.netLends = st.netLends && tr == hcomm.TransportTCP
+			// tcp, or the simulator's network (hcomm.Comm.TakesLentTo).
+			st.netLends = st.netLends && c.TakesLentTo(p)
 		}
 		st.allInproc = st.allInproc && tr == hcomm.TransportInproc
 	}

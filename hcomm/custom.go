@@ -114,9 +114,11 @@ func (c *Comm) customTransport() *transport {
 	if d == nil {
 		return nil
 	}
+	rc, ok := d.(channel.ReceiverChecker) // said of every channel it makes
 	return &transport{name: d.Name(),
 		canReach:  func(*Config, *peerInfo, *peerInfo) bool { return true },
-		newDialer: func(*Comm) (channel.Dialer, error) { return d, nil }}
+		newDialer: func(*Comm) (channel.Dialer, error) { return d, nil },
+		takesLent: ok && rc.ChecksOnReceipt()}
 }
 
 // chargeLocal tells a virtual-time Dialer of a local copy or reduction of n

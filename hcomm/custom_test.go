@@ -180,3 +180,63 @@ func TestInitAllOverBadInput(t *testing.T) {
 		cm.Destroy()
 	}
 }
+
+// receiptDialer is countingDialer saying that its channels check writes on
+// receipt (channel.ReceiverChecker).
+type receiptDialer struct{ countingDialer }
+
+func (receiptDialer) ChecksOnReceipt() bool { return true }
+
+// TestTakesLentTo: whether a peer's channels take lent writes is known
+// before any channel is made — a Dialer of InitAllOver's says so or not —
+// and in-process ranks' (inproc) do; bad peers are false, not a panic.
+func TestTakesLentTo(t *testing.T) {
+	var waited, local atomic.Int64
+	for _, c := range []struct {
+		name string
+		mk   func(fab *inproc.Fabric) channel.Dialer
+		want bool
+	}{
+		{"a Dialer that says nothing", func(fab *inproc.Fabric) channel.Dialer {
+			return countingDialer{inproc.NewDialer(fab), &waited, &local}
+		}, false},
+		{"a Dialer that checks on receipt", func(fab *inproc.Fabric) channel.Dialer {
+			return receiptDialer{countingDialer{inproc.NewDialer(fab), &waited, &local}}
+		}, true},
+	} {
+		fab := inproc.NewFabric()
+		comms, err := hcomm.InitAllOver([]channel.Dialer{c.mk(fab), c.mk(fab)}, nil, &hcomm.Config{BufferSize: 1 << 20})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := comms[0].TakesLentTo(1); got != c.want {
+			t.Errorf("%s: TakesLentTo(1) %v, want %v", c.name, got, c.want)
+		}
+		for _, bad := range []int{0, -1, 2} {
+			if comms[0].TakesLentTo(bad) {
+				t.Errorf("%s: TakesLentTo(%d) of rank 0 of 2 is true", c.name, bad)
+			}
+		}
+		for _, cm := range comms {
+			cm.Destroy()
+		}
+		if comms[1].TakesLentTo(0) {
+			t.Errorf("%s: a destroyed communicator's TakesLentTo is true", c.name)
+		}
+	}
+	for _, c := range []struct {
+		transport string
+		want      bool
+	}{{"", true}, {hcomm.TransportTCP, true}, {hcomm.TransportShm, false}} {
+		comms, err := hcomm.InitAll(2, &hcomm.Config{BufferSize: 1 << 20, Transport: c.transport})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := comms[1].TakesLentTo(0); got != c.want {
+			t.Errorf("in-process ranks, transport %q: TakesLentTo(0) %v, want %v", c.transport, got, c.want)
+		}
+		for _, cm := range comms {
+			cm.Destroy()
+		}
+	}
+}

@@ -54,18 +54,21 @@ type transport struct {
 	canReach func(cfg *Config, me, peer *peerInfo) bool
 	// newDialer makes a communicator's Dialer of this transport.
 	newDialer func(c *Comm) (channel.Dialer, error)
+	// takesLent says that its channels take writes into memory the peer
+	// registers after the channel is made (channel.ReceiverChecker).
+	takesLent bool
 }
 
 // transports are every transport hcomm has, fastest first.
 var transports = [...]transport{
 	{name: TransportInproc, protocols: []Protocol{ProtocolHCCS, ProtocolSIO, ProtocolHCCSOnly},
 		canReach:  func(_ *Config, me, peer *peerInfo) bool { return me.Proc == peer.Proc },
-		newDialer: func(c *Comm) (channel.Dialer, error) { return inproc.NewDialer(c.boot.fabric), nil }},
+		newDialer: func(c *Comm) (channel.Dialer, error) { return inproc.NewDialer(c.boot.fabric), nil }, takesLent: true},
 	{name: TransportShm, protocols: []Protocol{ProtocolHCCS, ProtocolSIO, ProtocolHCCSOnly, ProtocolPCIE},
 		canReach: shmReaches, newDialer: newShmDialer}, // transport_shm.go
 	{name: TransportTCP, protocols: []Protocol{ProtocolROCE, ProtocolUBCCTP, ProtocolUBCTP, ProtocolUBMem, ProtocolUBOE},
 		canReach:  func(*Config, *peerInfo, *peerInfo) bool { return true },
-		newDialer: newTCPDialer}, // transport_tcp.go
+		newDialer: newTCPDialer, takesLent: true}, // transport_tcp.go
 }
 
 // shmReaches reports whether shm reaches peer: it is on, and both ranks
@@ -265,6 +268,21 @@ func (c *Comm) TransportTo(peer int, p Protocol) (string, error) {
 		return "", c.errorf(op, peer, ErrNotSupport, err, "")
 	}
 	return t.name, nil
+}
+
+// TakesLentTo reports whether the channels of this rank to peer (the
+// transport TransportTo names for ProtocolAuto) take writes into memory the
+// peer registers after the channel is made — a receive buffer lent for one
+// call (WriteLentWithNotifyNbi) — known before any channel is made and the
+// same on both ends: inproc and tcp do, shm does not, and a Dialer of
+// InitAllOver's does when it says so (channel.ReceiverChecker). false for
+// a peer outside the communicator, this rank, or one no transport reaches.
+func (c *Comm) TakesLentTo(peer int) bool {
+	if c.usable("TakesLentTo") != nil || peer < 0 || peer >= c.size || peer == c.rank {
+		return false
+	}
+	t, err := c.pickTransport(peer, ProtocolAuto)
+	return err == nil && t.takesLent
 }
 
 // pickTransport chooses the transport of a channel to peer with protocol p:

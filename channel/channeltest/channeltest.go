@@ -33,6 +33,11 @@
 //  9. Flagged (with channel.FlagWriter): rounds of flagged words through
 //     two slots, each seen whole by the receiver's poll; bad lengths,
 //     addresses and ranges refused.
+//  10. Line (with channel.FlagWriter): rounds of lines of every length,
+//     written and prepared, each seen whole; bad ones refused.
+//  11. CheckedOnReceipt (with channel.ReceiverChecker): a write into a
+//     range the peer registered after the connect lands; once the peer
+//     removed it, a write there is refused and stores nothing.
 package channeltest
 
 import (
@@ -104,4 +109,5 @@ var cases = []struct {
 	{"PeerLoss", testPeerLoss},
 	{"Flagged", testFlagged},
 	{"Line", testLine},
+	{"CheckedOnReceipt", testCheckedOnReceipt},
 }

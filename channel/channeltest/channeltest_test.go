@@ -108,7 +108,12 @@ type brokenTransport struct {
 	fence        func() error
 	close        func() error
 	writeFlagged func(dst device.Ptr, src []byte, flag uint32) error
+	checks       bool // what ChecksOnReceipt says
 }
+
+// ChecksOnReceipt says what the broken transport was told to
+// (channel.ReceiverChecker).
+func (b *brokenTransport) ChecksOnReceipt() bool { return b.checks }
 
 func (b *brokenTransport) WriteFlagged(stop <-chan struct{}, dst device.Ptr, src []byte, flag uint32) error {
 	if b.writeFlagged != nil {
@@ -219,6 +224,17 @@ func TestCasesCanFail(t *testing.T) {
 				b, err := t.peerBytes(src, len(dst))
 				if err == nil {
 					copy(dst, b)
+				}
+				return err
+			}
+		}), "neither the call nor the Fence"},
+		{"CheckedOnReceipt", brokenConfig(func(t *brokenTransport) {
+			// Says its peer checks writes on receipt, and writes unchecked.
+			t.checks = true
+			t.write = func(dst device.Ptr, src []byte) error {
+				b, err := t.peerBytes(dst, len(src))
+				if err == nil {
+					copy(b, src)
 				}
 				return err
 			}

@@ -4,7 +4,12 @@
 // on the network a Profile describes. The collectives run unchanged over it
 // (hcomm.InitAllOver with a World's Dialers), so a schedule's predicted time
 // is the time its own writes, records and waits take, and its result is
-// checked as on any transport.
+// checked as on any transport. They choose the schedules they run over tcp,
+// the network the simulator stands for: the sim's channels take writes into
+// memory the peer registers after the channel is made (a receive buffer
+// lent for one call: the broadcast's and the 2-rank all-reduce's lent
+// pipes), as tcp's do (channel.ReceiverChecker; before stop 31 the
+// simulator timed their staged forms).
 //
 // The model, per rank r with clock now(r), a message of S bytes from r to q
 // on level L (intra-host or inter-host). Processor time is charged on the
@@ -386,6 +391,16 @@ func (t *Transport) NotifyWaited(idx int) {
 	t.w.tr.record(t.me, charge{kind: opWait, after: ms, d: o})
 }
 
+// ChecksOnReceipt reports what the inproc channel underneath does: its
+// copies check the peer's registry as they run (channel.ReceiverChecker).
+// So the collectives lend receive buffers over the sim transport as they do
+// over tcp, the network it stands for, and the simulator times the lent
+// pipes that tcp runs, not the staged path.
+func (t *Transport) ChecksOnReceipt() bool {
+	rc, ok := t.inner.(channel.ReceiverChecker)
+	return ok && rc.ChecksOnReceipt()
+}
+
 // Fence returns once every earlier operation is complete at the peer: the
 // clock moves to the channel's last arrival.
 func (t *Transport) Fence(stop <-chan struct{}) error {
@@ -408,9 +423,17 @@ func (t *Transport) Close() error {
 	return t.inner.Close()
 }
 
+// ChecksOnReceipt says it of every channel the Dialer makes, before any is
+// made (channel.ReceiverChecker): their Transports are inproc's, whose
+// copies check the peer's registry as they run. So the collectives choose
+// the schedules they run over tcp, the network the simulator stands for.
+func (d *Dialer) ChecksOnReceipt() bool { return true }
+
 var (
-	_ channel.Clocked     = (*Transport)(nil)
-	_ channel.LocalCoster = (*Dialer)(nil)
+	_ channel.Clocked         = (*Transport)(nil)
+	_ channel.ReceiverChecker = (*Transport)(nil)
+	_ channel.ReceiverChecker = (*Dialer)(nil)
+	_ channel.LocalCoster     = (*Dialer)(nil)
 )
 
 // HostProcessors returns the profile's cores (channel.HostProcessors): the
