@@ -540,3 +540,65 @@ func TestLentPipesOverSim(t *testing.T) {
 		t.Fatalf("the all-reduce's all-gather half sent %d pieces by lent pipes, want %d", got, want)
 	}
 }
+
+// TestAllReduceHDLentPeerGone: a 2-rank all-reduce over tcp whose peer goes
+// away in the all-gather half, its lent pipes: rank 1 aborts and destroys
+// its communicator once it has acknowledged a lent piece (it is receiving
+// rank 0's half), and rank 0, waiting for rank 1's pieces or their
+// acknowledgements, fails within seconds — not at its 10-minute
+// HCCL_EXEC_TIMEOUT — with an error that names rank 1.
+func TestAllReduceHDLentPeerGone(t *testing.T) {
+	const per = 4096
+	defer collectives.SetPieceOverride(per)()
+	comms := hcommtest.Options{Config: &hcomm.Config{BufferSize: 1 << 20, ExecTimeout: 10 * time.Minute}}.New(t, 2, hcommtest.TCP)
+	const count = 2 * 400 * per // 400 pieces a half
+	before := collectives.LentPipes()
+	errs := make([]error, 2)
+	var took time.Duration
+	hcommtest.Each(t, comms, func(t testing.TB, c *hcomm.Comm) {
+		s, err := c.Device().CreateStream()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Destroy()
+		buf, err := c.Device().Malloc(count)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Device().Free(buf)
+		start := time.Now()
+		if err := collectives.AllReduce(buf, buf, count, hcomm.Int8, hcomm.Sum, c, s, &collectives.Options{Algorithm: collectives.AlgoHD}); err != nil {
+			t.Fatal(err)
+		}
+		if c.Rank() == 1 {
+			// More pieces than a window went by lent pipes: one of them
+			// needed rank 1's acknowledgement, recorded in its half.
+			deadline := time.Now().Add(time.Minute)
+			for collectives.LentPipes()-before <= collectives.LentWindow+1 && time.Now().Before(deadline) {
+				time.Sleep(20 * time.Microsecond)
+			}
+			if n := collectives.LentPipes() - before; n >= 2*count/per-2 {
+				t.Fatalf("%d of %d pieces were sent before rank 1 could leave", n, 2*count/per)
+			}
+			c.Abort()
+			errs[1] = s.SynchronizeWithTimeout(time.Minute)
+			c.Destroy()
+			return
+		}
+		errs[0] = s.SynchronizeWithTimeout(time.Minute)
+		took = time.Since(start)
+	})
+	if errs[1] == nil {
+		t.Errorf("rank 1's aborted all-reduce reports no failure")
+	}
+	if errs[0] == nil {
+		t.Fatalf("rank 0's all-reduce succeeded without its peer's half")
+	}
+	if took > 30*time.Second {
+		t.Errorf("rank 0 failed %v after its call: the peer's loss did not end its wait", took)
+	}
+	if !strings.Contains(errs[0].Error(), "rank 1") {
+		t.Errorf("rank 0's error does not name rank 1: %v", errs[0])
+	}
+	t.Logf("rank 0: %v (%v)", errs[0], took.Round(time.Millisecond))
+}
