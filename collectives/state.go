@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -309,14 +308,17 @@ func (st *state) init1() {
 	st.strict = c.Config().Deterministic == hcomm.DeterministicStrict
 	st.forced, st.err = envAlgo()
 	if st.err == nil {
-		st.helloPoll, st.err = envHelloPoll(c.ProcessesHere(), runtime.NumCPU()) // handshake.go
+		// The processors this host's ranks share: runtime.NumCPU, or the
+		// union of the ranks' sets where a launcher bound each to its share.
+		cpus := c.HostProcessors()
+		st.helloPoll, st.err = envHelloPoll(c.ProcessesHere(), cpus) // handshake.go
 		st.pollSet = os.Getenv("HCOMM_HELLO_POLL") != ""
-		st.crowded = c.ProcessesHere() > runtime.NumCPU() || c.ProcessesHere() == 1 && c.Size() > runtime.NumCPU()
+		st.crowded = c.ProcessesHere() > cpus || c.ProcessesHere() == 1 && c.Size() > cpus
 		here := c.ProcessesHere() // one rank a process, or every rank in this one
 		if here == 1 {
 			here = c.Size()
 		}
-		memcopy.ShareCores(here, runtime.NumCPU())
+		memcopy.ShareCores(here, cpus)
 		st.netPoll = max(c.Config().TCPSpin, 0) // negative: polling off
 	}
 	if st.err == nil {

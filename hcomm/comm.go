@@ -14,6 +14,7 @@ import (
 	"github.com/hcomm-dev/hcomm/channel/inproc"
 	"github.com/hcomm-dev/hcomm/device"
 	"github.com/hcomm-dev/hcomm/internal/bootstrap"
+	"github.com/hcomm-dev/hcomm/internal/procs"
 )
 
 // Comm is one rank's communicator (HcclComm). It owns a device context, the
@@ -94,7 +95,7 @@ func InitAll(n int, cfg *Config) ([]*Comm, error) {
 		return nil, noRankErr("InitAll", c.Name, ErrPara, err, "")
 	}
 	store := bootstrap.NewMemStore()
-	me := peerInfo{NRanks: n, Host: hostID(), ShmHost: shmHostID(), Proc: procToken, PID: os.Getpid(), CPUs: runtime.NumCPU()}
+	me := peerInfo{NRanks: n, Host: hostID(), ShmHost: shmHostID(), Proc: procToken, PID: os.Getpid(), CPUs: runtime.NumCPU(), CPUSet: procs.FormatList(procs.Affinity())}
 	me.Hostname, _ = os.Hostname()
 	secret, err := bootstrap.NewSecret()
 	if err != nil {

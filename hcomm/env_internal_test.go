@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/hcomm-dev/hcomm/channel"
+	"github.com/hcomm-dev/hcomm/internal/procs"
 )
 
 func envOf(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
@@ -259,6 +260,12 @@ func TestDefaultTCPStreams(t *testing.T) {
 	}
 }
 
+// b is a rank bound to the processors of list (a kernel CPU list).
+func b(host, proc, list string) peerInfo {
+	cpus, _ := procs.ParseList(list)
+	return peerInfo{Host: host, Proc: proc, CPUs: len(cpus), CPUSet: list}
+}
+
 // TestCrowded: a communicator is crowded when some host has more of its
 // ranks' processes than cores (the fewest any of them reported), or one
 // process with more ranks than cores; hosts that did not say how many cores
@@ -279,9 +286,36 @@ func TestCrowded(t *testing.T) {
 		{"2 ranks in one process on 2 cores", []peerInfo{p("a", "1", 2), p("a", "1", 2)}, false},
 		{"cores not told", []peerInfo{p("a", "1", 0), p("a", "2", 0), p("a", "3", 0)}, false},
 		{"many hosts, one process each", []peerInfo{p("a", "1", 1), p("b", "2", 1), p("c", "3", 1)}, false},
+		// A launcher that binds (hcomm run, mpirun --bind-to core): each
+		// rank counts only its own share; the host's is their union.
+		{"2 processes bound to a core each", []peerInfo{b("a", "1", "0"), b("a", "2", "1")}, false},
+		{"2 processes bound to one core", []peerInfo{b("a", "1", "0"), b("a", "2", "0")}, true},
+		{"4 processes bound round-robin to 2 cores", []peerInfo{b("a", "1", "0"), b("a", "2", "1"), b("a", "3", "0"), b("a", "4", "1")}, true},
+		{"2 processes bound to 2 cores each", []peerInfo{b("a", "1", "0-1"), b("a", "2", "2-3")}, false},
+		{"a bound rank beside one that did not say its set", []peerInfo{b("a", "1", "0"), p("a", "2", 2)}, true},
 	} {
 		if got := crowded(c.peers); got != c.want {
 			t.Errorf("%s: crowded %v, want %v", c.name, got, c.want)
+		}
+	}
+}
+
+// TestHostCPUs: the processors a host's ranks share are the union of their
+// affinity sets when every one published its set, else the fewest any of
+// them counted.
+func TestHostCPUs(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		peers []peerInfo
+		want  int
+	}{
+		{"bound a core each", []peerInfo{b("a", "1", "0"), b("a", "2", "1")}, 2},
+		{"overlapping sets", []peerInfo{b("a", "1", "0-3"), b("a", "2", "2-5")}, 6},
+		{"one did not say", []peerInfo{b("a", "1", "0-3"), {Host: "a", Proc: "2", CPUs: 3}}, 3},
+		{"none said anything", []peerInfo{{Host: "a", Proc: "1"}}, 0},
+	} {
+		if got := hostCPUs(c.peers); got != c.want {
+			t.Errorf("%s: %d processors, want %d", c.name, got, c.want)
 		}
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/hcomm-dev/hcomm/channel/inproc"
 	"github.com/hcomm-dev/hcomm/device"
 	"github.com/hcomm-dev/hcomm/internal/bootstrap"
+	"github.com/hcomm-dev/hcomm/internal/procs"
 )
 
 // Communicators across processes and hosts. Every rank runs one of
@@ -427,7 +428,7 @@ func rendezvous(ctx context.Context, cli *bootstrap.Client, js joinSpec, ifc boo
 	if n != 1 {
 		return nil, ErrPara, fmt.Errorf("rank %d is claimed by %d processes: give each process its own rank", js.rank, n)
 	}
-	me := peerInfo{Rank: js.rank, NRanks: js.nRanks, Host: hostID(), ShmHost: shmHostID(), Proc: procToken, PID: os.Getpid(), CPUs: runtime.NumCPU(), Addr: ifc.IP.String(),
+	me := peerInfo{Rank: js.rank, NRanks: js.nRanks, Host: hostID(), ShmHost: shmHostID(), Proc: procToken, PID: os.Getpid(), CPUs: runtime.NumCPU(), CPUSet: procs.FormatList(procs.Affinity()), Addr: ifc.IP.String(),
 		Standby: standby, Mailbox: mb.addr}
 	me.Hostname, _ = os.Hostname()
 	mine, _ := json.Marshal(me)

@@ -4,11 +4,13 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"runtime"
 	"slices"
 	"strconv"
 	"sync/atomic"
 
 	"github.com/hcomm-dev/hcomm/internal/bootstrap"
+	"github.com/hcomm-dev/hcomm/internal/procs"
 )
 
 // SplitNoColor is the color of a rank that joins no sub-communicator in
@@ -185,37 +187,78 @@ func (c *Comm) sub(op string, ranks []int, id string, cfg *Config) (*Comm, error
 func (c *Comm) ProcessesHere() int { return c.procsHere() }
 
 // Crowded reports whether some host of the communicator has more of its
-// ranks' processes than cores — or, where one process runs all the host's
-// ranks, more ranks than cores — as every rank published it when the
-// communicator was made (a rank that did not say how many cores it has
-// counts as uncrowded). Every rank computes the same answer from the same
-// table, so that a choice made on it (the collectives' handshake pattern)
-// is the communicator's, not one host's.
+// ranks' processes than processors — or, where one process runs all the
+// host's ranks, more ranks than processors — as every rank published it
+// when the communicator was made (hostCPUs: the union of the host's ranks'
+// CPU affinity sets, so that ranks a launcher bound to a core each are not
+// crowded; a host whose ranks did not say counts as uncrowded). Every rank
+// computes the same answer from the same table, so that a choice made on
+// it (the collectives' handshake pattern) is the communicator's, not one
+// host's.
 func (c *Comm) Crowded() bool { return crowded(c.boot.peers) }
+
+// HostProcessors returns how many processors the communicator's ranks on
+// this rank's host share: the union of the CPU affinity sets they published
+// (a launcher that binds ranks — hcomm run, mpirun --bind-to core, srun
+// --cpu-bind — gives each only its share, and runtime.NumCPU follows the
+// binding), or the fewest processors any of them counted when one did not
+// say; this process's runtime.NumCPU() when none did. What a choice between
+// spinning and sleeping on the host, or between schedules that need a
+// processor a rank, should weigh ProcessesHere against.
+func (c *Comm) HostProcessors() int {
+	me := c.boot.peers[min(c.rank, len(c.boot.peers)-1)]
+	var here []peerInfo
+	for _, p := range c.boot.peers {
+		if p.Host == me.Host {
+			here = append(here, p)
+		}
+	}
+	if n := hostCPUs(here); n > 0 {
+		return n
+	}
+	return runtime.NumCPU()
+}
+
+// hostCPUs is how many processors the ranks of one host (peers) share:
+// the union of their published affinity sets, or when one did not publish
+// its set, the fewest processors any of them counted; 0 when unknown.
+func hostCPUs(peers []peerInfo) int {
+	sets := make([]string, 0, len(peers))
+	least := 0
+	for i, p := range peers {
+		sets = append(sets, p.CPUSet)
+		if i == 0 || p.CPUs < least {
+			least = p.CPUs
+		}
+	}
+	if n, ok := procs.Union(sets); ok {
+		return n
+	}
+	return max(least, 0)
+}
 
 // crowded is Crowded over a table of peers.
 func crowded(peers []peerInfo) bool {
 	type host struct {
 		procs map[string]bool
-		ranks int
-		cpus  int // the fewest any of its ranks reported
+		ranks []peerInfo
 	}
 	hosts := map[string]*host{}
 	for _, p := range peers {
 		h := hosts[p.Host]
 		if h == nil {
-			h = &host{procs: map[string]bool{}, cpus: p.CPUs}
+			h = &host{procs: map[string]bool{}}
 			hosts[p.Host] = h
 		}
 		h.procs[p.Proc] = true
-		h.ranks++
-		h.cpus = min(h.cpus, p.CPUs)
+		h.ranks = append(h.ranks, p)
 	}
 	for _, h := range hosts {
-		if h.cpus <= 0 {
+		cpus := hostCPUs(h.ranks)
+		if cpus <= 0 {
 			continue
 		}
-		if len(h.procs) > h.cpus || len(h.procs) == 1 && h.ranks > h.cpus {
+		if len(h.procs) > cpus || len(h.procs) == 1 && len(h.ranks) > cpus {
 			return true
 		}
 	}

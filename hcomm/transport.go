@@ -146,7 +146,11 @@ type peerInfo struct {
 	Hostname string `json:"hostname"` // for messages
 	PID      int    `json:"pid"`
 	CPUs     int    `json:"cpus,omitempty"` // runtime.NumCPU() of the rank's process: Crowded (0: not told)
-	Addr     string `json:"addr"`           // the address this rank's tcp transport uses
+	// CPUSet is the processors the rank's process may run on, in the
+	// kernel's list form ("0-3"; procs.Affinity): a host's ranks together
+	// share their union (HostProcessors). "" when not told.
+	CPUSet string `json:"cpuset,omitempty"`
+	Addr   string `json:"addr"` // the address this rank's tcp transport uses
 	// Standby is the address of the rank's standby store (agree.go), where
 	// a shrink meets when this rank is the lowest live one; "" in-process.
 	Standby string `json:"standby,omitempty"`

@@ -76,14 +76,20 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 	elasticJob := fs.Bool("elastic", false, "survive failed ranks: start replacements that join the running job (see --min, --max-restarts)")
 	minRanks := fs.Int("min", 1, "with --elastic: a failure with fewer processes left than this fails the job (torchrun's --nnodes=MIN:MAX)")
 	maxRestarts := fs.Int("max-restarts", 3, "with --elastic: replacements to start at most (torchrun's --max-restarts)")
+	bindTo := fs.String("bind-to", string(launch.DefaultBind), "core: bind each rank to its share of the launcher's processors (its own P/N, or one of them in turn when ranks outnumber them), as mpirun --bind-to core; none: let the scheduler place and move them")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: hcomm run -n N [--grace D] [--port P] [--elastic [--min M] [--max-restarts K]] [--] prog [args...]")
+		fmt.Fprintln(stderr, "usage: hcomm run -n N [--grace D] [--port P] [--bind-to core|none] [--elastic [--min M] [--max-restarts K]] [--] prog [args...]")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
 		}
+		return 2
+	}
+	bind, err := launch.ParseBind(*bindTo)
+	if err != nil {
+		fmt.Fprintf(stderr, "hcomm run: %v\n", err)
 		return 2
 	}
 	rest := fs.Args()
@@ -98,7 +104,7 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 	res, err := launch.Run(context.Background(), launch.Options{
 		N: *n, Prog: rest[0], Args: rest[1:], Stdout: stdout, Stderr: stderr,
 		Grace: *grace, Signals: sigs, Port: *port,
-		Elastic: *elasticJob, MinRanks: *minRanks, MaxRestarts: *maxRestarts,
+		Elastic: *elasticJob, MinRanks: *minRanks, MaxRestarts: *maxRestarts, Bind: bind,
 	})
 	if err != nil {
 		fmt.Fprintf(stderr, "hcomm run: %v\n", err)

@@ -3,7 +3,6 @@ package bench
 import (
 	"context"
 	"fmt"
-	"runtime"
 	"strings"
 	"time"
 
@@ -161,7 +160,7 @@ func setupP2P(c *hcomm.Comm, o Options) (s *p2pRun, release func(), err error) {
 	if here == 1 {
 		here = n // every rank a goroutine of this process
 	}
-	s.tight = here <= runtime.NumCPU()
+	s.tight = here <= c.HostProcessors()
 	if v, err := dev.Map(recvBuf.Add(dataLen), p2pLLArea); err == nil && v.Mapped() && o.LL {
 		s.ll = v.Bytes() // polled in place: only where the view is the memory itself
 	}

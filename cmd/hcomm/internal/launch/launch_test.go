@@ -3,7 +3,9 @@ package launch
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -11,6 +13,7 @@ import (
 	"time"
 
 	"github.com/hcomm-dev/hcomm/internal/leakcheck"
+	"github.com/hcomm-dev/hcomm/internal/procs"
 )
 
 func TestMain(m *testing.M) { leakcheck.Main(m) }
@@ -202,5 +205,62 @@ func TestRunElasticBelowMin(t *testing.T) {
 		if _, err := Run(context.Background(), o); err == nil || !strings.Contains(err.Error(), "--min") {
 			t.Errorf("Run(%+v) = %v, want an error naming --min and --max-restarts", o, err)
 		}
+	}
+}
+
+// TestBindCore: --bind-to core binds each rank to its share of the
+// launcher's processors (procs.Share) — with more ranks than processors one
+// each in turn — and leaves the launcher's own threads as they were;
+// --bind-to none leaves every rank the launcher's processors.
+func TestBindCore(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("binding is implemented on Linux only")
+	}
+	mine := procs.Affinity()
+	if len(mine) == 0 {
+		t.Skip("this system does not say which processors the test may use")
+	}
+	allowed := func(bind Bind, n int) map[int]string {
+		var out bytes.Buffer
+		var mu sync.Mutex
+		sw := &syncWriter{mu: &mu, w: &out}
+		res, err := Run(context.Background(), Options{N: n, Prog: "sh", Bind: bind, Stdout: sw, Stderr: sw,
+			Args: []string{"-c", `sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' /proc/self/status`}})
+		if err != nil || res.Code != 0 {
+			t.Fatalf("bind %s, %d ranks: %v, exit %d: %s", bind, n, err, res.Code, out.String())
+		}
+		got := map[int]string{}
+		for _, line := range strings.Split(strings.TrimSpace(out.String()), "\n") {
+			var r int
+			var list string
+			if _, err := fmt.Sscanf(line, "[%d] %s", &r, &list); err != nil {
+				t.Fatalf("line %q: %v", line, err)
+			}
+			got[r] = list
+		}
+		return got
+	}
+	for _, n := range []int{1, 2, len(mine) + 1, 2*len(mine) + 1} {
+		got := allowed(BindCore, n)
+		for r := range n {
+			want := procs.FormatList(procs.Share(mine, n, r))
+			if got[r] != want {
+				t.Errorf("--bind-to core, %d ranks on processors %s: rank %d runs on %q, want %q", n, procs.FormatList(mine), r, got[r], want)
+			}
+		}
+	}
+	for r, list := range allowed(BindNone, 3) {
+		if list != procs.FormatList(mine) {
+			t.Errorf("--bind-to none: rank %d runs on %q, want the launcher's %q", r, list, procs.FormatList(mine))
+		}
+	}
+	if after := procs.Affinity(); !slices.Equal(after, mine) {
+		t.Errorf("the launcher's processors were %v before binding ranks, %v after", mine, after)
+	}
+	if _, err := ParseBind("socket"); err == nil || !strings.Contains(err.Error(), "socket") {
+		t.Errorf("ParseBind(socket): %v, want an error naming it", err)
+	}
+	if _, err := Run(context.Background(), Options{N: 1, Prog: "true", Bind: "numa"}); err == nil {
+		t.Errorf("Run accepted binding %q", "numa")
 	}
 }
