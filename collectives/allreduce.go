@@ -219,7 +219,7 @@ func issueWindowed(c *hcomm.Comm, name string, k kind, s *device.Stream, o *Opti
 		if st.multiHost && !inWin {
 			algo = chooseLevels(k, n, algo, st.lay, st.costs, st.mapped, st.shape())
 		}
-		algo = crowdedChoice(k, c.Size(), st.crowdedComm, algo)
+		algo = crowdedChoice(k, c.Size(), n, st.mapped, st.crowdedComm, algo)
 		algo = preferLent(k, n, c.Size(), st, algo)
 	}
 	t, err := st.begin(s)

@@ -93,23 +93,33 @@ func TestDBTrees(t *testing.T) {
 // helloFullMax ranks that the model gave to halving-doubling, the ring or
 // the double binary tree takes the binomial tree; nothing else changes.
 func TestCrowdedChoice(t *testing.T) {
+	const mib = 1 << 20
 	for _, c := range []struct {
 		k          kind
 		n          int
+		bytes      int64
+		mapped     bool
 		crowded    bool
 		algo, want Algorithm
 	}{
-		{kAllReduce, 16, true, AlgoHD, AlgoTree},
-		{kAllReduce, 64, true, AlgoRing, AlgoTree},
-		{kAllReduce, 64, true, AlgoDBTree, AlgoTree},
-		{kAllReduce, 16, true, AlgoRD, AlgoRD},     // inline: the handshake's own tree
-		{kAllReduce, 16, true, AlgoHier, AlgoHier}, // across hosts
-		{kAllReduce, 16, false, AlgoHD, AlgoHD},
-		{kAllReduce, 8, true, AlgoRing, AlgoRing}, // the tuning table's
-		{kReduceScatter, 16, true, AlgoRing, AlgoRing},
+		{kAllReduce, 16, mib, true, true, AlgoHD, AlgoTree},
+		{kAllReduce, 64, 64 * mib, false, true, AlgoRing, AlgoTree},
+		{kAllReduce, 64, mib, false, true, AlgoDBTree, AlgoTree},
+		{kAllReduce, 16, mib, false, true, AlgoRD, AlgoRD},     // inline: the handshake's own tree
+		{kAllReduce, 16, mib, false, true, AlgoHier, AlgoHier}, // across hosts
+		{kAllReduce, 16, mib, false, false, AlgoHD, AlgoHD},
+		{kAllReduce, 8, mib, true, true, AlgoRing, AlgoRing}, // mapped: the tuning table's
+		{kAllReduce, 8, mib, false, true, AlgoRing, AlgoTree},
+		{kAllReduce, 4, mib, false, true, AlgoRing, AlgoTree},
+		{kAllReduce, 4, crowdedTreeMax, false, true, AlgoRing, AlgoTree},
+		{kAllReduce, 4, crowdedTreeMax + 1, false, true, AlgoRing, AlgoRing},
+		{kAllReduce, 4, mib, false, false, AlgoRing, AlgoRing},
+		{kAllReduce, 3, mib, false, true, AlgoRing, AlgoRing},
+		{kAllReduce, 2, mib, false, true, AlgoHD, AlgoHD},
+		{kReduceScatter, 16, mib, false, true, AlgoRing, AlgoRing},
 	} {
-		if got := crowdedChoice(c.k, c.n, c.crowded, c.algo); got != c.want {
-			t.Errorf("%v among %d, crowded %v, model's %v: %v, want %v", c.k, c.n, c.crowded, c.algo, got, c.want)
+		if got := crowdedChoice(c.k, c.n, c.bytes, c.mapped, c.crowded, c.algo); got != c.want {
+			t.Errorf("%v of %d bytes among %d, mapped %v, crowded %v, model's %v: %v, want %v", c.k, c.bytes, c.n, c.mapped, c.crowded, c.algo, got, c.want)
 		}
 	}
 }

@@ -235,12 +235,30 @@ func choose(k kind, bytes int64, n int, l layout, cm CostModel, mapped, multiHos
 // 447790–474613 against ring 1230774–1375172 (Open MPI 682741). The double
 // binary tree fell between (16 processes 1 MiB 6207–6269, 64 processes 16
 // MiB 550296–584057).
-func crowdedChoice(k kind, n int, crowded bool, algo Algorithm) Algorithm {
-	if crowded && k == kAllReduce && n > helloFullMax && (algo == AlgoHD || algo == AlgoRing || algo == AlgoDBTree) {
+//
+// Over a network the same holds from 4 ranks on (network: some peer is
+// over tcp, every rank knows alike), up to crowdedTreeMax: 4 and 8 tcp
+// processes on 2 cores, each bound to a core by hcomm run (stop 31, µs,
+// medians of three to five launches): 4 processes 256 KiB tree 296 against
+// ring 398, 1 MiB 924 against 1133, 16 MiB 16331 against 19189 (64 MiB
+// alike, 71–98 ms against 77); 8 processes 256 KiB 758 against 1435, 1 MiB
+// 2353 against 2931. 3 processes tie (1 MiB 901 against 922), and between
+// processes of one host (shm) the ring stays far ahead (4 processes 1 MiB
+// 468 against 836).
+func crowdedChoice(k kind, n int, bytes int64, mapped, crowded bool, algo Algorithm) Algorithm {
+	if !crowded || k != kAllReduce || algo != AlgoHD && algo != AlgoRing && algo != AlgoDBTree {
+		return algo
+	}
+	if n > helloFullMax || !mapped && n >= 4 && bytes <= crowdedTreeMax {
 		return AlgoTree
 	}
 	return algo
 }
+
+// crowdedTreeMax is the largest all-reduce (bytes per rank) that a crowded
+// communicator of up to helloFullMax ranks over a network runs down the
+// tree instead of the ring (crowdedChoice).
+const crowdedTreeMax = 16 << 20
 
 // chooseLevels returns AlgoHier where the two-level form of collective k
 // (all-gather, broadcast, reduce-scatter, all-to-all) is modelled to beat flat, the flat selector's
