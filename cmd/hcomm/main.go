@@ -76,9 +76,9 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 	elasticJob := fs.Bool("elastic", false, "survive failed ranks: start replacements that join the running job (see --min, --max-restarts)")
 	minRanks := fs.Int("min", 1, "with --elastic: a failure with fewer processes left than this fails the job (torchrun's --nnodes=MIN:MAX)")
 	maxRestarts := fs.Int("max-restarts", 3, "with --elastic: replacements to start at most (torchrun's --max-restarts)")
-	bindTo := fs.String("bind-to", string(launch.DefaultBind), "core: bind each rank to its share of the launcher's processors (its own P/N, or one of them in turn when ranks outnumber them), as mpirun --bind-to core; none: let the scheduler place and move them")
+	bindTo := fs.String("bind-to", string(launch.DefaultBind), "core: bind each rank to its share of the launcher's processors (its own P/N, or one of them in turn when ranks outnumber them), as mpirun --bind-to core; auto: core while ranks are at most 4 a processor, none above; none: let the scheduler place and move them")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: hcomm run -n N [--grace D] [--port P] [--bind-to core|none] [--elastic [--min M] [--max-restarts K]] [--] prog [args...]")
+		fmt.Fprintln(stderr, "usage: hcomm run -n N [--grace D] [--port P] [--bind-to auto|core|none] [--elastic [--min M] [--max-restarts K]] [--] prog [args...]")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {

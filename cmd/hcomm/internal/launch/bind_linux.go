@@ -10,8 +10,8 @@ import (
 	"github.com/hcomm-dev/hcomm/internal/procs"
 )
 
-// DefaultBind is `hcomm run`'s --bind-to default: BindCore on Linux.
-const DefaultBind = BindCore
+// DefaultBind is `hcomm run`'s --bind-to default: BindAuto on Linux.
+const DefaultBind = BindAuto
 
 // startBound starts c bound to cpus. A new process inherits the CPU
 // affinity of the thread that forks it, so a goroutine locked to a thread of

@@ -211,7 +211,8 @@ func TestRunElasticBelowMin(t *testing.T) {
 // TestBindCore: --bind-to core binds each rank to its share of the
 // launcher's processors (procs.Share) — with more ranks than processors one
 // each in turn — and leaves the launcher's own threads as they were;
-// --bind-to none leaves every rank the launcher's processors.
+// --bind-to none leaves every rank the launcher's processors, and auto
+// binds as core up to AutoBindPerProcessor ranks a processor, not above.
 func TestBindCore(t *testing.T) {
 	if runtime.GOOS != "linux" {
 		t.Skip("binding is implemented on Linux only")
@@ -252,6 +253,19 @@ func TestBindCore(t *testing.T) {
 	for r, list := range allowed(BindNone, 3) {
 		if list != procs.FormatList(mine) {
 			t.Errorf("--bind-to none: rank %d runs on %q, want the launcher's %q", r, list, procs.FormatList(mine))
+		}
+	}
+	// auto: bound up to AutoBindPerProcessor ranks a processor, free above.
+	most := AutoBindPerProcessor * len(mine)
+	got := allowed(BindAuto, most)
+	for r := range most {
+		if want := procs.FormatList(procs.Share(mine, most, r)); got[r] != want {
+			t.Errorf("--bind-to auto, %d ranks on %d processors: rank %d runs on %q, want %q", most, len(mine), r, got[r], want)
+		}
+	}
+	for r, list := range allowed(BindAuto, most+1) {
+		if list != procs.FormatList(mine) {
+			t.Errorf("--bind-to auto, %d ranks on %d processors: rank %d runs on %q, want the launcher's %q", most+1, len(mine), r, list, procs.FormatList(mine))
 		}
 	}
 	if after := procs.Affinity(); !slices.Equal(after, mine) {
