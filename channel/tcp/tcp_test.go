@@ -11,6 +11,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -1059,5 +1060,54 @@ func TestStuckSendIsDetected(t *testing.T) {
 	}
 	if d := time.Since(start); d < timeout || d > 3*timeout {
 		t.Fatalf("the stuck send was noticed after %v, want between %v and %v", d, timeout, 3*timeout)
+	}
+}
+
+// TestDefaultSocketBuffer: a Dialer asks for DefaultSocketBuffer only where
+// the kernel's caps grant it whole, and otherwise leaves the buffers to
+// autotuning (a capped request would stop the kernel growing them); a
+// SocketBuffer the caller set is kept.
+func TestDefaultSocketBuffer(t *testing.T) {
+	const stock = 212992
+	for _, c := range []struct{ r, w, want int }{
+		{4 << 20, 4 << 20, DefaultSocketBuffer},
+		{32 << 20, 8 << 20, DefaultSocketBuffer},
+		{stock, stock, -1},
+		{4 << 20, stock, -1},
+		{stock, 4 << 20, -1},
+		{0, 0, -1}, // unknown
+	} {
+		if got := defaultBuffer(c.r, c.w); got != c.want {
+			t.Errorf("rmem_max %d, wmem_max %d: asks for %d, want %d", c.r, c.w, got, c.want)
+		}
+	}
+	dir := t.TempDir()
+	for text, want := range map[string]int{"4194304\n": 4194304, "212992": 212992, "x": 0, "-5": 0} {
+		p := filepath.Join(dir, "cap")
+		if err := os.WriteFile(p, []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if got := readCap(p); got != want {
+			t.Errorf("readCap(%q) = %d, want %d", text, got, want)
+		}
+	}
+	if got := readCap(filepath.Join(dir, "none")); got != 0 {
+		t.Errorf("readCap of a missing file = %d, want 0", got)
+	}
+	d, err := NewDialer(Options{Addr: "127.0.0.1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if want := defaultBuffer(readCap("/proc/sys/net/core/rmem_max"), readCap("/proc/sys/net/core/wmem_max")); d.opts.SocketBuffer != want {
+		t.Errorf("a Dialer on this host asks for %d, want %d", d.opts.SocketBuffer, want)
+	}
+	d2, err := NewDialer(Options{Addr: "127.0.0.1", SocketBuffer: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d2.Close()
+	if d2.opts.SocketBuffer != 1<<20 {
+		t.Errorf("a SocketBuffer the caller set became %d", d2.opts.SocketBuffer)
 	}
 }
