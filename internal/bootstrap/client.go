@@ -332,10 +332,13 @@ func (c *Client) call(ctx context.Context, op byte, body ...[]byte) ([]byte, err
 			// write's failure closed it): the reader ends at once and says
 			// why — the store's goodbye or its loss — which names the
 			// cause better than the write's "use of closed connection".
+			// The wait is bounded all the same: a second, or the call's
+			// context.
 			t := time.NewTimer(time.Second)
 			select {
 			case <-c.done:
 			case <-t.C:
+			case <-ctx.Done():
 			}
 			t.Stop()
 		}

@@ -117,10 +117,10 @@ const (
 	// processors then take turns on fixed ones instead of being moved
 	// between them: 4 processes on 2 cores over tcp, 1 MiB broadcast 368 µs
 	// bound against 552 free, all-gather 405 against 543, 16 B all-reduce
-	// over shm 2.6 against 3.5 (BENCHMARKS.md, stop 31). A replacement of an elastic
-	// job (slot s ≥ N) gets the share of rank s mod N. Two jobs launched on
-	// one host at once each bind from processor 0 up and would share
-	// processors while others idle: give such jobs --bind-to none, or
+	// over shm 2.6 against 3.5 (BENCHMARKS.md, stop 31). A replacement of
+	// an elastic job (slot s ≥ N) gets the share of rank s mod N. Two jobs
+	// launched on one host at once each bind from processor 0 up and would
+	// share processors while others idle: give such jobs --bind-to none, or
 	// launch each under its own taskset.
 	BindCore Bind = "core"
 	// BindAuto binds as BindCore while the ranks are at most
