@@ -78,7 +78,9 @@
 // (hcomm.Comm.Crowded) the rounds are a binomial tree's instead (treeSteps):
 // hellos up to rank 0 and back down, 2(n-1) messages a collective rather
 // than n·log2(n), a difference heard by rank 0 on the way up and told to
-// every rank on the way down (HCOMM_HANDSHAKE forces either form). Which
+// every rank on the way down (HCOMM_HANDSHAKE forces either form;
+// HCOMM_CROWDED=0 or 1 overrides whether the communicator counts as
+// crowded for every schedule choice that asks). Which
 // handshake runs depends on the rank count and on what every rank
 // published at init alone, so every rank runs the same one.
 //

@@ -72,3 +72,15 @@ const PairReadMin = pairReadMin
 
 // InprocPullMax: in process, what is read rather than written lent.
 const InprocPullMax = inprocPullMax
+
+// ScheduleCrowded returns whether c's collectives choose the schedules of a
+// crowded communicator (HCOMM_CROWDED, or Comm.Crowded), and whether their
+// handshake runs down the binomial tree.
+func ScheduleCrowded(c *hcomm.Comm) (crowded, tree bool, err error) {
+	st, err := lockLocal(c)
+	if err != nil {
+		return false, false, err
+	}
+	defer st.mu.Unlock()
+	return st.crowdedComm, st.tree, nil
+}

@@ -255,6 +255,35 @@ func crowdedChoice(k kind, n int, bytes int64, mapped, crowded bool, algo Algori
 	return algo
 }
 
+// envCrowded returns whether the collectives choose the schedules of a
+// crowded communicator — the handshake down a binomial tree above
+// helloFullMax ranks (envTree), the all-reduce down the tree
+// (crowdedChoice) — from HCOMM_CROWDED: 1 or 0, or unset for detected, the
+// communicator's own answer (hcomm.Comm.Crowded: some host's ranks'
+// processes outnumber its processors). Anything else is an error naming
+// the variable. It moves the schedule choice only: how a wait spins or
+// sleeps follows the host as it is. Two uses: a host whose processors are
+// rationed in a way the ranks cannot see (a container's CPU quota under
+// cgroups, which leaves runtime.NumCPU and the affinity as they were)
+// says 1; a small machine standing in for a cluster of uncrowded hosts
+// says 0, so that its ranks run what those hosts' ranks would — the
+// schedules the simulator's slowdown model times (channel/sim), and its
+// validation runs (BENCHMARKS.md, stop 32). Set it alike on every rank:
+// ranks that choose different schedules wait for messages that never come,
+// until the execution timeout.
+func envCrowded(detected bool) (bool, error) {
+	switch v := os.Getenv("HCOMM_CROWDED"); v {
+	case "":
+		return detected, nil
+	case "1":
+		return true, nil
+	case "0":
+		return false, nil
+	default:
+		return false, fmt.Errorf("collectives: HCOMM_CROWDED=%q: want 1 (the schedules of a crowded host), 0 (of hosts with a processor a rank) or unset (as detected)", v)
+	}
+}
+
 // crowdedTreeMax is the largest all-reduce (bytes per rank) that a crowded
 // communicator of up to helloFullMax ranks over a network runs down the
 // tree instead of the ring (crowdedChoice).

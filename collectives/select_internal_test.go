@@ -408,3 +408,29 @@ func TestLayoutGatherPiece(t *testing.T) {
 		t.Fatalf("small buffer: gather slots of %d bytes, pieces of %d", l.gpiece, l.piece)
 	}
 }
+
+// TestEnvCrowded: HCOMM_CROWDED forces either answer, unset leaves the
+// detected one, and anything else is refused by name.
+func TestEnvCrowded(t *testing.T) {
+	for _, c := range []struct {
+		env            string
+		detected, want bool
+		err            string
+	}{
+		{"", true, true, ""}, {"", false, false, ""},
+		{"1", false, true, ""}, {"0", true, false, ""},
+		{"yes", true, false, `HCOMM_CROWDED="yes"`},
+	} {
+		t.Setenv("HCOMM_CROWDED", c.env)
+		got, err := envCrowded(c.detected)
+		if c.err != "" {
+			if err == nil || !strings.Contains(err.Error(), c.err) {
+				t.Errorf("HCOMM_CROWDED=%q: %v, want an error naming %s", c.env, err, c.err)
+			}
+			continue
+		}
+		if err != nil || got != c.want {
+			t.Errorf("HCOMM_CROWDED=%q detected=%v: %v, %v; want %v", c.env, c.detected, got, err, c.want)
+		}
+	}
+}

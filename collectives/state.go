@@ -173,7 +173,7 @@ type state struct {
 	linePuts    [][2]*hcomm.PreparedLine  // this rank's hello line into each peer's flagged slot of each parity (ll.go)
 	laneRuns    [3]int                    // the lane's calls by how they ran (laneInline, …)
 	tree        bool                      // the butterfly's rounds are a binomial tree's (treeSteps): sparse, and some host crowded (butterfly.go)
-	crowdedComm bool                      // some host of the communicator has more ranks' processes than cores (hcomm.Comm.Crowded): every rank alike
+	crowdedComm bool                      // some host of the communicator has more ranks' processes than cores (hcomm.Comm.Crowded, or HCOMM_CROWDED): every rank alike
 	bfSteps     []bfStep                  // this rank's butterfly rounds (butterflyWith), made on first use; read-only
 	bfPeers     []int                     // their partners, in order; read-only
 	dbt         *[2]btree                 // the double binary tree (dbtree.go), made on first use; read-only
@@ -322,7 +322,9 @@ func (st *state) init1() {
 		st.netPoll = max(c.Config().TCPSpin, 0) // negative: polling off
 	}
 	if st.err == nil {
-		st.crowdedComm = c.Crowded()
+		st.crowdedComm, st.err = envCrowded(c.Crowded()) // select.go
+	}
+	if st.err == nil {
 		st.tree, st.err = envTree(c.Size() > helloFullMax && st.crowdedComm) // butterfly.go
 	}
 	if st.err == nil {

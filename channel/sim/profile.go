@@ -46,10 +46,11 @@ type Level struct {
 // multiplied by (RanksPerHost/Cores)^OversubExp, and its ranks run what
 // ranks with a core each run (the butterfly, not Crowded's tree). Cruder
 // — it charges a rank that sleeps as if it ran, and times schedules the
-// real ranks do not run — but fitted to 2–4 processes it predicted 16 and
-// 64 processes on this 2-core VM better than the shared cores with the
-// probe's switch and wake-up (BENCHMARKS.md, stop 28). It excludes
-// WakeUs and SwitchUs.
+// real ranks of a crowded host do not run unless HCOMM_CROWDED=0 tells
+// them to (the ones measured runs must run to be compared with it) — but
+// fitted to 2–4 processes it predicted 16 and 64 processes on this 2-core
+// VM better than the shared cores with the probe's switch and wake-up
+// (BENCHMARKS.md, stops 28 and 32). It excludes WakeUs and SwitchUs.
 //
 // The JSON form is the one `hcomm sim fit` writes and `hcomm sim -profile`
 // reads:
