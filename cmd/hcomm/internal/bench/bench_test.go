@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"encoding/xml"
 	"flag"
+	"fmt"
 	"io"
 	"math"
 	"net/http"
@@ -511,5 +512,43 @@ func TestRegisteredWindows(t *testing.T) {
 	}
 	if code, _, errs := bench(t, Hooks{}, "allgather", "-R", "2", "-g", "2"); code != 2 || !strings.Contains(errs, "-R 2") {
 		t.Errorf("-R 2: exit %d, %q", code, errs)
+	}
+}
+
+// TestLaunchWarmup: before the first size is timed, a run makes -w calls
+// at its largest size and -w at its smallest, as nccl-tests' TimeTest does,
+// besides each size's own -w: the all-reduces a run counts (its metrics)
+// grow by 2·w for the launch plus w per size and placement.
+func TestLaunchWarmup(t *testing.T) {
+	calls := func(w string) int {
+		total := 0
+		h := Hooks{Scrape: func(url string) {
+			resp, err := http.Get(url)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			for _, line := range strings.Split(string(b), "\n") {
+				if strings.HasPrefix(line, "hcomm_collective_duration_seconds_count{") && strings.Contains(line, `op="allreduce",rank="0"}`) {
+					var n int
+					if _, err := fmt.Sscan(line[strings.LastIndex(line, " ")+1:], &n); err == nil {
+						total += n
+					}
+				}
+			}
+		}}
+		code, out, errs := bench(t, h, "allreduce", "-g", "2", "-b", "1K", "-e", "4K", "-n", "3", "-w", w, "-c", "0", "--metrics-addr", "127.0.0.1:0")
+		if code != 0 {
+			t.Fatalf("-w %s: exit %d\n%s%s", w, code, out, errs)
+		}
+		return total
+	}
+	without, with := calls("0"), calls("2")
+	// Three sizes (1, 2 and 4 KiB), out of place and in place: 12 calls of
+	// the sizes' own warm-up, and 4 of the launch's.
+	if got, want := with-without, 2*2+3*2*2; got != want {
+		t.Errorf("-w 2 made %d all-reduces more than -w 0 (%d against %d), want %d: the sizes' 12 and the launch's 4", got, with, without, want)
 	}
 }

@@ -258,6 +258,32 @@ func runColl(ctx context.Context, c *hcomm.Comm, o Options, rep *report, h Hooks
 	if err := rep.memory(ctx, c, max(maxSend, 64)+max(maxRecv, 64)); err != nil {
 		return false, err
 	}
+	// Before any size is timed, -w calls at the largest size and then at
+	// the smallest, as nccl-tests' TimeTest warms up: the first size timed
+	// would otherwise carry the launch's start too (channels set up on first
+	// use, buffers first touched, processes not yet run in): 2 tcp
+	// processes, 16 B all-reduce as a launch's first size (-w 20) 8.2–24 µs
+	// without this, 4.7–5.5 with it (BENCHMARKS.md, stop 32).
+	if o.Warmup > 0 && len(sizes) > 0 {
+		dt, op := o.DataTypes[0], ops[0]
+		es := int64(dt.Size())
+		for _, size := range []int64{sizes[len(sizes)-1], sizes[0]} {
+			sc, rc, _ := cl.counts(size, int(es), n)
+			send, recv := sendP, recvP
+			if cl.inPlaceOnly {
+				so, ro := cl.inPlace(me, sc, rc)
+				send, recv = recvP.Add(so*es), recvP.Add(ro*es)
+			}
+			for i := 0; i < o.Warmup; i++ {
+				if err := cl.run(c, s, send, recv, sc, rc, dt, op, o.Root); err != nil {
+					return false, err
+				}
+			}
+		}
+		if err := sync(); err != nil {
+			return false, err
+		}
+	}
 	for _, dt := range o.DataTypes {
 		es := int64(dt.Size())
 		for _, op := range ops {
