@@ -187,7 +187,7 @@ func Parse(args []string, stderr io.Writer, getenv func(string) string) (Options
 	fs.Float64Var(&o.StepFactor, "f", 2, "multiplication factor between sizes")
 	fs.Var(sizeFlag{&o.StepBytes}, "i", "increment between sizes in bytes, instead of -f")
 	fs.IntVar(&o.Iters, "n", 20, "timed iterations per size")
-	fs.IntVar(&o.Warmup, "w", 5, "warm-up iterations per size, and as many at the largest and then the smallest size before the first is timed (as nccl-tests)")
+	fs.IntVar(&o.Warmup, "w", 5, "warm-up iterations per size; for a collective, as many again at the largest and then the smallest size before the first is timed (as nccl-tests)")
 	check := fs.Int("c", 1, "check results: 1 counts wrong elements, 0 does not check")
 	register := fs.Int("R", 0, "1 registers the send and receive buffers as symmetric windows (collectives.RegisterWindow; nccl-tests' -R 2), so that peers read them in place; 0 does not")
 	dts := fs.String("d", "float", "data type(s): a name, a comma list, or all")
