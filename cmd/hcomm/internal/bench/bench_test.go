@@ -382,16 +382,7 @@ func TestEveryCollective(t *testing.T) {
 // --metrics-addr serves the run's hcomm metrics in the Prometheus format.
 func TestMetricsAddr(t *testing.T) {
 	var body string
-	h := Hooks{Scrape: func(url string) {
-		resp, err := http.Get(url)
-		if err != nil {
-			t.Error(err)
-			return
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		body = string(b)
-	}}
+	h := scraper(t, &body)
 	// 1 MiB: a schedule whose pipes wait on notifies (a small call's
 	// hello between ranks of one process is a line, without a notify).
 	code, out, errs := bench(t, h, "allreduce", "-g", "2", "-b", "1M", "-e", "1M", "-n", "3", "-w", "1", "--metrics-addr", "127.0.0.1:0")
@@ -521,27 +512,19 @@ func TestRegisteredWindows(t *testing.T) {
 // grow by 2·w for the launch plus w per size and placement.
 func TestLaunchWarmup(t *testing.T) {
 	calls := func(w string) int {
-		total := 0
-		h := Hooks{Scrape: func(url string) {
-			resp, err := http.Get(url)
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			defer resp.Body.Close()
-			b, _ := io.ReadAll(resp.Body)
-			for _, line := range strings.Split(string(b), "\n") {
-				if strings.HasPrefix(line, "hcomm_collective_duration_seconds_count{") && strings.Contains(line, `op="allreduce",rank="0"}`) {
-					var n int
-					if _, err := fmt.Sscan(line[strings.LastIndex(line, " ")+1:], &n); err == nil {
-						total += n
-					}
-				}
-			}
-		}}
-		code, out, errs := bench(t, h, "allreduce", "-g", "2", "-b", "1K", "-e", "4K", "-n", "3", "-w", w, "-c", "0", "--metrics-addr", "127.0.0.1:0")
+		var body string
+		code, out, errs := bench(t, scraper(t, &body), "allreduce", "-g", "2", "-b", "1K", "-e", "4K", "-n", "3", "-w", w, "-c", "0", "--metrics-addr", "127.0.0.1:0")
 		if code != 0 {
 			t.Fatalf("-w %s: exit %d\n%s%s", w, code, out, errs)
+		}
+		total := 0
+		for _, line := range strings.Split(body, "\n") {
+			if strings.HasPrefix(line, "hcomm_collective_duration_seconds_count{") && strings.Contains(line, `op="allreduce",rank="0"}`) {
+				var n int
+				if _, err := fmt.Sscan(line[strings.LastIndex(line, " ")+1:], &n); err == nil {
+					total += n
+				}
+			}
 		}
 		return total
 	}
@@ -551,4 +534,19 @@ func TestLaunchWarmup(t *testing.T) {
 	if got, want := with-without, 2*2+3*2*2; got != want {
 		t.Errorf("-w 2 made %d all-reduces more than -w 0 (%d against %d), want %d: the sizes' 12 and the launch's 4", got, with, without, want)
 	}
+}
+
+// scraper returns hooks whose Scrape keeps the run's /metrics page in
+// *body (--metrics-addr).
+func scraper(t *testing.T, body *string) Hooks {
+	return Hooks{Scrape: func(url string) {
+		resp, err := http.Get(url)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		*body = string(b)
+	}}
 }
