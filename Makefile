@@ -3,12 +3,14 @@ GO ?= go
 
 .PHONY: test bench lint demo
 # The README's test command: every package with the race detector, then the
-# collective matrices whole without it.
+# collective matrices whole and the simulator's bootstrap without it.
 test:
 	$(GO) test -race -count=1 -timeout 12m ./...
 	# The collective matrices whole, at full size (the race run covers fewer types),
 	# and the determinism tests' 100 runs (the race run makes 25).
 	$(GO) test -count=1 -timeout 8m -run 'Matrix|Large|Deterministic' ./collectives
+	# The simulator's bootstrap, whose refits are many simulations.
+	$(GO) test -count=1 -timeout 4m -run 'Bootstrap' ./internal/sim
 
 bench:
 	$(GO) test -run XXX -bench . -benchtime 2000x ./device ./notify

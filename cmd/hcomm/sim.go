@@ -23,7 +23,7 @@ const simUsage = `usage:
   hcomm sim -profile FILE [flags] <collective>
         predict a collective's time and busbw per rank count, size and
         algorithm by running its schedules over a simulated network
-  hcomm sim fit [-cores N | -host FILE] [-o FILE] BENCH.json...
+  hcomm sim fit [-cores N | -host FILE] [-bootstrap K] [-o FILE] BENCH.json...
         fit a profile (α, o, β, γ) to hcomm bench -J files measured at a few ranks
   hcomm sim probe [-n PROCS] [-m MESSAGES] [-o FILE]
         measure what a crowded host costs a message (processes in a ring over
@@ -316,6 +316,7 @@ func simFitCmd(args []string, stdout, stderr io.Writer) int {
 	hostFile := fs.String("host", "", "the measured host's costs, as hcomm sim probe writes them (its cores, and what a crowded host costs a message)")
 	out := fs.String("o", "", "write the fitted profile (JSON) to this file; default: standard output only")
 	buffMB := fs.Int64("buffsize", 16, "the measured runs' HCCL_BUFFSIZE in MB")
+	boot := fs.Int("bootstrap", 0, "also refit this many times (2–1000) to the files drawn with replacement, and print each value's 10th percentile, median and 90th: how well the runs fix it")
 	if code, ok := simParse(fs, args, stderr); !ok {
 		return code
 	}
@@ -323,7 +324,12 @@ func simFitCmd(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "hcomm sim fit: give the hcomm bench -J files to fit (2–4 ranks of one host)")
 		return 2
 	}
+	if *boot != 0 && (*boot < 2 || *boot > 1000) {
+		fmt.Fprintf(stderr, "hcomm sim fit: -bootstrap %d: want 2 to 1000 resamples, or 0 for none\n", *boot)
+		return 2
+	}
 	var pts []sim.Measured
+	var runs []sim.Run
 	for _, f := range fs.Args() {
 		ms, err := sim.ReadBench(f)
 		if err != nil {
@@ -331,6 +337,7 @@ func simFitCmd(args []string, stdout, stderr io.Writer) int {
 			return 1
 		}
 		pts = append(pts, ms...)
+		runs = append(runs, ms)
 	}
 	host := sim.HostCosts{Cores: *cores}
 	if *hostFile != "" {
@@ -357,6 +364,24 @@ func simFitCmd(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stdout, "  %6d %-14s %10d %12.1f %12.1f %+6.0f%%\n", p.Ranks, p.Collective, p.Bytes, p.Time*1e6, fit.Pred[i]*1e6, 100*e)
 	}
 	fmt.Fprintf(stdout, "# rms relative error %.0f%% over %d points\n", 100*math.Sqrt(sq/float64(len(fit.Points))), len(fit.Points))
+	if *boot > 0 {
+		spread, err := sim.Bootstrap(runs, host, sim.Options{BufferSize: *buffMB << 20}, *boot, 1)
+		if err != nil {
+			fmt.Fprintf(stderr, "hcomm sim fit: -bootstrap: %v\n", err)
+			return 1
+		}
+		fmt.Fprintf(stdout, "# refitted to %d resamples of the %d files: 10th percentile, median, 90th\n", *boot, len(runs))
+		for _, sp := range spread {
+			fmt.Fprintf(stdout, "#   %-18s %9.4g %9.4g %9.4g", sp.Name, sp.P10, sp.Mid, sp.P90)
+			if sp.Name == "oversub_exponent" {
+				// What the exponent's range makes of a crowded host's
+				// slowdown: the factor every prediction there carries.
+				fmt.Fprintf(stdout, "   slowdown at 8 ranks a core %.1f–%.1f×, at 32 %.1f–%.1f×",
+					math.Pow(8, sp.P10), math.Pow(8, sp.P90), math.Pow(32, sp.P10), math.Pow(32, sp.P90))
+			}
+			fmt.Fprintln(stdout)
+		}
+	}
 	b, _ := json.MarshalIndent(fit.Profile, "", " ")
 	b = append(b, '\n')
 	stdout.Write(b)

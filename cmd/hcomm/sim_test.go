@@ -53,6 +53,21 @@ func TestSimCommand(t *testing.T) {
 	if !strings.Contains(out.String(), "30.0") {
 		t.Errorf("the measured 30 µs is not beside the prediction:\n%s", out.String())
 	}
+
+	// Two runs of the same case, refitted to resamples of them.
+	bench2 := filepath.Join(dir, "b2.json")
+	os.WriteFile(bench2, []byte(`{"args": ["hcomm", "bench", "allreduce"], "config": {"devices": [{}, {}]},
+		"results": [{"size": 16, "out_of_place": {"time": 40.0}}, {"size": 65536, "out_of_place": {"time": 90.0}},
+		            {"size": 1048576, "out_of_place": {"time": 1300.0}}]}`), 0o644)
+	out.Reset()
+	if code := Main([]string{"sim", "fit", "-bootstrap", "3", bench, bench2}, &out, &errb); code != 0 {
+		t.Fatalf("fit -bootstrap: exit %d: %s", code, errb.String())
+	}
+	for _, want := range []string{"refitted to 3 resamples of the 2 files", "overhead_us", "beta_ns_per_byte"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("fit -bootstrap output lacks %q:\n%s", want, out.String())
+		}
+	}
 }
 
 // TestSimBadCommandLines: each mistake is named.
@@ -87,6 +102,8 @@ func TestSimBadCommandLines(t *testing.T) {
 		{[]string{"sim", "fit", broken}, "not an hcomm bench -J file"},
 		{[]string{"sim", "fit", "-host", broken, bench}, "not a host's costs"},
 		{[]string{"sim", "fit", "-host", host, "-cores", "4", bench}, "-cores 4 and " + host + "'s 2 cores disagree"},
+		{[]string{"sim", "fit", "-bootstrap", "1", bench}, "-bootstrap 1: want 2 to 1000"},
+		{[]string{"sim", "fit", "-bootstrap", "2", bench}, "allreduce at 2 ranks has one run"},
 		{[]string{"sim", "probe", "now"}, "takes no arguments"},
 		{[]string{"sim", "probe", "-n", "1"}, "want more processes than cores"},
 		{[]string{"sim", "ring-member", "x"}, "want all|one"},
