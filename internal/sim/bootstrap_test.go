@@ -7,27 +7,9 @@ import (
 	simch "github.com/hcomm-dev/hcomm/channel/sim"
 )
 
-// simulatedRuns returns a run per rank count (2, 3, 4) of all-reduces of
-// 16 B, 4 KiB and 1 MiB simulated with p: few sizes, so that a
-// bootstrap's refits stay quick.
-func simulatedRuns(t *testing.T, p simch.Profile) []Run {
-	t.Helper()
-	var runs []Run
-	for _, n := range []int{2, 3, 4} {
-		p.RanksPerHost = n
-		cl, err := NewCluster(p, Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		var r Run
-		for _, b := range []int64{16, 4 << 10, 1 << 20} {
-			r = append(r, Measured{"allreduce", n, b, run(t, cl, Case{Collective: "allreduce", Bytes: b}).Time})
-		}
-		cl.Close()
-		runs = append(runs, r)
-	}
-	return runs
-}
+// bootSizes are the bootstrap tests' sizes: few, so that the refits stay
+// quick.
+var bootSizes = []int64{16, 4 << 10, 1 << 20}
 
 // TestBootstrapSpread: runs that agree give no spread, at the fitted
 // values; runs of two hosts that crowd differently (exponents 1.1 and 1.5)
@@ -41,7 +23,7 @@ func TestBootstrapSpread(t *testing.T) {
 	truth := simch.Profile{Intra: simch.Level{AlphaUs: 20, OverheadUs: 4, BetaNsPerByte: 0.8}, GammaNsPerByte: 0.3, Hosts: 1,
 		Cores: 2, OversubExp: 1.5}
 	host := HostCosts{Cores: 2}
-	a := simulatedRuns(t, truth)
+	a := simulatedRuns(t, truth, bootSizes)
 	exp := func(sp []Spread) Spread {
 		t.Helper()
 		for _, s := range sp {
@@ -70,7 +52,7 @@ func TestBootstrapSpread(t *testing.T) {
 	}
 
 	truth.OversubExp = 1.1
-	b := simulatedRuns(t, truth)
+	b := simulatedRuns(t, truth, bootSizes)
 	mixed, err := Bootstrap(append(a, b...), host, Options{}, 4, 1)
 	if err != nil {
 		t.Fatal(err)

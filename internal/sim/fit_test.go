@@ -16,19 +16,36 @@ import (
 // ranks simulated with p (its RanksPerHost set to each).
 func simulated(t *testing.T, p simch.Profile) []Measured {
 	t.Helper()
+	var sizes []int64
+	for b := int64(16); b <= 1<<20; b *= 4 {
+		sizes = append(sizes, b)
+	}
 	var pts []Measured
+	for _, r := range simulatedRuns(t, p, sizes) {
+		pts = append(pts, r...)
+	}
+	return pts
+}
+
+// simulatedRuns returns a run per rank count (2, 3 and 4) of all-reduces
+// of the sizes simulated with p.
+func simulatedRuns(t *testing.T, p simch.Profile, sizes []int64) []Run {
+	t.Helper()
+	var runs []Run
 	for _, n := range []int{2, 3, 4} {
 		p.RanksPerHost = n
 		cl, err := NewCluster(p, Options{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		for b := int64(16); b <= 1<<20; b *= 4 {
-			pts = append(pts, Measured{"allreduce", n, b, run(t, cl, Case{Collective: "allreduce", Bytes: b}).Time})
+		var r Run
+		for _, b := range sizes {
+			r = append(r, Measured{"allreduce", n, b, run(t, cl, Case{Collective: "allreduce", Bytes: b}).Time})
 		}
 		cl.Close()
+		runs = append(runs, r)
 	}
-	return pts
+	return runs
 }
 
 // fitsBack fits pts with host and checks that the link costs come back
