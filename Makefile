@@ -7,8 +7,10 @@ GO ?= go
 test:
 	$(GO) test -race -count=1 -timeout 12m ./...
 	# The collective matrices whole, at full size (the race run covers fewer types),
-	# and the determinism tests' 100 runs (the race run makes 25).
-	$(GO) test -count=1 -timeout 8m -run 'Matrix|Large|Deterministic' ./collectives
+	# the mid-size thresholds at every rank count (the race run takes 3), the lent
+	# writes over tcp in every type (the race run leaves out float64), and the
+	# determinism tests' 100 runs (the race run makes 25).
+	$(GO) test -count=1 -timeout 8m -run 'Matrix|Large|Deterministic|MidSize|LentOverTCP' ./collectives
 	# The simulator's bootstrap, whose refits are many simulations.
 	$(GO) test -count=1 -timeout 4m -run 'Bootstrap' ./internal/sim
 

@@ -38,6 +38,9 @@ func TestLentOverTCP(t *testing.T) {
 			before, open0 := collectives.LentWrites() // loans of failed calls in other tests stay open until their communicators go
 			inline := collectives.InlineBytes(comms[0])
 			for _, dt := range []hcomm.DataType{hcomm.Float32, hcomm.Int8, hcomm.Float64} {
+				if raceEnabled && dt == hcomm.Float64 {
+					continue // 74 s under the race detector with it; make test runs it without
+				}
 				es := int64(dt.Size())
 				for _, count := range []int64{inline/es + 1, 4099, 40000, (600 << 10) / es} {
 					m := matrixCase{dt: dt, op: hcomm.Sum, count: count, inline: 1 << 40}

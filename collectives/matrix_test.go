@@ -601,8 +601,8 @@ func TestMidSizeThresholds(t *testing.T) {
 	defer collectives.SetPieceOverride(piece)()
 	for _, tr := range []hcommtest.Transport{hcommtest.Inproc, hcommtest.TCP} {
 		for _, n := range []int{2, 3, 4} {
-			if raceEnabled && tr == hcommtest.TCP && n != 3 {
-				continue // under the race detector: tcp with 3 ranks only
+			if raceEnabled && n != 3 {
+				continue // under the race detector 3 ranks only (93 s with every inproc count); make test runs all without it
 			}
 			t.Run(fmt.Sprintf("%v/ranks=%d", tr, n), func(t *testing.T) {
 				comms := hcommtest.New(t, n, tr)
