@@ -16,7 +16,8 @@
 // touches it.
 //
 // Cluster runs cases on one simulated cluster; Fit (fit.go) fits a link
-// profile to measured runs.
+// profile to measured runs, and Bootstrap (bootstrap.go) says how well those
+// runs fix each fitted value; Probe (probe.go) measures a crowded host.
 package sim
 
 import (
