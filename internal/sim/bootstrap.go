@@ -74,7 +74,7 @@ func Bootstrap(runs []Run, host HostCosts, o Options, resamples int, seed uint64
 	}
 	vals := make([][]float64, len(names))
 	rng := rand.New(rand.NewPCG(seed, 0x68636f6d6d)) // "hcomm"
-	for range resamples {
+	for i := range resamples {
 		var pts []Measured
 		for _, k := range order {
 			g := groups[k]
@@ -84,12 +84,12 @@ func Bootstrap(runs []Run, host HostCosts, o Options, resamples int, seed uint64
 		}
 		f, err := Fit(pts, host, o)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("sim: resample %d of %d: %w", i+1, resamples, err)
 		}
 		p := f.Profile
 		got := []float64{p.Intra.AlphaUs, p.Intra.OverheadUs, p.Intra.BetaNsPerByte, p.GammaNsPerByte, p.OversubExp}
-		for i := range names {
-			vals[i] = append(vals[i], got[i])
+		for k := range names {
+			vals[k] = append(vals[k], got[k])
 		}
 	}
 	out := make([]Spread, len(names))
