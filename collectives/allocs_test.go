@@ -1,6 +1,7 @@
 package collectives_test
 
 import (
+	"github.com/prometheus/client_golang/prometheus"
 	"sync"
 	"testing"
 
@@ -20,8 +21,19 @@ func TestSmallAllReduceAllocations(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector allocates")
 	}
+	// Measured 1.04; it was 27 when each step of the handshake was a task
+	// of its own, 6 before the handshake's state was recycled, and 4 when
+	// the group hook made every call's schedule closure escape.
+	t.Run("plain", func(t *testing.T) { smallAllReduceAllocations(t, nil, 2) })
+	// With metrics on, every call is timed by two tasks of its own and
+	// observed in a histogram: measured 4.0, where it was 9.1 when each call
+	// built the two tasks' names and looked its series up by its labels.
+	t.Run("metrics", func(t *testing.T) { smallAllReduceAllocations(t, prometheus.NewRegistry(), 5) })
+}
+
+func smallAllReduceAllocations(t *testing.T, reg prometheus.Registerer, most float64) {
 	const n = 4
-	comms, err := hcomm.InitAll(n, &hcomm.Config{BufferSize: 1 << 20, Name: "allocs"})
+	comms, err := hcomm.InitAll(n, &hcomm.Config{BufferSize: 1 << 20, Name: "allocs", Metrics: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,10 +82,7 @@ func TestSmallAllReduceAllocations(t *testing.T) {
 	round() // setup: channels, threads, pools
 	perCall := testing.AllocsPerRun(5, round) / (n * calls)
 	t.Logf("%.2f allocations per rank per call", perCall)
-	// Measured 1.04; it was 27 when each step of the handshake was a task
-	// of its own, 6 before the handshake's state was recycled, and 4 when
-	// the group hook made every call's schedule closure escape.
-	if perCall > 2 {
-		t.Errorf("%.2f allocations per rank per one-shot all-reduce, want at most 2", perCall)
+	if perCall > most {
+		t.Errorf("%.2f allocations per rank per one-shot all-reduce, want at most %v", perCall, most)
 	}
 }

@@ -31,6 +31,7 @@ type Device struct {
 	nalloc  int
 
 	exc atomic.Pointer[func(*ExceptionInfo)]
+	obs atomic.Pointer[observers] // ObserveTasks (observe.go)
 }
 
 var (

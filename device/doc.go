@@ -81,6 +81,12 @@
 // replace with device copies and DMA; and the backend interface itself, whose
 // memory is a []byte.
 //
+// Observing: Device.ObserveTasks tells a function of every task the
+// context's streams run — queued or inline, its stream, sequence number,
+// name, start and end, whether it failed — as it ends: the feed of a
+// profiler or a timeline (hcomm's Config.TraceDir). Without observers it
+// costs a task one atomic load.
+//
 // Timeouts: calls that block take a context.Context; their ...WithTimeout twins
 // take ACL's convention as a time.Duration (negative waits forever, zero polls).
 // Timeout errors match context.DeadlineExceeded with errors.Is.

@@ -370,7 +370,16 @@ func (s *Stream) loop() {
 	}
 }
 
-func (s *Stream) runTask(t *task, stop <-chan struct{}) (err error) {
+// runTask runs t, telling the device's task observers of it (observe.go).
+func (s *Stream) runTask(t *task, stop <-chan struct{}) error {
+	if o := s.dev.observersOf(); o != nil {
+		return s.observed(o, t, stop)
+	}
+	return s.runGuarded(t, stop)
+}
+
+// runGuarded runs t, turning a panic into the task's error.
+func (s *Stream) runGuarded(t *task, stop <-chan struct{}) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			err = s.errf(t.name, ErrInternal, "task panicked: %v", r)

@@ -2,6 +2,7 @@ package hcomm
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -65,7 +66,10 @@ type Comm struct {
 	localCost channel.LocalCoster
 	threads   []*Thread
 	values    map[any]any
-	ops       opState // BeginOp's counter and what each thread issues (optag.go)
+	trace     *tracer // the timeline (Config.TraceDir; trace.go), nil when none
+	// napping caches naps (wait.go): 0 undecided, 1 yes, 2 no.
+	napping atomic.Int32
+	ops     opState // BeginOp's counter and what each thread issues (optag.go)
 	// notifyWait is SetNotifyWaitTimeOut's value in nanoseconds; 0: unset.
 	notifyWait atomic.Int64
 	// valueSnap is a copy of values that Value reads without the lock:
@@ -164,6 +168,14 @@ func newCommOn(op string, c Config, rank, size, devID int, parent *Comm, boot *b
 		registry: &channel.Registry{}, boot: boot, channels: make(map[chanKey]*Channel), attempts: make(map[chanKey]int), inflight: make(map[chanKey]*acquireCall),
 		dialers: make(map[string]channel.Dialer), values: make(map[any]any)}
 	cm.stopped, cm.stop = context.WithCancel(context.Background())
+	if err := cm.startTrace(); err != nil { // trace.go
+		dev.Free(buf)
+		if parent == nil {
+			dev.Close()
+		}
+		cm.stop()
+		return fail(ErrOpenFile, err)
+	}
 	cm.registry.Add(channel.Mem{Tag: "hccl buffer", Addr: buf, Size: bufSize})
 	if parent != nil {
 		cm.async = parent.async
@@ -350,13 +362,15 @@ func (c *Comm) Destroy() error {
 		d.Close()
 	}
 	c.boot.unref()
+	// The timeline ends after the threads' last tasks (trace.go).
+	traced := c.flushTrace()
 	if c.sharedDev { // a sub-communicator: the device context is its parent's
 		if c.buf == 0 { // suspended: freed then
-			return nil
+			return traced
 		}
-		return c.dev.Free(c.buf)
+		return errors.Join(traced, c.dev.Free(c.buf))
 	}
-	return c.dev.Close()
+	return errors.Join(traced, c.dev.Close())
 }
 
 // setupCtx bounds a blocking setup call of c (ChannelAcquire, Split): it

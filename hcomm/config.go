@@ -87,6 +87,13 @@ type Config struct {
 	// for the series). nil means no metrics; hcomm never uses the global
 	// registry. Communicators sharing a Registerer share the collectors.
 	Metrics prometheus.Registerer
+	// TraceDir, when set, makes the communicator keep a timeline of its
+	// collectives and of every task its device's streams run, and Destroy
+	// write it there as NAME-rankR-PID.json in the Chrome trace event
+	// format, for Perfetto or chrome://tracing (HCOMM_TRACE; the directory
+	// is made if missing). Comm.WriteTrace writes it at any time; trace.go
+	// says what it holds. Empty: no timeline, and no cost.
+	TraceDir string
 	// Logger receives hcomm's log records, each with the communicator's name
 	// and rank. nil takes HCOMM_DEBUG (WARN, INFO or TRACE: text on stderr;
 	// unset: no logging).
@@ -138,6 +145,9 @@ func (c Config) resolve() (Config, error) {
 	}
 	if c.LivenessTimeout < 0 {
 		return c, fmt.Errorf("Config.LivenessTimeout %v is negative", c.LivenessTimeout)
+	}
+	if c.TraceDir == "" {
+		c.TraceDir = os.Getenv("HCOMM_TRACE")
 	}
 	if c.TCPSpin == 0 {
 		d, err := envSpin()

@@ -83,7 +83,8 @@
 // communicator), suspend.go (Suspend, Resume), elastic.go (the ranks' side
 // of `hcomm run --elastic`), state.go (GetStatus, RegCommStateCallback:
 // Ready, Suspending, Error, Destroyed), names.go (CommGetHandleWithName,
-// GetErrorString), metrics.go and log.go (observability).
+// GetErrorString), metrics.go, log.go and trace.go (observability: the
+// Prometheus series, logging, the timeline Config.TraceDir writes).
 //
 // Names and values follow HCCL: HcclResult codes are Result, CommEngine is
 // Engine, CommProtocol is Protocol, HcclDataType is DataType, HcclReduceOp is
@@ -97,7 +98,7 @@
 // HCCL_CONNECT_TIMEOUT (s, default 120), HCOMM_LIVENESS_TIMEOUT (s, default
 // 10), HCCL_DETERMINISTIC (false, true or strict; see Determinism),
 // HCOMM_TRANSPORT, HCOMM_SHM_DISABLE, HCOMM_SHM_CMA_DISABLE,
-// HCOMM_SOCKET_IFNAME; for InitFromEnv and InitClusterInfo also MASTER_ADDR,
+// HCOMM_SOCKET_IFNAME, HCOMM_TRACE (Config.TraceDir); for InitFromEnv and InitClusterInfo also MASTER_ADDR,
 // MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK, HCOMM_MASTER_ADDR,
 // HCOMM_ROOT_PORT and HCOMM_SECRET.
 package hcomm

@@ -3,6 +3,7 @@ package hcomm
 import (
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -85,12 +86,13 @@ func (c *Comm) CountOp(op, algo string) (seq uint64, ok bool) {
 	return seq, true
 }
 
-// TimesOps reports whether metrics or TRACE logging are on, so that a
-// collective must be opened with BeginOp (CountOp would number nothing): a
+// TimesOps reports whether metrics, TRACE logging or a timeline
+// (Config.TraceDir) are on, so that a collective must be opened with
+// BeginOp (CountOp would number nothing): a
 // library that numbers its collectives with CountOp asks first, and may then
 // number a call once its first message is out, while it waits anyway.
 func (c *Comm) TimesOps() bool {
-	return c.cfg.metrics != nil || c.logEnabled(LevelTrace)
+	return c.cfg.metrics != nil || c.logEnabled(LevelTrace) || c.trace != nil
 }
 
 // BeginOp tells the communicator that the work enqueued on t from now until
@@ -134,28 +136,82 @@ func (c *Comm) BeginOp(t *Thread, op, algo string) (seq uint64, end func() error
 	if trace {
 		c.log(LevelTrace, "collective issued", "op", op, "seq", tag.seq, "algorithm", algo, "stream", t.Stream().ID())
 	}
-	if c.cfg.metrics == nil && !trace {
+	if c.cfg.metrics == nil && !trace && c.trace == nil {
 		return tag.seq, clear
 	}
-	var start time.Time // written and read by tasks of one stream, in order
 	// The begin and end tasks run in the calling goroutine when the stream
 	// is idle (they take no time), so that they do not send a collective
 	// that would run there too (a small one's handshake) to the queue.
-	if err := launchOrRun(t, op+" begin", func(<-chan struct{}) error {
-		start = time.Now()
-		return nil
-	}); err != nil {
+	tm := &opTimer{c: c, t: t, op: op, algo: algo, seq: tag.seq, clear: clear, names: taskNames(op)}
+	if err := launchOrRun(t, tm.names[0], tm.begin); err != nil {
 		return tag.seq, clear
 	}
-	return tag.seq, func() error {
-		clear()
-		return launchOrRun(t, op+" end", func(<-chan struct{}) error {
-			d := time.Since(start)
-			c.cfg.metrics.ObserveCollective(op, algo, d)
-			c.log(LevelTrace, "collective done", "op", op, "seq", tag.seq, "algorithm", algo, "duration", d)
-			return nil
-		})
+	return tag.seq, tm.end
+}
+
+// opTimer times one collective for BeginOp: its begin task notes the time
+// the stream reached it, its end task observes the span. Both run on the
+// collective's stream, in order, so start needs no lock.
+type opTimer struct {
+	c     *Comm
+	t     *Thread
+	op    string
+	algo  string
+	seq   uint64
+	start time.Time
+	clear func() error
+	names *[2]string // the begin and end tasks' names (taskNames)
+}
+
+func (m *opTimer) begin(<-chan struct{}) error {
+	m.start = time.Now()
+	return nil
+}
+
+// end is BeginOp's end: it closes the collective's slot and enqueues the
+// task that observes it.
+func (m *opTimer) end() error {
+	m.clear()
+	return launchOrRun(m.t, m.names[1], m.observe)
+}
+
+func (m *opTimer) observe(<-chan struct{}) error {
+	now := time.Now()
+	d := now.Sub(m.start)
+	m.c.traceCollective(m.op, m.algo, m.t.Stream().ID(), m.seq, m.start, now) // trace.go
+	m.c.cfg.metrics.ObserveCollective(m.op, m.algo, d)
+	if m.c.logEnabled(LevelTrace) { // the arguments would allocate whether it logs or not
+		m.c.log(LevelTrace, "collective done", "op", m.op, "seq", m.seq, "algorithm", m.algo, "duration", d)
 	}
+	return nil
+}
+
+// opNames caches the begin and end tasks' names of each op BeginOp has
+// seen (op+" begin", op+" end"), so that a timed collective does not build
+// two strings per call. At most opNamesMax ops are kept; others build theirs.
+var (
+	opNames   sync.Map // op → *[2]string
+	opNamesN  atomic.Int32
+	opNamesMu sync.Mutex
+)
+
+const opNamesMax = 64
+
+func taskNames(op string) *[2]string {
+	if v, ok := opNames.Load(op); ok {
+		return v.(*[2]string)
+	}
+	n := &[2]string{op + " begin", op + " end"}
+	if opNamesN.Load() < opNamesMax {
+		opNamesMu.Lock()
+		if v, loaded := opNames.LoadOrStore(op, n); loaded {
+			n = v.(*[2]string)
+		} else {
+			opNamesN.Add(1)
+		}
+		opNamesMu.Unlock()
+	}
+	return n
 }
 
 // launchOrRun runs fn as t's next task: in the calling goroutine when t's

@@ -2,6 +2,9 @@ package hcomm_test
 
 import (
 	"errors"
+	"runtime"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -152,4 +155,53 @@ func pairChannels(t *testing.T, comms []*hcomm.Comm) ([2]*hcomm.Channel, [2]*hco
 		chs[r], ths[r] = ch[0], ts[0]
 	})
 	return chs, ths
+}
+
+// A tcp wait that has stopped polling is woken soon after its record
+// arrives even while another goroutine keeps the process's only processor
+// busy: Go's network poller, which wakes the channel's readers, runs only
+// when a processor is idle (or every 10 ms), so the sleeper naps and looks
+// at the sockets itself between naps. Without the naps the wake-ups took
+// the network poller's period (median 5–10 ms here).
+func TestSleepingWaitWokenOnBusyProcessor(t *testing.T) {
+	cfg := &hcomm.Config{BufferSize: 32 << 10, Name: "test", TCPSpin: time.Microsecond, ExecTimeout: time.Hour}
+	comms := hcommtest.Options{Config: cfg}.New(t, 2, hcommtest.TCP)
+	chs, _ := pairChannels(t, comms)
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	quit := make(chan struct{})
+	var busy sync.WaitGroup
+	busy.Add(1)
+	go func() { // the enqueuer of a rank bound to one core, far ahead of its stream
+		defer busy.Done()
+		for {
+			select {
+			case <-quit:
+				return
+			default:
+				runtime.Gosched()
+			}
+		}
+	}()
+	defer func() { close(quit); busy.Wait() }()
+	const trials = 7
+	lat := make([]time.Duration, 0, trials)
+	for range trials {
+		recorded := make(chan time.Time, 1)
+		go func() {
+			time.Sleep(3 * time.Millisecond) // the waiter is asleep by then (its spin is 1 µs)
+			recorded <- time.Now()
+			if err := hcomm.ChannelNotifyRecord(nil, chs[1], 0); err != nil {
+				t.Error(err)
+			}
+		}()
+		if err := hcomm.ChannelNotifyWait(nil, chs[0], 0, 10*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		lat = append(lat, time.Since(<-recorded))
+	}
+	slices.Sort(lat)
+	t.Logf("record to wake-up: %v", lat)
+	if med := lat[trials/2]; med > 2*time.Millisecond {
+		t.Errorf("a sleeping tcp wait on a busy processor woke %v after its record (median of %d; all: %v), want under 2ms", med, trials, lat)
+	}
 }

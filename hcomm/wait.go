@@ -100,7 +100,11 @@ func (c *Comm) awaitNotify(op string, ch *Channel, idx int, n *notify.Notify, ti
 		if timeout > 0 {
 			rest = max(timeout-(spin.Mono()-polled), time.Nanosecond)
 		}
-		err = c.waitReporting(n, rest, stop, tag)
+		if c.naps() {
+			err = c.napReporting(p, n, rest, stop, tag)
+		} else {
+			err = c.waitReporting(n, rest, stop, tag)
+		}
 	}
 	if clk, ok := ch.tr.(channel.Clocked); ok && err == nil {
 		clk.NotifyWaited(idx) // the simulator's virtual clock (channel/sim)
@@ -168,6 +172,110 @@ func (c *Comm) waitReporting(n *notify.Notify, timeout time.Duration, stop <-cha
 		c.setProgress("") // a wait that fails leaves its entry: the rank stays stuck there
 	}
 	return err
+}
+
+// A waiter that has stopped polling its sockets (channel.Poller) sleeps
+// until the channel's background reader applies the record, which it does
+// once Go's network poller reports the socket readable — and the runtime
+// polls the network only when a processor has nothing else to run, or
+// every 10 ms. In a process whose other goroutines keep its processors busy
+// (a caller issuing collectives far ahead of its stream, on the processor a
+// bound rank has), the sleeper stayed asleep for milliseconds after its
+// bytes had come: 2 processes over tcp, 1 MiB broadcast, 1–2.5 % of the
+// calls took 0.4–2.8 ms against a median of 0.13–0.2, 10–20 µs of a mean
+// of 160–220 (hcomm trace, BENCHMARKS.md stop 34); a test with one busy
+// goroutine saw 7–12 ms. So the sleep is cut into naps, each ended by a
+// timer — which the scheduler runs between any two goroutines, busy or not
+// — and followed by one look at the sockets (PollOnce). The naps double
+// from napFirst to napMost: a sleep that the network poller ends anyway (a
+// processor is idle) costs a few wake-ups more, and a long one (a peer late
+// by seconds) about one every napMost.
+const (
+	napFirst = 50 * time.Microsecond
+	napMost  = 10 * time.Millisecond
+	// overslept is how much later than asked a nap may end before the
+	// waiter takes it that its processor went idle (an idle processor's
+	// timers are late by up to the network poller's millisecond).
+	overslept = 300 * time.Microsecond
+)
+
+// naps reports whether the communicator's sleeping tcp waits nap
+// (napReporting): only where no host has more of its processes than
+// processors (Comm.Crowded). On a crowded host a processor that a waiter's
+// process leaves idle is soon another process's, the network poller runs,
+// and every extra wake-up is a switch the others wait for: with naps, 16
+// processes on 2 cores, a 64 KiB all-reduce measured 693 µs against 654
+// (medians of ten launches interleaved, within their spread but not
+// worth the risk). Decided once.
+func (c *Comm) naps() bool {
+	switch c.napping.Load() {
+	case 1:
+		return true
+	case 2:
+		return false
+	}
+	v := int32(2)
+	if !c.Crowded() {
+		v = 1
+	}
+	c.napping.Store(v)
+	return v == 1
+}
+
+// napReporting is waitReporting for a waiter of a channel that receives
+// for its waiters (p): it sleeps in naps and looks at p's sockets between
+// them, and publishes where it waits once it has waited slowWait.
+func (c *Comm) napReporting(p channel.Poller, n *notify.Notify, timeout time.Duration, stop <-chan struct{}, tag opTag) error {
+	start := spin.Mono()
+	published := false
+	done := func(err error) error {
+		if err == nil && published {
+			c.setProgress("") // a wait that fails leaves its entry: the rank stays stuck there
+		}
+		return err
+	}
+	for nap := napFirst; ; nap = min(2*nap, napMost) {
+		d := nap
+		if timeout > 0 {
+			d = min(d, max(timeout-(spin.Mono()-start), time.Nanosecond))
+		}
+		var err error
+		began := spin.Mono()
+		if nap == napFirst {
+			err = n.Await(stop, d) // polls a moment first, as a sleeping wait always has
+		} else {
+			err = n.Nap(stop, d)
+		}
+		if err == nil || !device.CodeOf(err).Timeout() {
+			return done(err)
+		}
+		if p.PollOnce(); n.TryReset() {
+			return done(nil)
+		}
+		now := spin.Mono()
+		waited := now - start
+		if timeout > 0 && waited >= timeout {
+			return n.TimedOut(timeout)
+		}
+		if now-began > d+spin.Default+overslept {
+			// The timer was late: the processor went idle, and an idle
+			// processor waits in the network poller, which wakes the
+			// readers. Sleep on in one piece: more naps would only cost
+			// wake-ups.
+			rest := time.Duration(0)
+			if timeout > 0 {
+				rest = max(timeout-waited, time.Nanosecond)
+			}
+			if published {
+				return done(n.Await(stop, rest))
+			}
+			return c.waitReporting(n, rest, stop, tag)
+		}
+		if !published && waited >= slowWait {
+			c.setProgress(tag.String())
+			published = true
+		}
+	}
 }
 
 // setProgress publishes (or, for "", withdraws) this rank's position.

@@ -221,6 +221,17 @@ func (n *Notify) Await(stop <-chan struct{}, timeout time.Duration) error {
 	return n.await(nil, timeout, stop)
 }
 
+// Nap is Await without the polling first: it sleeps at once, until n is
+// recorded, stop closes or timeout passes, for a waiter that has just
+// polled (hcomm's tcp waits between their looks at the sockets). A notify
+// of shared memory polls as Await does.
+func (n *Notify) Nap(stop <-chan struct{}, timeout time.Duration) error {
+	if n.sh != nil {
+		return n.awaitShared(nil, timeout, stop)
+	}
+	return n.sleep(nil, timeout, stop)
+}
+
 func (n *Notify) await(s *device.Stream, timeout time.Duration, stop <-chan struct{}) error {
 	if n.sh != nil {
 		return n.awaitShared(s, timeout, stop)
@@ -232,6 +243,11 @@ func (n *Notify) await(s *device.Stream, timeout time.Duration, stop <-chan stru
 	if spin.Until(d, n.TryReset) {
 		return nil
 	}
+	return n.sleep(s, timeout, stop)
+}
+
+// sleep is await's sleeping part.
+func (n *Notify) sleep(s *device.Stream, timeout time.Duration, stop <-chan struct{}) error {
 	var expire <-chan time.Time
 	if timeout > 0 {
 		t := time.NewTimer(timeout)
@@ -272,6 +288,13 @@ func (n *Notify) await(s *device.Stream, timeout time.Duration, stop <-chan stru
 			return n.fail(s, device.ErrWaitTimeout, "wait for %s timed out after %v", n.name, timeout)
 		}
 	}
+}
+
+// TimedOut returns the error of a wait for n that timed out after timeout,
+// as Await returns it: for a caller that waits in parts (a nap at a time)
+// and gives up when the parts add up to its timeout.
+func (n *Notify) TimedOut(timeout time.Duration) error {
+	return n.fail(nil, device.ErrWaitTimeout, "wait for %s timed out after %v", n.name, timeout)
 }
 
 func (n *Notify) forget(ch chan struct{}) {

@@ -5,6 +5,7 @@
 //	hcomm bench <collective|p2p> [flags] nccl-tests-style benchmark
 //	hcomm sim -profile F <collective>    predicted time and busbw, by simulation
 //	hcomm sim fit BENCH.json...          fit the simulator's link profile to runs
+//	hcomm trace FILE.json...             summarise the timelines HCOMM_TRACE wrote
 //
 // Run "hcomm help <command>" for a command's flags.
 package main
@@ -41,6 +42,9 @@ const usage = `usage:
         schedules over a simulated network; "hcomm sim -h" lists flags
   hcomm sim fit [-cores N] [-o FILE] BENCH.json...
         fit the simulator's link profile to hcomm bench -J runs at a few ranks
+  hcomm trace [-top K] FILE.json...
+        summarise the timelines HCOMM_TRACE wrote: per rank and span name,
+        count, total and percentiles
 `
 
 // Main runs the command line args and returns the exit status.
@@ -56,6 +60,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		return bench.Main(args[1:], stdout, stderr, bench.Hooks{})
 	case "sim":
 		return simCmd(args[1:], stdout, stderr)
+	case "trace":
+		return traceCmd(args[1:], stdout, stderr)
 	case "help", "-h", "--help":
 		if len(args) > 1 {
 			return Main([]string{args[1], "-h"}, stdout, stderr)
