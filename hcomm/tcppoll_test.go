@@ -205,3 +205,65 @@ func TestSleepingWaitWokenOnBusyProcessor(t *testing.T) {
 		t.Errorf("a sleeping tcp wait on a busy processor woke %v after its record (median of %d; all: %v), want under 2ms", med, trials, lat)
 	}
 }
+
+// A tcp wait that naps (it stopped polling at once: a 1 µs spin) still
+// ends by its timeout — its naps add up to it, the error names the wait —,
+// by Abort, and when the peer's end goes away, each within a bound.
+func TestNappingWaitEnds(t *testing.T) {
+	cfg := &hcomm.Config{BufferSize: 32 << 10, Name: "test", TCPSpin: time.Microsecond, ExecTimeout: time.Hour}
+	comms := hcommtest.Options{Config: cfg}.New(t, 2, hcommtest.TCP)
+	t.Cleanup(func() {
+		for _, c := range comms {
+			c.Abort()
+		}
+	})
+	chs, ths := pairChannels(t, comms)
+
+	const timeout = 30 * time.Millisecond // several naps: 50 µs doubling
+	start := time.Now()
+	err := hcomm.ChannelNotifyWait(nil, chs[0], 0, timeout)
+	if took := time.Since(start); !errors.Is(err, hcomm.ErrTimeout) || took < timeout || took > 500*time.Millisecond {
+		t.Fatalf("a napping wait with timeout %v: %v after %v", timeout, err, took)
+	}
+
+	// The peer's end goes away: the waiting rank's channel breaks its notifies.
+	lost := make(chan error, 1)
+	go func() { lost <- hcomm.ChannelNotifyWait(nil, chs[1], 1, 30*time.Second) }()
+	time.Sleep(20 * time.Millisecond) // napping by now
+	start = time.Now()
+	if err := comms[0].ChannelDestroy([]*hcomm.Channel{chs[0]}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-lost:
+		if err == nil {
+			t.Fatal("a napping wait whose peer went away returned no error")
+		}
+		if took := time.Since(start); took > 5*time.Second {
+			t.Fatalf("the peer's end went away; the wait ended %v later", took)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("a napping wait outlived its peer's end")
+	}
+
+	// Abort ends a napping wait on a thread.
+	hcomm.ChannelNotifyWaitOnThread(ths[1], chs[1], 0, 0)
+	done := make(chan error, 1)
+	go func() { done <- ths[1].Stream().SynchronizeWithTimeout(30 * time.Second) }()
+	time.Sleep(20 * time.Millisecond)
+	start = time.Now()
+	if err := comms[1].Abort(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("an aborted napping wait returned no error")
+		}
+		if took := time.Since(start); took > 500*time.Millisecond {
+			t.Fatalf("Abort took %v to end a napping wait", took)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Abort did not end the napping wait")
+	}
+}
