@@ -76,6 +76,9 @@ type part struct {
 // slices are only ever reached through those copies, never aliased by device
 // memory.
 func hostRun(ctx context.Context, c *hcomm.Comm, op string, size int64, in, out part, run func(dev device.Ptr, s *device.Stream) error) error {
+	if ctx == nil {
+		return collErr(c, op, hcomm.ErrPara, nil, "nil context")
+	}
 	if err := inGroup(c, op); err != nil { // group.go
 		return err
 	}

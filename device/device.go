@@ -146,6 +146,9 @@ func (d *Device) Synchronize(ctx context.Context) error {
 	if err := d.check("Synchronize"); err != nil {
 		return err
 	}
+	if ctx == nil {
+		return newErr("Synchronize", d.id, -1, ErrInvalidValue, "nil context")
+	}
 	d.mu.Lock()
 	streams := make([]*Stream, 0, len(d.streams))
 	for s := range d.streams {

@@ -225,6 +225,9 @@ func (e *Event) QueryStatus() (EventRecordedStatus, error) {
 // never mistakes skipped work for done work.
 func (e *Event) Synchronize(ctx context.Context) error {
 	const op = "Event.Synchronize"
+	if ctx == nil {
+		return newErr(op, -1, -1, ErrInvalidValue, "nil context")
+	}
 	c, err := e.snapshot(op)
 	if err != nil || c == nil {
 		return err

@@ -527,6 +527,9 @@ func (s *Stream) Synchronize(ctx context.Context) error {
 	if s == nil {
 		return newErr("Stream.Synchronize", -1, -1, ErrInvalidHandle, "nil stream")
 	}
+	if ctx == nil {
+		return s.errf("Stream.Synchronize", ErrInvalidValue, "nil context")
+	}
 	s.mu.Lock()
 	target := s.submitted
 	destroyed := s.destroyed

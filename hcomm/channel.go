@@ -142,6 +142,9 @@ func (c *Comm) ChannelAcquireContext(ctx context.Context, engine Engine, descs [
 	if err := c.usable(op); err != nil {
 		return nil, err
 	}
+	if ctx == nil {
+		return nil, c.errorf(op, -1, ErrPara, nil, "nil context")
+	}
 	if !engine.supported() {
 		return nil, c.errorf(op, -1, ErrNotSupport, nil, "engine %v is not supported: hcomm runs on the host (CPU, CPU_TS)", engine)
 	}

@@ -52,6 +52,9 @@ type Membership struct {
 // that is wrong, or the store that could not be reached.
 func ElasticFromEnv(ctx context.Context) (*Membership, error) {
 	const op = "ElasticFromEnv"
+	if ctx == nil {
+		return nil, noRankErr(op, "", ErrPara, nil, "nil context")
+	}
 	addr := os.Getenv(elastic.EnvAddr)
 	if addr == "" {
 		return nil, nil
@@ -105,6 +108,9 @@ func (m *Membership) err(ctx context.Context, op string, err error, format strin
 // Pending returns how many newcomers wait to be admitted. Rank 0 of the job
 // calls it between steps and shares the answer with the members.
 func (m *Membership) Pending(ctx context.Context) (int, error) {
+	if ctx == nil {
+		return 0, noRankErr("Membership.Pending", "", ErrPara, nil, "nil context")
+	}
 	joins, err := m.cli.Add(ctx, elastic.KeyJoins, 0)
 	if err != nil {
 		return 0, m.err(ctx, "Pending", err, "")
@@ -123,6 +129,9 @@ func (m *Membership) Pending(ctx context.Context) (int, error) {
 // must join for Grow to return). Errors: fewer newcomers registered than
 // the token has room for (ErrPara), or the store's.
 func (m *Membership) Admit(ctx context.Context, tok JoinToken) error {
+	if ctx == nil {
+		return noRankErr("Membership.Admit", "", ErrPara, nil, "nil context")
+	}
 	joins, err := m.cli.Add(ctx, elastic.KeyJoins, 0)
 	if err != nil {
 		return m.err(ctx, "Admit", err, "")
@@ -164,6 +173,9 @@ func (m *Membership) Admit(ctx context.Context, tok JoinToken) error {
 // once.
 func (m *Membership) AwaitToken(ctx context.Context) (JoinToken, int, error) {
 	const op = "AwaitToken"
+	if ctx == nil {
+		return JoinToken{}, -1, noRankErr("Membership."+op, "", ErrPara, nil, "nil context")
+	}
 	seq, err := m.cli.Add(ctx, elastic.KeyJoins, 1)
 	if err != nil {
 		return JoinToken{}, -1, m.err(ctx, op, err, "")
@@ -203,6 +215,9 @@ func (m *Membership) AwaitToken(ctx context.Context) (JoinToken, int, error) {
 // job is over (their AwaitToken returns ErrJobEnded). Rank 0 calls it when
 // the job's work is done.
 func (m *Membership) End(ctx context.Context) error {
+	if ctx == nil {
+		return noRankErr("Membership.End", "", ErrPara, nil, "nil context")
+	}
 	if err := m.cli.Set(ctx, elastic.KeyEnded, []byte("1")); err != nil {
 		return m.err(ctx, "End", err, "")
 	}

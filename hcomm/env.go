@@ -68,6 +68,9 @@ func InitFromEnv(cfg *Config) (*Comm, error) {
 // InitRootInfoContext is.
 func InitFromEnvContext(ctx context.Context, cfg *Config) (*Comm, error) {
 	const op = "InitFromEnv"
+	if ctx == nil {
+		return nil, noRankErr(op, "", ErrPara, nil, "nil context")
+	}
 	c, err := resolveAll(cfg)
 	if err != nil {
 		return nil, noRankErr(op, c.Name, ErrPara, err, "")

@@ -147,6 +147,9 @@ func (c *Comm) Grow(ctx context.Context, tok JoinToken, cfg *Config) (*Comm, err
 	if err := c.usable(op); err != nil {
 		return nil, err
 	}
+	if ctx == nil {
+		return nil, c.errorf(op, -1, ErrPara, nil, "nil context")
+	}
 	if tok.Members != c.size || tok.Size <= c.size {
 		return nil, c.errorf(op, -1, ErrPara, nil, "the token grows a communicator of %d ranks to %d; this one has %d", tok.Members, tok.Size, c.size)
 	}
@@ -173,6 +176,9 @@ func (c *Comm) Grow(ctx context.Context, tok JoinToken, cfg *Config) (*Comm, err
 // InitRootInfo's.
 func JoinContext(ctx context.Context, tok JoinToken, rank int, cfg *Config) (*Comm, error) {
 	const op = "Join"
+	if ctx == nil {
+		return nil, &Error{Op: op, Rank: rank, Peer: -1, Code: ErrPara, Msg: "nil context"}
+	}
 	if first, n := tok.Newcomers(); rank < first || rank >= first+n {
 		return nil, noRankErr(op, "", ErrPara, nil, "rank %d is not a newcomer's rank: the token has room for ranks [%d, %d)", rank, first, first+n)
 	}

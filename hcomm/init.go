@@ -231,6 +231,9 @@ func InitRootInfo(nRanks int, root RootInfo, rank int, cfg *Config) (*Comm, erro
 // leaves nothing open. ctx bounds the setup only, not the communicator.
 func InitRootInfoContext(ctx context.Context, nRanks int, root RootInfo, rank int, cfg *Config) (*Comm, error) {
 	const op = "InitRootInfo"
+	if ctx == nil {
+		return nil, &Error{Op: op, Rank: rank, Peer: -1, Code: ErrPara, Msg: "nil context"}
+	}
 	c, err := resolveAll(cfg)
 	if err != nil {
 		return nil, &Error{Op: op, Comm: c.Name, Rank: rank, Peer: -1, Code: ErrPara, Err: err}

@@ -132,6 +132,9 @@ func InitClusterInfo(rankTablePath string, rank int, cfg *Config) (*Comm, error)
 // InitRootInfoContext is.
 func InitClusterInfoContext(ctx context.Context, rankTablePath string, rank int, cfg *Config) (*Comm, error) {
 	const op = "InitClusterInfo"
+	if ctx == nil {
+		return nil, &Error{Op: op, Rank: rank, Peer: -1, Code: ErrPara, Msg: "nil context"}
+	}
 	c, err := resolveAll(cfg)
 	if err != nil {
 		return nil, &Error{Op: op, Comm: c.Name, Rank: rank, Peer: -1, Code: ErrPara, Err: err}

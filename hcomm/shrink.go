@@ -49,6 +49,9 @@ func (c *Comm) Shrink(ctx context.Context, exclude []int, cfg *Config) (*Comm, [
 	if c == nil {
 		return nil, nil, nilCommErr(op)
 	}
+	if ctx == nil {
+		return nil, nil, c.errorf(op, -1, ErrPara, nil, "nil context")
+	}
 	c.mu.Lock()
 	closed, aborted := c.closed, c.aborted
 	c.mu.Unlock()

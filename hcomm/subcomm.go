@@ -82,6 +82,9 @@ func (c *Comm) SplitContext(ctx context.Context, color, key int, cfg *Config) (*
 	if err := c.usable(op); err != nil {
 		return nil, err
 	}
+	if ctx == nil {
+		return nil, c.errorf(op, -1, ErrPara, nil, "nil context")
+	}
 	ctr := c.Value(splitCounter{}, func() any { return new(atomic.Uint64) }).(*atomic.Uint64)
 	k := ctr.Add(1)
 	base := "split" + strconv.FormatUint(k, 10) + "/"

@@ -149,6 +149,9 @@ func ThreadSynchronizeContext(ctx context.Context, t *Thread) error {
 	if err != nil {
 		return err
 	}
+	if ctx == nil {
+		return c.errorf(op, -1, ErrPara, nil, "nil context")
+	}
 	if t.Batching() {
 		return c.errorf(op, -1, ErrPara, nil, "thread %s is in batch mode: call BatchModeEnd first", t.Name())
 	}

@@ -205,6 +205,9 @@ func (n *Notify) Wait(s *device.Stream, timeout time.Duration) error {
 // resets it: Wait's task body, for transports and tests. When ctx ends first it
 // returns device.ErrWaitTimeout (deadline) or device.ErrStreamAbort (cancel).
 func (n *Notify) WaitNow(ctx context.Context) error {
+	if ctx == nil {
+		return &device.Error{Op: "Notify.WaitNow", Device: -1, Stream: -1, Code: device.ErrInvalidValue, Msg: "nil context"}
+	}
 	err := n.await(nil, 0, ctx.Done())
 	if err != nil && ctx.Err() == context.DeadlineExceeded {
 		return n.fail(nil, device.ErrWaitTimeout, "wait for %s timed out: %v", n.name, ctx.Err())

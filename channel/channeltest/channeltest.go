@@ -110,4 +110,5 @@ var cases = []struct {
 	{"Flagged", testFlagged},
 	{"Line", testLine},
 	{"CheckedOnReceipt", testCheckedOnReceipt},
+	{"NilArguments", testNilArguments},
 }

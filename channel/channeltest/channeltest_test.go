@@ -81,9 +81,11 @@ type brokenDialer struct {
 }
 
 func (d *brokenDialer) Connect(ctx context.Context, l *channel.Local, ex channel.Exchange) (*channel.Conn, error) {
-	d.mu.Lock()
-	d.locals[l.Rank] = l
-	d.mu.Unlock()
+	func() {
+		d.mu.Lock()
+		defer d.mu.Unlock() // a nil l panics here: NilArguments recovers and calls again
+		d.locals[l.Rank] = l
+	}()
 	c, err := d.Dialer.Connect(ctx, l, ex)
 	if err != nil {
 		return nil, err
@@ -250,6 +252,7 @@ func TestCasesCanFail(t *testing.T) {
 			return cfg
 		}(), "did not end within"},
 		{"Flagged", brokenConfig(flagsFirst), "a word of another round"},
+		{"NilArguments", brokenConfig(func(*brokenTransport) {}), "panicked"}, // its Connect reads the Local first
 		{"PeerLoss", func() Config {
 			cfg := brokenConfig(func(*brokenTransport) {})
 			cfg.Lose, cfg.LossWithin = func(TB, channel.Transport) {}, 200*time.Millisecond // a loss nobody notices

@@ -228,3 +228,27 @@ func testPeerLoss(t TB, cfg Config) {
 	defer cancel()
 	wantErr(t, "rank 1's later wait", b.conn.Notifies[1].WaitNow(ctx), channel.ErrPeerLost)
 }
+
+// testNilArguments: Connect given a nil context, Local or Exchange — the
+// caller's mistake — returns an error; it does not panic.
+func testNilArguments(t TB, cfg Config) {
+	d0, d1 := cfg.Dialers(t)
+	defer d0.Close()
+	defer d1.Close()
+	for _, c := range []struct {
+		what string
+		ctx  context.Context
+	}{{"a nil context", nil}, {"a live context", context.Background()}} {
+		err, panicked := func() (err error, panicked any) {
+			defer func() { panicked = recover() }()
+			_, err = d0.Connect(c.ctx, nil, nil)
+			return err, nil
+		}()
+		switch {
+		case panicked != nil:
+			t.Errorf("Connect with %s and a nil Local and Exchange panicked: %v", c.what, panicked)
+		case err == nil:
+			t.Errorf("Connect with %s and a nil Local and Exchange: no error", c.what)
+		}
+	}
+}

@@ -14,6 +14,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -92,6 +93,9 @@ func (d *Dialer) Close() error { return nil }
 // the same fabric. A second exchange confirms that both ends have found each
 // other, after which both tokens are withdrawn from the fabric.
 func (d *Dialer) Connect(ctx context.Context, local *channel.Local, ex channel.Exchange) (*channel.Conn, error) {
+	if ctx == nil || local == nil || ex == nil {
+		return nil, errors.New("inproc connect: nil context, local or exchange")
+	}
 	notifies := make([]*notify.Notify, local.NotifyNum)
 	for i := range notifies {
 		notifies[i] = notify.New(fmt.Sprintf("%s notify %d", local.Name, i))

@@ -118,8 +118,8 @@ func ctxConn(ctx context.Context, c interface{ SetDeadline(time.Time) error }) f
 // Errors name both ranks and wrap ErrOtherHost, channel.ErrRefused, channel.ErrPeerLost or
 // ctx's error.
 func (d *Dialer) Connect(ctx context.Context, local *channel.Local, ex channel.Exchange) (*channel.Conn, error) {
-	if local == nil || ex == nil {
-		return nil, errors.New("shm connect: nil local or exchange")
+	if ctx == nil || local == nil || ex == nil {
+		return nil, errors.New("shm connect: nil context, local or exchange")
 	}
 	d.mu.Lock()
 	closed := d.closed

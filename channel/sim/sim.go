@@ -57,6 +57,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -244,6 +245,9 @@ type end struct {
 // the two ends' world ranks and arrival tables with the peer through ex (its
 // Local.Rank and Peer may be a sub-communicator's ranks).
 func (d *Dialer) Connect(ctx context.Context, local *channel.Local, ex channel.Exchange) (*channel.Conn, error) {
+	if ctx == nil || local == nil || ex == nil {
+		return nil, errors.New("sim connect: nil context, local or exchange")
+	}
 	conn, err := d.inner.Connect(ctx, local, ex)
 	if err != nil {
 		return nil, err

@@ -361,6 +361,9 @@ func (d *Dialer) acceptSocket(c net.Conn) error {
 // channel.Dialer). The lower rank dials the sockets, the higher accepts them.
 // Safe for concurrent use: many channels may connect at once.
 func (d *Dialer) Connect(ctx context.Context, local *channel.Local, ex channel.Exchange) (*channel.Conn, error) {
+	if ctx == nil || local == nil || ex == nil {
+		return nil, &Error{Op: "Connect", Rank: -1, Peer: -1, Msg: "nil context, local or exchange"}
+	}
 	fail := func(err error, format string, args ...any) (*channel.Conn, error) {
 		return nil, &Error{Op: "Connect", Rank: local.Rank, Peer: local.Peer, Msg: fmt.Sprintf(format, args...), Err: err}
 	}

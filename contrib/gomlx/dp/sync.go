@@ -237,6 +237,9 @@ func (t *Trainer) CheckIdentical(ctx context.Context) error {
 	if t.closed {
 		return fmt.Errorf("dp: CheckIdentical (rank %d): trainer closed", t.Rank())
 	}
+	if ctx == nil {
+		return fmt.Errorf("dp: CheckIdentical (rank %d): nil context", t.Rank())
+	}
 	h := fnv.New64a()
 	n := uint64(0)
 	for v := range t.ctx.IterVariables() {

@@ -234,6 +234,9 @@ func (t *Trainer) TrainStep(ctx context.Context, spec any, inputs, labels []*ten
 	if t.closed {
 		return nil, fmt.Errorf("dp: TrainStep (rank %d): trainer closed", t.Rank())
 	}
+	if ctx == nil {
+		return nil, fmt.Errorf("dp: TrainStep (rank %d): nil context", t.Rank())
+	}
 	start := time.Now()
 	t.step++
 	res := &Result{Step: t.step}

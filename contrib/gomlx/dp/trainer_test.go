@@ -499,3 +499,20 @@ func TestFloat64Model(t *testing.T) {
 		}
 	}
 }
+
+// TestRefusesNilContext: TrainStep and CheckIdentical refuse a nil context
+// before they build or communicate — one rank calling alone would otherwise
+// wait for its peer.
+func TestRefusesNilContext(t *testing.T) {
+	x, y := blobs(16, 6)
+	rs := setup(t, 2, 61, func(int) func(*mlctx.Context, any, []*graph.Node) []*graph.Node { return mlp(8) },
+		func() optimizers.Interface { return optimizers.StochasticGradientDescent() }, nil)
+	var nilCtx context.Context
+	in, lab := batch(x, y, 0, 4)
+	if _, err := rs[0].tr.TrainStep(nilCtx, nil, in, lab); err == nil || !strings.Contains(err.Error(), "TrainStep (rank 0): nil context") {
+		t.Errorf("TrainStep(nil context): %v", err)
+	}
+	if err := rs[0].tr.CheckIdentical(nilCtx); err == nil || !strings.Contains(err.Error(), "CheckIdentical (rank 0): nil context") {
+		t.Errorf("CheckIdentical(nil context): %v", err)
+	}
+}
