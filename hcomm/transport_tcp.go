@@ -26,6 +26,7 @@ func newTCPDialer(c *Comm) (channel.Dialer, error) {
 	// against 1.50 with two, medians of ten).
 	o.Streams = defaultStreams(runtime.GOMAXPROCS(0))
 	o.Yield = c.procsHere() >= c.HostProcessors()
+	o.Nap = c.naps() // a one-sided Read's answer and a Fence's naps as the notify waits do (wait.go)
 	if v := os.Getenv("HCOMM_TCP_STREAMS"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 || n > 64 {

@@ -92,6 +92,18 @@ type Options struct {
 	// outnumber its processors, so that each of them reaches the processor
 	// when its peer's bytes are in.
 	Yield bool
+	// Nap makes a Read, ReadReduce or Fence whose poll gave up (Spin) sleep
+	// in naps — 50 µs doubling to 10 ms, each followed by one look at the
+	// sockets — instead of only until a background reader wakes it. The
+	// readers are woken by Go's network poller, which runs when a
+	// processor is idle or every 10 ms: in a process whose other
+	// goroutines keep its processors busy (a rank bound to one core whose
+	// caller computes or issues ahead) the sleeper would see its answer
+	// milliseconds late. A nap that ends late (the processor went idle, so
+	// the poller runs) ends the napping. Needs Spin > 0. hcomm sets it as
+	// for its notify waits: where the host holds at most two of the
+	// communicator's processes a processor.
+	Nap bool
 }
 
 // Dialer makes tcp channels (channel.Dialer). It owns one listener shared by
@@ -361,8 +373,8 @@ func (d *Dialer) acceptSocket(c net.Conn) error {
 // channel.Dialer). The lower rank dials the sockets, the higher accepts them.
 // Safe for concurrent use: many channels may connect at once.
 func (d *Dialer) Connect(ctx context.Context, local *channel.Local, ex channel.Exchange) (*channel.Conn, error) {
-	if ctx == nil || local == nil || ex == nil {
-		return nil, &Error{Op: "Connect", Rank: -1, Peer: -1, Msg: "nil context, local or exchange"}
+	if ctx == nil || local == nil {
+		return nil, &Error{Op: "Connect", Rank: -1, Peer: -1, Msg: "nil context or local end"}
 	}
 	fail := func(err error, format string, args ...any) (*channel.Conn, error) {
 		return nil, &Error{Op: "Connect", Rank: local.Rank, Peer: local.Peer, Msg: fmt.Sprintf(format, args...), Err: err}
@@ -381,6 +393,9 @@ func (d *Dialer) Connect(ctx context.Context, local *channel.Local, ex channel.E
 	d.mu.Unlock()
 	if closed {
 		return fail(channel.ErrClosed, "dialer is closed")
+	}
+	if ex == nil {
+		return fail(nil, "nil exchange")
 	}
 	me := &hello{rank: local.Rank, streams: d.opts.Streams, notifyNum: local.NotifyNum, addrs: d.adv}
 	rand.Read(me.nonce[:])

@@ -74,7 +74,12 @@
 // kernel has them. A per-socket receive token keeps the two apart: only its
 // holder reads, and every holder reads until the kernel has nothing more
 // before it lets go, so the network poller sees every arrival after that
-// and wakes the reader for it (progress.go). A caller that looks once and
+// and wakes the reader for it (progress.go). A Read, ReadReduce or Fence
+// whose poll gave up sleeps in naps with Options.Nap (50 µs doubling to
+// 10 ms, a look at the sockets after each): the network poller runs only
+// when a processor is idle or every 10 ms, so a waiter in a process that
+// keeps its processors busy would otherwise see its answer that late
+// (hcomm's notify waits nap the same way, hcomm/wait.go). A caller that looks once and
 // goes on (hcomm.ChannelNotifyTryWait, which the small collectives' lane
 // calls in its own poll loop) uses PollOnce: one pass over the sockets,
 // with no clock and no allocation. A look of Poll stops at the socket that

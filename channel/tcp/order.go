@@ -177,7 +177,7 @@ func (c *conn) Fence(stop <-chan struct{}) error {
 		forget()
 		return c.wrap("Fence", 0, 0, err)
 	}
-	c.awaitPolling(stop, done)
+	c.awaitNapping(stop, done)
 	select {
 	case <-done:
 		return nil

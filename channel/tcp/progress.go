@@ -234,13 +234,61 @@ func (c *conn) pollOnce(done func() bool, all bool) (read, found bool) {
 
 // awaitPolling waits for ch to close, polling the channel's sockets first
 // for at most Options.Spin: the wait of Read and Fence for their answer.
-func (c *conn) awaitPolling(stop <-chan struct{}, ch <-chan struct{}) {
-	c.Poll(stop, 0, func() bool {
+func (c *conn) awaitPolling(stop <-chan struct{}, ch <-chan struct{}) bool {
+	return c.Poll(stop, 0, func() bool { return isClosed(ch) })
+}
+
+// The naps of a wait whose poll gave up (Options.Nap): the first, the
+// longest, and how much later than asked one may end before the waiter
+// takes it that its processor went idle (an idle processor's timers are
+// late by up to the network poller's millisecond).
+const (
+	napFirst  = 50 * time.Microsecond
+	napMost   = 10 * time.Millisecond
+	overslept = 300 * time.Microsecond
+)
+
+// awaitNapping is awaitPolling, then, with Options.Nap, naps until ch,
+// stop or the channel's end: each nap is a timer's, which the scheduler
+// runs between any two goroutines, and is followed by one look at the
+// sockets — so a waiter whose processor stays busy sees its answer within
+// a nap, not when the network poller next runs. A nap that ends late (the
+// processor went idle, and an idle processor waits in the network poller,
+// which wakes the readers) ends the napping. The caller's select, which
+// follows, returns at once or sleeps as before.
+func (c *conn) awaitNapping(stop <-chan struct{}, ch <-chan struct{}) {
+	if c.awaitPolling(stop, ch) || !c.nap || c.spin <= 0 {
+		return
+	}
+	t := time.NewTimer(napFirst)
+	defer t.Stop()
+	for nap := napFirst; ; nap = min(2*nap, napMost) {
+		began := spin.Mono()
 		select {
 		case <-ch:
-			return true
-		default:
-			return false
+			return
+		case <-stop:
+			return
+		case <-c.dead:
+			return
+		case <-t.C:
 		}
-	})
+		if _, found := c.pollOnce(func() bool { return isClosed(ch) }, true); found || isClosed(ch) {
+			return
+		}
+		if spin.Mono()-began > nap+overslept {
+			return
+		}
+		t.Reset(min(2*nap, napMost))
+	}
+}
+
+// isClosed reports whether ch is closed (it is only ever closed).
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
 }

@@ -62,7 +62,7 @@ func (c *conn) read(op string, stop <-chan struct{}, pr *pendingRead, src device
 		c.abandon(id, pr, nil)
 		return c.wrap(op, uint64(src), n, err)
 	}
-	c.awaitPolling(stop, pr.done)
+	c.awaitNapping(stop, pr.done)
 	select {
 	case <-pr.done:
 		return nil
