@@ -12,6 +12,7 @@ import (
 
 	"github.com/hcomm-dev/hcomm/channel"
 	"github.com/hcomm-dev/hcomm/device"
+	"github.com/hcomm-dev/hcomm/internal/metrics"
 	"github.com/hcomm-dev/hcomm/notify"
 	"github.com/hcomm-dev/hcomm/thread"
 )
@@ -59,6 +60,10 @@ type Channel struct {
 	remoteMems []channel.Mem    // the peer's registered memory at acquire time, HCCL buffer first
 	key        chanKey
 	destroyed  atomic.Bool // ChannelDestroy released it
+	// written and read count the bytes moved over the channel
+	// (hcomm_transport_bytes_total's series for its transport), found once
+	// when the channel is made; nil without metrics.
+	written, read metrics.Bytes
 }
 
 // RemoteRank returns the peer's rank.
@@ -363,6 +368,8 @@ func (c *Comm) setupChannel(ctx context.Context, k chanKey, attempt int, d Chann
 	}
 	ch := &Channel{comm: c, engine: engine, proto: d.Protocol, remote: d.RemoteRank, tr: conn.Transport,
 		notifies: conn.Notifies, peerNotify: conn.PeerNotifyNum, remoteMems: conn.RemoteMems, key: k}
+	ch.written = c.cfg.metrics.BytesOf(conn.Transport.Name(), metrics.Write)
+	ch.read = c.cfg.metrics.BytesOf(conn.Transport.Name(), metrics.Read)
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/hcomm-dev/hcomm/device"
+	"github.com/hcomm-dev/hcomm/internal/metrics"
 )
 
 // Observability glue of the data plane: bytes moved and task failures
@@ -16,7 +17,11 @@ import (
 // returns err.
 func (c *Comm) moved(ch *Channel, dir string, n int64, err error) error {
 	if err == nil && c.cfg.metrics != nil {
-		c.cfg.metrics.AddBytes(ch.Transport(), dir, n)
+		if dir == metrics.Write {
+			ch.written.Add(n) // the series found when the channel was made: no lookup a call
+		} else {
+			ch.read.Add(n)
+		}
 	}
 	return err
 }

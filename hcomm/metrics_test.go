@@ -44,7 +44,8 @@ func labels(m *dto.Metric) map[string]string {
 }
 
 // Bytes written and read by the data plane are counted exactly, by transport
-// and direction, and a notify wait is observed.
+// and direction — a channel's series are there from its setup, at zero on
+// the rank that moved nothing — and a notify wait is observed.
 func TestMetricsDataPlane(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	p := newPair(t, &hcomm.Config{BufferSize: 32 << 10, Name: "test", Metrics: reg})
@@ -71,7 +72,9 @@ func TestMetricsDataPlane(t *testing.T) {
 # HELP hcomm_transport_bytes_total Bytes moved by one-sided writes and reads (write-reduce and read-reduce included), by transport and direction.
 # TYPE hcomm_transport_bytes_total counter
 hcomm_transport_bytes_total{direction="read",rank="0",transport="` + tr + `"} 1234
+hcomm_transport_bytes_total{direction="read",rank="1",transport="` + tr + `"} 0
 hcomm_transport_bytes_total{direction="write",rank="0",transport="` + tr + `"} 3000
+hcomm_transport_bytes_total{direction="write",rank="1",transport="` + tr + `"} 0
 `)
 	if err := testutil.GatherAndCompare(reg, want, "hcomm_transport_bytes_total"); err != nil {
 		t.Error(err)

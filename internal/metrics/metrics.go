@@ -18,7 +18,9 @@
 // case; algorithm is the schedule's name; code is an HcclResult name such as
 // "timeout". hcomm_errors_total has its series for the codes New is given
 // from the start, at zero, so that a rate or an alert sees them before the
-// first failure.
+// first failure; hcomm_transport_bytes_total has both directions' series of
+// a transport from the setup of the rank's first channel over it (hcomm
+// finds them once a channel, BytesOf, and counts with one atomic add).
 package metrics
 
 import (
@@ -201,6 +203,28 @@ func (s *Set) AddBytes(transport, dir string, n int64) {
 		return
 	}
 	s.counter(transport, dir).Add(float64(n))
+}
+
+// Bytes is one series of hcomm_transport_bytes_total, found once (BytesOf)
+// by a caller that counts into it often — a channel, whose transport is
+// fixed — so that a count is one atomic add and no lookup. The zero Bytes
+// counts nothing.
+type Bytes struct{ c prometheus.Counter }
+
+// BytesOf returns the series of transport and direction dir; a nil Set
+// gives the zero Bytes.
+func (s *Set) BytesOf(transport, dir string) Bytes {
+	if s == nil {
+		return Bytes{}
+	}
+	return Bytes{s.counter(transport, dir)}
+}
+
+// Add counts n bytes (none when n <= 0 or b is the zero Bytes).
+func (b Bytes) Add(n int64) {
+	if b.c != nil && n > 0 {
+		b.c.Add(float64(n))
+	}
 }
 
 // ObserveWait records one notify wait over transport.
