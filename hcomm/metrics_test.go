@@ -293,3 +293,67 @@ func TestSlowWaitIsLogged(t *testing.T) {
 		t.Errorf("no INFO line for rank 0's slow wait:\n%s", out)
 	}
 }
+
+// A collective is timed from when its stream reaches it: issued behind a
+// task that holds the stream for 50 ms, its observation leaves that wait
+// out (the begin task's time, not the issue's); issued on an idle stream,
+// it is timed from its call (no task). Both are observed once a rank.
+func TestMetricsTimeFromTheStream(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	comms := hcommtest.Options{Config: &hcomm.Config{BufferSize: 1 << 20, Name: "mq", Metrics: reg}}.New(t, 2, hcommtest.Auto)
+	const hold = 50 * time.Millisecond
+	sum := func() (n uint64, s float64) {
+		for _, m := range family(t, reg, "hcomm_collective_duration_seconds").GetMetric() {
+			n += m.GetHistogram().GetSampleCount()
+			s += m.GetHistogram().GetSampleSum()
+		}
+		return n, s
+	}
+	hcommtest.Each(t, comms, func(t testing.TB, c *hcomm.Comm) {
+		s, err := c.Device().CreateStream()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Destroy()
+		buf, err := c.Device().Malloc(4096)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Device().Free(buf)
+		// The first call sets the channels up (and is timed too).
+		if err := collectives.AllReduce(buf, buf, 16, hcomm.Float32, hcomm.Sum, c, s, nil); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.SynchronizeWithTimeout(time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		gate := make(chan struct{})
+		if err := s.Launch("hold", func(<-chan struct{}) error { <-gate; return nil }); err != nil {
+			t.Fatal(err)
+		}
+		if err := collectives.AllReduce(buf, buf, 16, hcomm.Float32, hcomm.Sum, c, s, nil); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(hold)
+		close(gate)
+		if err := s.SynchronizeWithTimeout(time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		if err := collectives.AllReduce(buf, buf, 16, hcomm.Float32, hcomm.Sum, c, s, nil); err != nil { // idle stream
+			t.Fatal(err)
+		}
+		if err := s.SynchronizeWithTimeout(time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	})
+	n, total := sum()
+	if n != 6 {
+		t.Fatalf("%d collective observations, want 6 (three a rank)", n)
+	}
+	// Each rank's held call waited 50 ms behind the hold before its stream
+	// reached it; timed from its issue, the two would add 100 ms at least.
+	if total >= 2*hold.Seconds() {
+		t.Errorf("the collectives' durations add up to %v: the held calls were timed from their issue, not from when their stream reached them", time.Duration(total*1e9))
+	}
+	t.Logf("6 collectives, %v in all", time.Duration(total*1e9))
+}
