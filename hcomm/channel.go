@@ -62,7 +62,7 @@ type Channel struct {
 	destroyed  atomic.Bool // ChannelDestroy released it
 	// written and read count the bytes moved over the channel
 	// (hcomm_transport_bytes_total's series for its transport), found once
-	// when the channel is made; nil without metrics.
+	// when the channel is made; the zero metrics.Bytes without metrics.
 	written, read metrics.Bytes
 }
 

@@ -19,6 +19,9 @@ func TestNilSetRecordsNothing(t *testing.T) {
 		t.Fatalf("New(nil) = %v, %v", s, err)
 	}
 	s.AddBytes("inproc", Write, 10) // no panic
+	s.BytesOf("tcp", Read).Add(10)
+	var zero Bytes
+	zero.Add(10)
 	s.ObserveWait("tcp", time.Second)
 	s.ObserveCollective("AllReduce", "ring", time.Second)
 	s.CountError("timeout")
@@ -38,12 +41,15 @@ func TestSharedAndLabelled(t *testing.T) {
 	b.AddBytes("inproc", Write, 23)
 	b.AddBytes("rdma-of-the-future", Read, 7) // outside the fixed set: "other"
 	a.AddBytes("shm", Read, 0)                // nothing moved: no series
+	w := b.BytesOf("inproc", Write)           // a channel's series, found once
+	w.Add(1000)
+	w.Add(-5) // nothing
 	a.ObserveCollective("AllReduce", "Ring", 3*time.Millisecond)
 	want := `
 # HELP hcomm_transport_bytes_total Bytes moved by one-sided writes and reads (write-reduce and read-reduce included), by transport and direction.
 # TYPE hcomm_transport_bytes_total counter
 hcomm_transport_bytes_total{direction="read",rank="0",transport="other"} 7
-hcomm_transport_bytes_total{direction="write",rank="0",transport="inproc"} 123
+hcomm_transport_bytes_total{direction="write",rank="0",transport="inproc"} 1123
 `
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "hcomm_transport_bytes_total"); err != nil {
 		t.Error(err)
