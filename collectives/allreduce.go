@@ -141,6 +141,17 @@ func AllReduce(send, recv device.Ptr, count int64, dt hcomm.DataType, op hcomm.R
 		case AlgoRing:
 			sc.open(h, algo)
 			allReduceRing(sc, send, recv, count, dt, op)
+		case AlgoDirect:
+			if !sc.st.directReads() || sc.sparse() || c.Size() == 1 {
+				// Ranks that cannot read each other's memory: the
+				// ring, on every rank alike (directReads is the
+				// communicator's).
+				h.algo = AlgoRing
+				sc.open(h, AlgoRing)
+				allReduceRing(sc, send, recv, count, dt, op)
+				break
+			}
+			allReduceDirect(sc, h, send, recv, count, dt, op)
 		case AlgoHD:
 			var ln *loan
 			if c.Size() == 2 {

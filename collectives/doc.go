@@ -157,7 +157,14 @@
 //     buffer (broadcast, all-gather); the choice wherever a read is a
 //     memmove (inproc, shm). Over a network the all-gather's owner writes
 //     each piece into every reader's inbox instead (AllGatherV's only
-//     algorithm).
+//     algorithm). The all-reduce's: where ranks read each other's memory
+//     (in one process; shm with reads, below), each rank reduces its
+//     block of the result from every rank's send buffer where it lies and
+//     then reads every other block from its owner's recv — each byte
+//     crosses once, by its reader, where the staged schedules write it
+//     into an inbox first; chosen from blocks (count/n) of 256 KiB
+//     (ardirect.go has the figures); elsewhere a forced direct all-reduce
+//     runs the ring.
 //   - pairwise: n-1 rounds of exchanges (all-to-all and its V form,
 //     scatter, gather); all-to-alls of large blocks.
 //   - ordered: every rank sends piece p of its input to rank p, which reduces
@@ -261,7 +268,8 @@
 // memory file (device.FileOf), and each peer reads its data straight from
 // there into its own output (hcomm.ReadLentNbi): the pairwise AlltoAll and
 // AlltoAllV's blocks, the direct AllGather's inputs, the direct Broadcast's
-// buffer, from 16 KiB a peer on (readMin; between 2 processes from 4 KiB,
+// buffer, the direct AllReduce's inputs and reduced blocks (its hello
+// carries where recv lies too), from 16 KiB a peer on (readMin; between 2 processes from 4 KiB,
 // the all-gather's inputs from 8 KiB: readLeast) — which the selector then prefers
 // over the one-shot, the ring and the gather slots, whose staging takes two
 // copies. The shm channel maps the peer's memory file read-only, after
@@ -272,7 +280,10 @@
 // the owner's collective ends only once every reader has: its send buffer
 // stays as it was until then. Whether a pair reads is its channel's
 // (Channel.ReadsLent, agreed by both ends at connect); a pair that cannot
-// (a ptrace policy, another user) is staged within the same call.
+// (a ptrace policy, another user) is staged within the same call — but in
+// the direct all-reduce, which needs every pair to read: there such a pair
+// fails the call on both its ranks, naming the pair and HCCL_ALGO, and the
+// other ranks' waits end by their timeout.
 // HCOMM_SHM_CMA_DISABLE=1 (Config.ShmCMADisable) turns reading off; ranks
 // that disagree on it get ErrMismatch ("lent buffers") at the first call
 // that would read, not a hang.

@@ -84,3 +84,6 @@ func ScheduleCrowded(c *hcomm.Comm) (crowded, tree bool, err error) {
 	defer st.mu.Unlock()
 	return st.crowdedComm, st.tree, nil
 }
+
+// ArDirectMin is the least block the selector gives the direct all-reduce.
+const ArDirectMin = arDirectMin

@@ -440,6 +440,9 @@ func preferLent(k kind, bytes int64, n int, st *state, a Algorithm) Algorithm {
 	if a == AlgoHier || n < 2 || n > helloFullMax {
 		return a
 	}
+	if k == kAllReduce && st.directReads() && bytes/int64(n) >= arDirectMin {
+		return AlgoDirect // ardirect.go
+	}
 	if st.cma {
 		switch {
 		case k == kAllGather && bytes >= gatherReadMin(n), k == kBroadcast && bytes >= readLeast(n, false):

@@ -455,8 +455,8 @@ func TestReadsInProcess(t *testing.T) {
 
 // TestLentWithCheckOff: with the handshake's check off (HCOMM_COLL_CHECK=0,
 // for measuring its cost) the hellos that carry a loan's buffer addresses
-// are still read, so the lent all-gather, all-to-all and broadcast move
-// their data exactly, in one process, between shm ranks and over tcp.
+// are still read, so the lent all-gather, all-to-all, broadcast and direct
+// all-reduce move their data exactly, in one process, between shm ranks and over tcp.
 // Before, the check's skip skipped the addresses too, and every lent read
 // or write failed ("has no send buffer address").
 func TestLentWithCheckOff(t *testing.T) {
@@ -472,6 +472,7 @@ func TestLentWithCheckOff(t *testing.T) {
 				testAllGather(t, comms, m, collectives.AlgoAuto, true)
 				testAlltoAll(t, comms, m, collectives.AlgoPairwise)
 				broadcastCase[float32](t, comms, int(count), 1, collectives.AlgoDirect)
+				allReduceRaw(t, comms, m, collectives.AlgoDirect, false) // the ring over tcp
 			}
 			if w, _ := collectives.LentWrites(); w == w0 && collectives.LentReads() == r0 {
 				t.Fatal("no lent write or read ran")

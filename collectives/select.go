@@ -60,7 +60,7 @@ func (a Algorithm) String() string {
 // algorithms lists, per collective, the schedules it has, in the order the
 // selector considers them.
 var algorithms = [kSendRecv + 1][]Algorithm{
-	kAllReduce:      {AlgoOneShot, AlgoRD, AlgoHD, AlgoTree, AlgoDBTree, AlgoHier, AlgoRing, AlgoOrdered},
+	kAllReduce:      {AlgoOneShot, AlgoRD, AlgoHD, AlgoTree, AlgoDBTree, AlgoHier, AlgoRing, AlgoDirect, AlgoOrdered},
 	kBroadcast:      {AlgoOneShot, AlgoRD, AlgoDirect, AlgoTree, AlgoHier, AlgoRing},
 	kAllGather:      {AlgoOneShot, AlgoRD, AlgoDirect, AlgoHier, AlgoRing, AlgoBruck},
 	kAllGatherV:     {AlgoDirect},
@@ -194,6 +194,8 @@ func choose(k kind, bytes int64, n int, l layout, cm CostModel, mapped, multiHos
 		switch {
 		case a == AlgoOrdered || a == AlgoHier:
 			continue
+		case a == AlgoDirect && k == kAllReduce:
+			continue // where ranks read each other's memory: preferLent
 		case a == AlgoDirect && !mapped:
 			continue
 		case a == AlgoOneShot && n > helloFullMax:

@@ -360,7 +360,17 @@ func TestPreferLent(t *testing.T) {
 		{"shm reads, all-to-all blocks at readMin", cma, kAlltoAll, 4, 4 * readMin, AlgoOneShot, AlgoPairwise},
 		{"shm reads, all-to-all blocks below readMin", cma, kAlltoAll, 4, 4*readMin - 1, AlgoOneShot, AlgoOneShot},
 		{"shm, CMA off, all-to-all", shm, kAlltoAll, 4, 64 << 20, AlgoOneShot, AlgoOneShot},
-		{"shm reads, all-reduce", cma, kAllReduce, 4, 64 << 20, AlgoRing, AlgoRing},
+		{"shm reads, all-reduce", cma, kAllReduce, 4, 64 << 20, AlgoRing, AlgoDirect},
+		{"shm reads, all-reduce blocks at arDirectMin", cma, kAllReduce, 4, 4 * arDirectMin, AlgoRing, AlgoDirect},
+		{"shm reads, all-reduce blocks below arDirectMin", cma, kAllReduce, 4, 4*arDirectMin - 1, AlgoRing, AlgoRing},
+		{"shm reads, 2 ranks, all-reduce blocks at arDirectMin", cma, kAllReduce, 2, 2 * arDirectMin, AlgoHD, AlgoDirect},
+		{"shm reads, 2 ranks, all-reduce blocks below arDirectMin", cma, kAllReduce, 2, 2*arDirectMin - 1, AlgoHD, AlgoHD},
+		{"shm reads, 9 ranks, all-reduce", cma, kAllReduce, 9, 64 << 20, AlgoRing, AlgoRing},
+		{"shm reads, all-reduce over two levels", cma, kAllReduce, 4, 64 << 20, AlgoHier, AlgoHier},
+		{"shm, CMA off, all-reduce", shm, kAllReduce, 4, 64 << 20, AlgoRing, AlgoRing},
+		{"in process, all-reduce", proc, kAllReduce, 2, 1 << 20, AlgoHD, AlgoDirect},
+		{"in process, all-reduce blocks below arDirectMin", proc, kAllReduce, 3, 3*arDirectMin - 1, AlgoRing, AlgoRing},
+		{"tcp all-reduce", tcp, kAllReduce, 2, 64 << 20, AlgoHD, AlgoHD},
 	} {
 		if got := preferLent(tc.k, tc.bytes, tc.n, tc.st, tc.in); got != tc.want {
 			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)

@@ -1,0 +1,74 @@
+package collectives_test
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/hcomm-dev/hcomm/collectives"
+	"github.com/hcomm-dev/hcomm/hcomm"
+	"github.com/hcomm-dev/hcomm/hcommtest"
+)
+
+// TestDirectAllReduce: between ranks that read each other's memory (in
+// process; shm processes of a host, here ranks of one process over shm)
+// the selector gives an all-reduce whose block (count/n elements) reaches
+// ArDirectMin the direct schedule, which reads every peer's input and
+// reduced block where it lies: exact against the reference with 2 to 4
+// ranks, in place and out, just below and at the threshold, odd counts,
+// counts below the rank count (empty blocks) and a small HCCL buffer (many
+// pieces a block), forced and chosen, back to back with the staged
+// schedules; the reads are counted, and none runs below the threshold or
+// with HCOMM_SHM_CMA_DISABLE's Config field (the ring then, on every rank).
+func TestDirectAllReduce(t *testing.T) {
+	cases := []struct {
+		tr  hcommtest.Transport
+		n   int
+		off bool
+	}{{hcommtest.Inproc, 2, false}, {hcommtest.Inproc, 3, false}, {hcommtest.Inproc, 4, false},
+		{hcommtest.Shm, 2, false}, {hcommtest.Shm, 3, false}, {hcommtest.Shm, 3, true}}
+	dts := []hcomm.DataType{hcomm.Float32, hcomm.Int8, hcomm.BFloat16}
+	if raceEnabled {
+		cases = []struct {
+			tr  hcommtest.Transport
+			n   int
+			off bool
+		}{{hcommtest.Inproc, 3, false}, {hcommtest.Shm, 2, false}, {hcommtest.Shm, 3, true}}
+		dts = []hcomm.DataType{hcomm.Float32}
+	}
+	for _, tc := range cases {
+		t.Run(fmt.Sprintf("%v/ranks=%d/cmaoff=%v", tc.tr, tc.n, tc.off), func(t *testing.T) {
+			comms := hcommtest.Options{Config: &hcomm.Config{BufferSize: 256 << 10, ShmCMADisable: tc.off}}.New(t, tc.n, tc.tr)
+			n := int64(tc.n)
+			for _, dt := range dts {
+				es := int64(dt.Size())
+				at := n * collectives.ArDirectMin / es // the least count chosen direct
+				for _, c := range []struct {
+					count int64
+					algo  collectives.Algorithm
+					read  bool // lent reads expected
+				}{
+					{at - 1, collectives.AlgoAuto, false},
+					{at, collectives.AlgoAuto, true},
+					{at + n + 1, collectives.AlgoAuto, true},
+					{n - 1, collectives.AlgoDirect, true},
+					{7, collectives.AlgoDirect, true},
+					{at/3 + 5, collectives.AlgoDirect, true},
+				} {
+					for _, op := range []hcomm.ReduceOp{hcomm.Sum, hcomm.Max} {
+						for _, inPlace := range []bool{false, true} {
+							m := matrixCase{dt: dt, op: op, count: c.count, inline: 1 << 40}
+							r0 := collectives.LentReads()
+							allReduceRaw(t, comms, m, c.algo, inPlace)
+							read := collectives.LentReads() > r0
+							if want := c.read && !tc.off; read != want {
+								t.Fatalf("%v %v in-place=%v: read lent %v, want %v", m, c.algo, inPlace, read, want)
+							}
+							// A staged schedule right after, on the same counters.
+							allReduceRaw(t, comms, m, collectives.AlgoRing, !inPlace)
+						}
+					}
+				}
+			}
+		})
+	}
+}
