@@ -29,7 +29,9 @@ import (
 //
 // Every pair of the call must read lent memory (the selector picks it only
 // where the configuration lets them; directReads): a pair whose channel
-// cannot fails the call, on both its ranks, naming it.
+// cannot fails the call, on both its ranks, naming it, and their hellos
+// name the ring, so that every other rank's call fails at once with
+// ErrMismatch instead of waiting for them until its timeout.
 
 // arDirectMin is the least block (bytes a rank, count/n elements) from
 // which the selector takes the direct all-reduce where ranks read each
@@ -65,8 +67,14 @@ func allReduceDirect(sc *sched, h header, send, recv device.Ptr, count int64, dt
 	}
 	ln := sc.lend(recv, 0, nil, send, nil, true)
 	for _, p := range others {
-		if !ln.reads[p] {
-			sc.do(fmt.Errorf("collectives: the direct all-reduce needs every pair to read the other's memory, and rank %d's %v channel to rank %d cannot (HCOMM_SHM_CMA_DISABLE, or the kernel refuses it): choose another algorithm (HCCL_ALGO)",
+		if !ln.reads[p] || directRefused != nil && directRefused(me, p) {
+			// The peers would wait for reads that never come. A hello
+			// naming the ring fails their check at once (ErrMismatch);
+			// this rank's call fails naming the pair.
+			h.algo = AlgoRing
+			h.flags &^= flagLent
+			sc.hello(h, others, 0, 0, nil)
+			sc.do(fmt.Errorf("collectives: the direct all-reduce needs every pair to read the other's memory, and rank %d's %v channel to rank %d cannot (the kernel refuses it): choose another algorithm (HCCL_ALGO, Options.Algorithm)",
 				me, sc.ch(p).Transport(), p))
 			return
 		}
@@ -163,6 +171,11 @@ func (s *sched) readFrom(ln *loan, peer int, recvFiles []channel.PeerFile, off i
 		return hcomm.ReadLentNbi(stop, ch, dst, src.Add(off), n, f)
 	})
 }
+
+// directRefused, when a test sets it, makes the pair (me, p) one that
+// cannot read for the direct all-reduce, as a pair whose kernel refuses
+// it is.
+var directRefused func(me, p int) bool
 
 // directReads reports whether every pair of the communicator may read the
 // other's memory, as the direct all-reduce needs: all in one process, or

@@ -1,8 +1,11 @@
 package collectives_test
 
 import (
+	"errors"
 	"fmt"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/hcomm-dev/hcomm/collectives"
 	"github.com/hcomm-dev/hcomm/hcomm"
@@ -70,5 +73,42 @@ func TestDirectAllReduce(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestDirectAllReduceRefusedPair: a pair of ranks that cannot read each
+// other's memory (here made so) fails a direct all-reduce on both its
+// ranks, naming the pair, and the other rank's call fails at once with
+// ErrMismatch (the pair's hellos name the ring) instead of waiting for
+// reads that never come until its timeout.
+func TestDirectAllReduceRefusedPair(t *testing.T) {
+	defer collectives.RefuseDirectReads(func(me, p int) bool { return me+p == 3 && me != 0 && p != 0 })() // ranks 1 and 2
+	comms := hcommtest.Options{Config: &hcomm.Config{ExecTimeout: time.Minute}}.New(t, 3, hcommtest.Inproc)
+	start := time.Now()
+	run(t, comms, func(c *hcomm.Comm) error {
+		s, err := c.Device().CreateStream()
+		if err != nil {
+			return err
+		}
+		defer s.Destroy()
+		const count = 1 << 18
+		send, _ := c.Device().Malloc(4 * count)
+		recv, _ := c.Device().Malloc(4 * count)
+		defer c.Device().Free(send)
+		defer c.Device().Free(recv)
+		err = collectives.AllReduce(send, recv, count, hcomm.Float32, hcomm.Sum, c, s, &collectives.Options{Algorithm: collectives.AlgoDirect})
+		if err == nil {
+			err = s.SynchronizeWithTimeout(time.Minute)
+		}
+		switch r := c.Rank(); {
+		case r == 0 && !errors.Is(err, collectives.ErrMismatch):
+			return fmt.Errorf("rank 0: %v, want ErrMismatch", err)
+		case r > 0 && (err == nil || !strings.Contains(err.Error(), fmt.Sprintf("rank %d's inproc channel to rank %d cannot", r, 3-r))):
+			return fmt.Errorf("rank %d: %v, want the error naming its pair with rank %d", r, err, 3-r)
+		}
+		return nil
+	})
+	if d := time.Since(start); d > 20*time.Second {
+		t.Fatalf("the calls ended after %v: a rank waited for its timeout", d)
 	}
 }

@@ -283,7 +283,8 @@
 // (a ptrace policy, another user) is staged within the same call — but in
 // the direct all-reduce, which needs every pair to read: there such a pair
 // fails the call on both its ranks, naming the pair and HCCL_ALGO, and the
-// other ranks' waits end by their timeout.
+// other ranks' calls fail at once with ErrMismatch (the pair's hellos name
+// the ring).
 // HCOMM_SHM_CMA_DISABLE=1 (Config.ShmCMADisable) turns reading off; ranks
 // that disagree on it get ErrMismatch ("lent buffers") at the first call
 // that would read, not a hang.

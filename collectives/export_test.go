@@ -87,3 +87,13 @@ func ScheduleCrowded(c *hcomm.Comm) (crowded, tree bool, err error) {
 
 // ArDirectMin is the least block the selector gives the direct all-reduce.
 const ArDirectMin = arDirectMin
+
+// RefuseDirectReads makes the pairs for which refuse is true unable to
+// read for the direct all-reduce until the returned function runs.
+func RefuseDirectReads(refuse func(me, p int) bool) func() {
+	directRefused = refuse
+	return func() { directRefused = nil }
+}
+
+// HelloFullMax is the most ranks whose hellos go to every peer.
+const HelloFullMax = helloFullMax

@@ -151,6 +151,15 @@ func algosOf(name string) []collectives.Algorithm {
 	return append([]collectives.Algorithm{collectives.AlgoAuto}, collectives.Algorithms(name)...)
 }
 
+// ringAlias reports whether the all-reduce algorithm a, forced among n
+// ranks over tr, runs the ring: the direct all-reduce where ranks cannot
+// read each other's memory (tcp), above helloFullMax ranks, or alone. A
+// matrix need not run the ring twice (TestDirectAllReduce and
+// TestLentWithCheckOff run the forced direct's ring).
+func ringAlias(a collectives.Algorithm, n int, tr hcommtest.Transport) bool {
+	return a == collectives.AlgoDirect && (tr.Name == hcomm.TransportTCP || n > collectives.HelloFullMax || n == 1)
+}
+
 // fits reports whether an algorithm can carry a case: the one-shot path and
 // recursive doubling only take what fits the hello slots.
 func fits(algo collectives.Algorithm, bytes, inline int64) bool {
@@ -628,7 +637,7 @@ func TestMidSizeThresholds(t *testing.T) {
 							}
 						}
 						for _, a := range algosOf("AllReduce") {
-							if a == collectives.AlgoHier || a == collectives.AlgoOrdered {
+							if a == collectives.AlgoHier || a == collectives.AlgoOrdered || ringAlias(a, n, tr) {
 								continue // their own tests
 							}
 							if fits(a, count*es, inline) {

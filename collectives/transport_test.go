@@ -30,7 +30,7 @@ func TestCollectivesOverEveryTransport(t *testing.T) {
 						m := matrixCase{dt: dt, op: hcomm.Sum, count: count, root: int(count) % n, inline: inline}
 						for _, inPlace := range []bool{false, true} {
 							for _, a := range algosOf("AllReduce") {
-								if fits(a, count*int64(dt.Size()), inline) {
+								if fits(a, count*int64(dt.Size()), inline) && !ringAlias(a, n, tr) {
 									allReduceRaw(t, comms, m, a, inPlace)
 								}
 							}
