@@ -157,6 +157,15 @@ func costOf(a Algorithm, sh shape, lc LinkCost) float64 {
 			// trip) with a copy of the rank's own piece.
 			blocks := math.Max(1, math.Ceil(S/(N*float64(sh.piece))))
 			return hs + 2*(N-1)*lc.Alpha + 2*lc.Alpha + blocks*4*(N-1)*lc.Overhead + 2*(N-1)/N*S*lc.Beta + (N-1)/N*S*lc.Gamma + S/N*memBeta
+		case AlgoDirect:
+			if !sh.mapped {
+				return costOf(AlgoRing, sh, lc) // where ranks cannot read each other: the ring (ardirect.go)
+			}
+			// Each rank reads its block of every peer's input and reduces
+			// it, a piece at a time, says so, and reads every peer's
+			// reduced block: two hand-offs, each byte read once.
+			reads := math.Max(1, math.Ceil(S/N/arDirectPiece))
+			return hs + 2*lc.Alpha + 2*(N-1)*(reads+1)*lc.Overhead + (N-1)/N*S*(2*lc.Beta+lc.Gamma)
 		}
 	case kBroadcast:
 		switch a {

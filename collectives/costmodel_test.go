@@ -76,6 +76,19 @@ func TestPredictClosedForms(t *testing.T) {
 			t.Errorf("%s %v, %d ranks: %v, want %.3gs", tc.coll, tc.a, tc.n, got, tc.want)
 		}
 	}
+	// The direct all-reduce: between ranks that read each other, the
+	// handshake, two hand-offs, a read (and the done) a peer for each piece
+	// of the block and for the reduced block, every byte of the n-1 blocks
+	// read twice and reduced once; over a network, the ring it runs.
+	got, err := m.Predict("AllReduce", AlgoDirect, 4, S, 64<<20, true)
+	if want := handshake(4, lc) + 2*10e-6 + 2*3*2*1e-6 + 3.0/4*S*(2e-9+0.5e-9); err != nil || math.Abs(got.Seconds()-want) > 1e-9 {
+		t.Errorf("AllReduce direct, 4 mapped ranks: %v, %v, want %.3gs", got, err, want)
+	}
+	got, err = m.Predict("AllReduce", AlgoDirect, 4, S, 64<<20, false)
+	ring, _ := m.Predict("AllReduce", AlgoRing, 4, S, 64<<20, false)
+	if err != nil || got != ring {
+		t.Errorf("AllReduce direct over a network: %v, %v, want the ring's %v", got, err, ring)
+	}
 	for _, bad := range []struct {
 		coll  string
 		a     Algorithm
