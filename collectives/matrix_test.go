@@ -665,12 +665,13 @@ func TestMidSizeThresholds(t *testing.T) {
 
 // TestBackToBackSizes: collectives of different kinds, sizes and algorithms
 // issued back to back on one stream with no synchronization between them —
-// one-shot, one piece, many pieces, forced algorithms — and every result
+// one-shot, one piece, many pieces, forced algorithms, the read lanes
+// beside the direct all-reduce's gather-slot turns — and every result
 // checked once the stream is done: a schedule's pipes and gather slots must
 // be left in step for whatever follows, whatever its size.
 func TestBackToBackSizes(t *testing.T) {
 	defer collectives.SetPieceOverride(4 << 10)()
-	for _, tr := range []hcommtest.Transport{hcommtest.Inproc, hcommtest.TCP} {
+	for _, tr := range []hcommtest.Transport{hcommtest.Inproc, hcommtest.Shm, hcommtest.TCP} {
 		for _, n := range []int{2, 4} {
 			t.Run(fmt.Sprintf("%v/ranks=%d", tr, n), func(t *testing.T) {
 				comms := hcommtest.New(t, n, tr)
@@ -685,6 +686,8 @@ func TestBackToBackSizes(t *testing.T) {
 					{"Broadcast", 1, 0}, {"ReduceScatter", 5 * 1024, 0}, {"AlltoAll", 1025, 0},
 					{"AllReduce", 5*1024 + 3, collectives.AlgoHD}, {"Broadcast", 9 * 1024, collectives.AlgoTree},
 					{"AllGather", 2049, collectives.AlgoRing}, {"AllGather", 2049, collectives.AlgoDirect},
+					{"AllReduce", 3*1024 + 7, collectives.AlgoDirect}, {"AlltoAll", 1025, collectives.AlgoPairwise},
+					{"AllReduce", int64(n)*collectives.ArDirectMin/4 + 5, 0}, // direct where ranks read each other
 					{"Broadcast", 9*1024 + 1, collectives.AlgoDirect}, {"ReduceScatter", 3, 0}, {"AlltoAll", 1, 0},
 				}
 				run(t, comms, func(c *hcomm.Comm) error {
