@@ -28,10 +28,11 @@ import (
 // so neither buffer changes under a reader.
 //
 // Every pair of the call must read lent memory (the selector picks it only
-// where the configuration lets them; directReads): a pair whose channel
-// cannot fails the call, on both its ranks, naming it, and their hellos
-// name the ring, so that every other rank's call fails at once with
-// ErrMismatch instead of waiting for them until its timeout.
+// where the configuration lets them; directReads). A rank with a pair that
+// cannot runs the ring instead: where the kernel refuses every pair, every
+// rank does and the call runs; where it refuses only some, the hellos
+// differ and every rank's call fails at once with ErrMismatch, naming the
+// two schedules, instead of waiting for reads that never come.
 
 // arDirectMin is the least block (bytes a rank, count/n elements) from
 // which the selector takes the direct all-reduce where ranks read each
@@ -68,14 +69,17 @@ func allReduceDirect(sc *sched, h header, send, recv device.Ptr, count int64, dt
 	ln := sc.lend(recv, 0, nil, send, nil, true)
 	for _, p := range others {
 		if !ln.reads[p] || directRefused != nil && directRefused(me, p) {
-			// The peers would wait for reads that never come. A hello
-			// naming the ring fails their check at once (ErrMismatch);
-			// this rank's call fails naming the pair.
+			// A pair that cannot read (the kernel refuses it): the
+			// ring, as where no rank reads. Where every pair is
+			// refused, as on a host whose policy refuses them all,
+			// every rank comes here and the call runs; where only some
+			// are, the ranks that read name the direct schedule in
+			// their hellos and these the ring, and every rank's call
+			// fails at once with ErrMismatch, naming both.
 			h.algo = AlgoRing
 			h.flags &^= flagLent
-			sc.hello(h, others, 0, 0, nil)
-			sc.do(fmt.Errorf("collectives: the direct all-reduce needs every pair to read the other's memory, and rank %d's %v channel to rank %d cannot (the kernel refuses it): choose another algorithm (HCCL_ALGO, Options.Algorithm)",
-				me, sc.ch(p).Transport(), p))
+			sc.open(h, AlgoRing)
+			allReduceRing(sc, send, recv, count, dt, op)
 			return
 		}
 	}

@@ -76,11 +76,11 @@ func TestDirectAllReduce(t *testing.T) {
 	}
 }
 
-// TestDirectAllReduceRefusedPair: a pair of ranks that cannot read each
-// other's memory (here made so) fails a direct all-reduce on both its
-// ranks, naming the pair, and the other rank's call fails at once with
-// ErrMismatch (the pair's hellos name the ring) instead of waiting for
-// reads that never come until its timeout.
+// TestDirectAllReduceRefusedPair: where the kernel refuses one pair of
+// ranks (here made so) but not the others, a direct all-reduce fails at
+// once on every rank with ErrMismatch — the pair's ranks run the ring, the
+// others the direct schedule — instead of waiting for reads that never
+// come until the timeout.
 func TestDirectAllReduceRefusedPair(t *testing.T) {
 	defer collectives.RefuseDirectReads(func(me, p int) bool { return me+p == 3 && me != 0 && p != 0 })() // ranks 1 and 2
 	comms := hcommtest.Options{Config: &hcomm.Config{ExecTimeout: time.Minute}}.New(t, 3, hcommtest.Inproc)
@@ -100,15 +100,33 @@ func TestDirectAllReduceRefusedPair(t *testing.T) {
 		if err == nil {
 			err = s.SynchronizeWithTimeout(time.Minute)
 		}
-		switch r := c.Rank(); {
-		case r == 0 && !errors.Is(err, collectives.ErrMismatch):
-			return fmt.Errorf("rank 0: %v, want ErrMismatch", err)
-		case r > 0 && (err == nil || !strings.Contains(err.Error(), fmt.Sprintf("rank %d's inproc channel to rank %d cannot", r, 3-r))):
-			return fmt.Errorf("rank %d: %v, want the error naming its pair with rank %d", r, err, 3-r)
+		if !errors.Is(err, collectives.ErrMismatch) || !strings.Contains(err.Error(), "direct") || !strings.Contains(err.Error(), "ring") {
+			return fmt.Errorf("rank %d: %v, want ErrMismatch naming the direct schedule and the ring", c.Rank(), err)
 		}
 		return nil
 	})
 	if d := time.Since(start); d > 20*time.Second {
 		t.Fatalf("the calls ended after %v: a rank waited for its timeout", d)
+	}
+}
+
+// TestDirectAllReduceNoPairReads: where the kernel refuses every pair (here
+// made so), the direct all-reduce, forced or chosen, runs as the ring on
+// every rank: exact, and nothing read lent.
+func TestDirectAllReduceNoPairReads(t *testing.T) {
+	defer collectives.RefuseDirectReads(func(int, int) bool { return true })()
+	for _, n := range []int{2, 3} {
+		comms := hcommtest.Options{Config: &hcomm.Config{BufferSize: 256 << 10}}.New(t, n, hcommtest.Inproc)
+		for _, count := range []int64{7, int64(n) * collectives.ArDirectMin / 4} {
+			for _, algo := range []collectives.Algorithm{collectives.AlgoDirect, collectives.AlgoAuto} {
+				m := matrixCase{dt: hcomm.Float32, op: hcomm.Sum, count: count, inline: 1 << 40}
+				r0 := collectives.LentReads()
+				allReduceRaw(t, comms, m, algo, false)
+				allReduceRaw(t, comms, m, algo, true)
+				if r := collectives.LentReads() - r0; r != 0 {
+					t.Fatalf("%d ranks, %v %v: %d lent reads with every pair refused", n, m, algo, r)
+				}
+			}
+		}
 	}
 }

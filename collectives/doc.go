@@ -281,10 +281,11 @@
 // stays as it was until then. Whether a pair reads is its channel's
 // (Channel.ReadsLent, agreed by both ends at connect); a pair that cannot
 // (a ptrace policy, another user) is staged within the same call — but in
-// the direct all-reduce, which needs every pair to read: there such a pair
-// fails the call on both its ranks, naming the pair and HCCL_ALGO, and the
-// other ranks' calls fail at once with ErrMismatch (the pair's hellos name
-// the ring).
+// the direct all-reduce, which needs every pair to read: a rank with such a
+// pair runs the ring instead, so that where the kernel refuses every pair
+// the call runs as the ring, and where it refuses only some every rank's
+// call fails at once with ErrMismatch naming the direct schedule and the
+// ring (HCOMM_SHM_CMA_DISABLE=1 or HCCL_ALGO then choose for all).
 // HCOMM_SHM_CMA_DISABLE=1 (Config.ShmCMADisable) turns reading off; ranks
 // that disagree on it get ErrMismatch ("lent buffers") at the first call
 // that would read, not a hang.
