@@ -159,21 +159,29 @@ func (s *sched) readFrom(ln *loan, peer int, recvFiles []channel.PeerFile, off i
 	if n == 0 {
 		return
 	}
-	ch, me := s.ch(peer), s.st.comm.Rank()
+	ch := s.ch(peer)
 	s.launchNow("collective direct read", n, func(stop <-chan struct{}) error {
-		lentReads.Add(1)
-		src, f := ln.from[peer], ln.files[peer]
-		if recvFiles != nil {
-			src, f = ln.at[peer], recvFiles[peer]
-		}
-		if src == 0 {
-			return fmt.Errorf("collectives: rank %d has no buffer address of rank %d", me, peer)
-		}
-		if f.FD >= 0 {
-			f.Off += off
-		}
-		return hcomm.ReadLentNbi(stop, ch, dst, src.Add(off), n, f)
+		return s.readPeer(stop, ch, ln, peer, recvFiles, off, dst, n)
 	})
+}
+
+// readPeer reads n bytes at off in peer's send buffer (recvFiles nil) or
+// recv buffer (recvFiles: where each peer's recv lies in its memory file)
+// into dst, now: the lent reads' one way to a peer's buffer, for a task
+// that runs once the peer's hello has come.
+func (s *sched) readPeer(stop <-chan struct{}, ch *hcomm.Channel, ln *loan, peer int, recvFiles []channel.PeerFile, off int64, dst device.Ptr, n int64) error {
+	lentReads.Add(1)
+	src, f, which := ln.from[peer], ln.files[peer], "send"
+	if recvFiles != nil {
+		src, f, which = ln.at[peer], recvFiles[peer], "recv"
+	}
+	if src == 0 {
+		return fmt.Errorf("collectives: rank %d has no %s buffer address of rank %d", s.st.comm.Rank(), which, peer)
+	}
+	if f.FD >= 0 {
+		f.Off += off
+	}
+	return hcomm.ReadLentNbi(stop, ch, dst, src.Add(off), n, f)
 }
 
 // directRefused, when a test sets it, makes the pair (me, p) one that

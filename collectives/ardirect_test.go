@@ -3,6 +3,7 @@ package collectives_test
 import (
 	"errors"
 	"fmt"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -127,6 +128,83 @@ func TestDirectAllReduceNoPairReads(t *testing.T) {
 					t.Fatalf("%d ranks, %v %v: %d lent reads with every pair refused", n, m, algo, r)
 				}
 			}
+		}
+	}
+}
+
+// TestDirectAllReducePeerGone: a direct all-reduce whose peer goes away —
+// before its hello (the peer, its channels set up by a call before, never
+// makes this one, and leaves), or in the middle of the schedule (the peer
+// aborts once the first lent read has begun) —
+// fails on the rank left within seconds, not at its 10-minute
+// HCCL_EXEC_TIMEOUT, with an error naming the peer; in process and
+// between shm ranks.
+func TestDirectAllReducePeerGone(t *testing.T) {
+	for _, tr := range []hcommtest.Transport{hcommtest.Inproc, hcommtest.Shm} {
+		for _, mid := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%v/mid=%v", tr, mid), func(t *testing.T) {
+				comms := hcommtest.Options{Config: &hcomm.Config{BufferSize: 1 << 20, ExecTimeout: 10 * time.Minute}}.New(t, 2, tr)
+				const count = 16 << 20 // 64 MiB of float32: a block is 256 pieces
+				r0 := collectives.LentReads()
+				errs := make([]error, 2)
+				var took time.Duration
+				hcommtest.Each(t, comms, func(t testing.TB, c *hcomm.Comm) {
+					s, err := c.Device().CreateStream()
+					if err != nil {
+						t.Fatal(err)
+					}
+					defer s.Destroy()
+					buf, err := c.Device().Malloc(4 * count)
+					if err != nil {
+						t.Fatal(err)
+					}
+					defer c.Device().Free(buf)
+					call := func() error {
+						return collectives.AllReduce(buf, buf, count, hcomm.Float32, hcomm.Sum, c, s, &collectives.Options{Algorithm: collectives.AlgoDirect})
+					}
+					// The channels, set up by a small call: a peer gone before
+					// its channels exist is found by HCCL_CONNECT_TIMEOUT.
+					if err := collectives.AllReduce(buf, buf, 1, hcomm.Float32, hcomm.Sum, c, s, nil); err != nil {
+						t.Fatal(err)
+					}
+					if err := s.SynchronizeWithTimeout(time.Minute); err != nil {
+						t.Fatal(err)
+					}
+					if c.Rank() == 1 {
+						if !mid {
+							time.Sleep(100 * time.Millisecond)
+							c.Destroy()
+							return
+						}
+						if err := call(); err != nil {
+							t.Fatal(err)
+						}
+						for deadline := time.Now().Add(time.Minute); collectives.LentReads() == r0 && time.Now().Before(deadline); {
+							runtime.Gosched()
+						}
+						c.Abort()
+						errs[1] = s.SynchronizeWithTimeout(time.Minute)
+						c.Destroy()
+						return
+					}
+					start := time.Now()
+					err = call()
+					if err == nil {
+						err = s.SynchronizeWithTimeout(time.Minute)
+					}
+					errs[0], took = err, time.Since(start)
+				})
+				if mid && errs[1] == nil {
+					t.Fatal("rank 1's all-reduce ended before its abort: nothing was left in the middle")
+				}
+				if errs[0] == nil || !strings.Contains(errs[0].Error(), "rank 1") {
+					t.Fatalf("rank 0's all-reduce with rank 1 gone: %v; want an error naming rank 1", errs[0])
+				}
+				if took > 20*time.Second {
+					t.Fatalf("rank 0 failed %v after its call: the peer's loss did not end its wait", took)
+				}
+				t.Logf("rank 0: %v (%v)", errs[0], took.Round(time.Millisecond))
+			})
 		}
 	}
 }

@@ -258,20 +258,15 @@ func (s *sched) openLoan(ln *loan, in, out func(p int) int64) {
 // reader has recorded (drainGathers), so its send buffer stays as it was
 // until then.
 func (s *sched) readLent(ln *loan, peer int, es int64, dst device.Ptr, n int64) {
-	ch, me := s.ch(peer), s.st.comm.Rank()
+	ch := s.ch(peer)
 	// A read and a record, neither of which waits for the peer.
 	s.launchNow("collective lent read", n, func(stop <-chan struct{}) error {
 		if n > 0 {
-			lentReads.Add(1)
-			src, file := ln.from[peer], ln.files[peer]
-			if src == 0 {
-				return fmt.Errorf("collectives: rank %d has no send buffer address of rank %d", me, peer)
-			}
+			var off int64
 			if ln.theirSend != nil {
-				src = src.Add(ln.theirSend[peer] * es)
-				file.Off += ln.theirSend[peer] * es
+				off = ln.theirSend[peer] * es
 			}
-			if err := hcomm.ReadLentNbi(stop, ch, dst, src, n, file); err != nil {
+			if err := s.readPeer(stop, ch, ln, peer, nil, off, dst, n); err != nil {
 				return err
 			}
 		}
