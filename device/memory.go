@@ -347,6 +347,39 @@ func (d *Device) Bytes(p Ptr, n int64) ([]byte, error) {
 	return r.mem, nil
 }
 
+// Held is a checked range of a device's memory that code other than its
+// owner's touches — the in-process channels of the host backend, copying
+// into and out of a peer's memory. Between Pin and Unpin the memory cannot
+// be freed: a Free racing with the copy (the peer's, after its Abort, say)
+// waits for it, and a Pin after the Free fails instead of touching
+// unmapped memory.
+type Held struct{ r region }
+
+// Hold checks the n bytes at p, memory of d, as Bytes does, and returns
+// them as a Held.
+func (d *Device) Hold(p Ptr, n int64) (Held, error) {
+	if err := d.check("Hold"); err != nil {
+		return Held{}, err
+	}
+	r, err := resolveOwn("Hold", d, -1, "range", p, n)
+	if err != nil {
+		return Held{}, err
+	}
+	return Held{r}, nil
+}
+
+// Pin returns the bytes, held until Unpin, or false when the memory has
+// been freed (nothing to unpin then).
+func (h Held) Pin() ([]byte, bool) {
+	if !pin(h.r) {
+		return nil, false
+	}
+	return h.r.mem, true
+}
+
+// Unpin ends a successful Pin.
+func (h Held) Unpin() { unpin(h.r) }
+
 // Memset sets n bytes at p, memory of d, to value and returns when done
 // (aclrtMemset). Zeroing MallocLazy memory gives its whole pages back
 // instead of writing them: they read as zeros, in every process that maps

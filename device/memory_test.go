@@ -2,6 +2,7 @@ package device_test
 
 import (
 	"testing"
+	"time"
 
 	"github.com/hcomm-dev/hcomm/device"
 )
@@ -38,5 +39,54 @@ func TestAllocEpoch(t *testing.T) {
 	}
 	if e := device.AllocEpoch(); e == e1 {
 		t.Fatalf("Free left the epoch at %d", e1)
+	}
+}
+
+// TestHeldPinsAgainstFree: memory held by another rank's copy (Held.Pin)
+// cannot be freed under it — the Free waits for Unpin — and a Pin after
+// the Free fails instead of handing out unmapped memory (which a copy would
+// fault on, taking the whole process down).
+func TestHeldPinsAgainstFree(t *testing.T) {
+	d, err := device.Open(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	p, err := d.Malloc(1 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := d.Hold(p.Add(4096), 8192)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, ok := h.Pin()
+	if !ok || len(b) != 8192 {
+		t.Fatalf("Pin of live memory: %d bytes, %v", len(b), ok)
+	}
+	freed := make(chan error, 1)
+	go func() { freed <- d.Free(p) }()
+	select {
+	case err := <-freed:
+		t.Fatalf("Free returned (%v) while the memory was pinned", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	for i := range b {
+		b[i] = byte(i) // still mapped: the Free is waiting
+	}
+	h.Unpin()
+	select {
+	case err := <-freed:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Free still waits after Unpin")
+	}
+	if b, ok := h.Pin(); ok {
+		t.Fatalf("Pin after Free handed out %d bytes", len(b))
+	}
+	if _, err := d.Hold(p, 8); err == nil {
+		t.Fatal("Hold of freed memory succeeded")
 	}
 }

@@ -165,18 +165,40 @@ func (t *Transport) usable() error {
 	return nil
 }
 
-// peerBytes is the far end's check: the range must be memory the peer
+// peerHeld is the far end's check: the range must be memory the peer
 // registered, and live.
-func (t *Transport) peerBytes(p device.Ptr, n int64) ([]byte, error) {
+func (t *Transport) peerHeld(p device.Ptr, n int64) (device.Held, error) {
 	if err := t.usable(); err != nil {
-		return nil, err
+		return device.Held{}, err
 	}
 	if _, ok := t.peer.Registry.Find(p, n); !ok {
-		return nil, fmt.Errorf("rank %d refuses range [%#x, +%d): not in its registered memory", t.peer.Rank, uintptr(p), n)
+		return device.Held{}, fmt.Errorf("rank %d refuses range [%#x, +%d): not in its registered memory", t.peer.Rank, uintptr(p), n)
 	}
-	b, err := t.peer.Device.Bytes(p, n)
+	h, err := t.peer.Device.Hold(p, n)
 	if err != nil {
-		return nil, fmt.Errorf("rank %d: %w", t.peer.Rank, err)
+		return device.Held{}, fmt.Errorf("rank %d: %w", t.peer.Rank, err)
+	}
+	return h, nil
+}
+
+// peerBytes is peerHeld, pinned: the peer's memory cannot be freed until
+// the caller's h.Unpin (every copy into or out of a peer's memory holds it
+// so, or a peer's Free racing with the copy — after its Abort, say —
+// would unmap the memory under it and fault the whole process).
+func (t *Transport) peerBytes(p device.Ptr, n int64) (device.Held, []byte, error) {
+	h, err := t.peerHeld(p, n)
+	if err != nil {
+		return h, nil, err
+	}
+	b, err := t.pin(h, p)
+	return h, b, err
+}
+
+// pin pins h, the peer's memory at p, or says that the peer freed it.
+func (t *Transport) pin(h device.Held, p device.Ptr) ([]byte, error) {
+	b, ok := h.Pin()
+	if !ok {
+		return nil, fmt.Errorf("rank %d freed its memory at %#x", t.peer.Rank, uintptr(p))
 	}
 	return b, nil
 }
@@ -189,10 +211,11 @@ func (t *Transport) ChecksOnReceipt() bool { return true }
 
 // Write copies src into the peer's memory at dst.
 func (t *Transport) Write(_ <-chan struct{}, dst device.Ptr, src []byte) error {
-	b, err := t.peerBytes(dst, int64(len(src)))
+	h, b, err := t.peerBytes(dst, int64(len(src)))
 	if err != nil {
 		return err
 	}
+	defer h.Unpin()
 	copy(b, src)
 	return nil
 }
@@ -202,10 +225,11 @@ var _ channel.StreamWriter = (*Transport)(nil)
 // WriteStream copies src into the peer's memory at dst with streaming
 // stores (channel.StreamWriter): for a collective's output.
 func (t *Transport) WriteStream(_ <-chan struct{}, dst device.Ptr, src []byte) error {
-	b, err := t.peerBytes(dst, int64(len(src)))
+	h, b, err := t.peerBytes(dst, int64(len(src)))
 	if err != nil {
 		return err
 	}
+	defer h.Unpin()
 	memcopy.Stream(b, src)
 	return nil
 }
@@ -219,10 +243,11 @@ func (t *Transport) WriteFlagged(_ <-chan struct{}, dst device.Ptr, src []byte, 
 	if err := channel.CheckFlagged(dst, len(src)); err != nil {
 		return err
 	}
-	b, err := t.peerBytes(dst, int64(channel.FlaggedLen(len(src))))
+	h, b, err := t.peerBytes(dst, int64(channel.FlaggedLen(len(src))))
 	if err != nil {
 		return err
 	}
+	defer h.Unpin()
 	if !channel.Aligned8(b) {
 		return fmt.Errorf("rank %d's memory at %#x is not 8-byte aligned in this process", t.peer.Rank, uintptr(dst))
 	}
@@ -233,42 +258,50 @@ func (t *Transport) WriteFlagged(_ <-chan struct{}, dst device.Ptr, src []byte, 
 // WriteLine stores src into the line at the peer's dst (channel.PutLine):
 // plain stores of the data, then one release store of the flag word.
 func (t *Transport) WriteLine(_ <-chan struct{}, dst device.Ptr, src []byte, flag uint32) error {
-	b, err := t.lineBytes(dst, len(src))
+	h, err := t.lineHeld(dst, len(src))
+	if err != nil {
+		return err
+	}
+	b, err := t.pin(h, dst)
 	if err != nil {
 		return err
 	}
 	channel.PutLine(b, src, flag)
+	h.Unpin()
 	return nil
 }
 
 // PrepareLine checks the line at the peer's dst once (channel.FlagWriter).
 func (t *Transport) PrepareLine(dst device.Ptr) (channel.LinePut, error) {
-	b, err := t.lineBytes(dst, 0)
+	h, err := t.lineHeld(dst, 0)
 	if err != nil {
 		return nil, err
 	}
-	return &linePut{t: t, b: b}, nil
+	return &linePut{t: t, h: h, at: dst}, nil
 }
 
-// lineBytes checks a line write of n bytes to dst and returns the line.
-func (t *Transport) lineBytes(dst device.Ptr, n int) ([]byte, error) {
+// lineHeld checks a line write of n bytes to dst and returns the line.
+func (t *Transport) lineHeld(dst device.Ptr, n int) (device.Held, error) {
 	if err := channel.CheckLine(dst, n); err != nil {
-		return nil, err
+		return device.Held{}, err
 	}
-	b, err := t.peerBytes(dst, channel.LineSize)
+	h, b, err := t.peerBytes(dst, channel.LineSize)
 	if err != nil {
-		return nil, err
+		return device.Held{}, err
 	}
+	h.Unpin()
 	if !channel.Aligned8(b) {
-		return nil, fmt.Errorf("rank %d's memory at %#x is not 8-byte aligned in this process", t.peer.Rank, uintptr(dst))
+		return device.Held{}, fmt.Errorf("rank %d's memory at %#x is not 8-byte aligned in this process", t.peer.Rank, uintptr(dst))
 	}
-	return b, nil
+	return h, nil
 }
 
-// linePut is a line of the peer's memory, checked once.
+// linePut is a line of the peer's memory, checked once and pinned at each
+// Put.
 type linePut struct {
-	t *Transport
-	b []byte
+	t  *Transport
+	h  device.Held
+	at device.Ptr
 }
 
 func (l *linePut) Put(src []byte, flag uint32) error {
@@ -278,7 +311,12 @@ func (l *linePut) Put(src []byte, flag uint32) error {
 	if len(src) > channel.LineData {
 		return fmt.Errorf("line write of %d bytes: a line carries at most %d", len(src), channel.LineData)
 	}
-	channel.PutLine(l.b, src, flag)
+	b, err := l.t.pin(l.h, l.at)
+	if err != nil {
+		return err
+	}
+	channel.PutLine(b, src, flag)
+	l.h.Unpin()
 	return nil
 }
 
@@ -286,31 +324,39 @@ var _ channel.Poster = (*Transport)(nil)
 
 // PreparePost checks the range and the notify once (channel.Poster).
 func (t *Transport) PreparePost(dst device.Ptr, n int64, idx int) (channel.Post, error) {
-	b, err := t.peerBytes(dst, n)
+	h, err := t.peerHeld(dst, n)
 	if err != nil {
 		return nil, err
 	}
 	if idx < 0 || idx >= len(t.peer.Notifies) {
 		return nil, fmt.Errorf("rank %d has no notify %d on this channel (it has %d)", t.peer.Rank, idx, len(t.peer.Notifies))
 	}
-	return &post{t: t, b: b, n: t.peer.Notifies[idx]}, nil
+	return &post{t: t, h: h, at: dst, n: t.peer.Notifies[idx]}, nil
 }
 
-// post is a prepared write into the peer's memory and record of its notify.
+// post is a prepared write into the peer's memory and record of its
+// notify, the memory pinned at each Post.
 type post struct {
-	t *Transport
-	b []byte
-	n *notify.Notify
+	t  *Transport
+	h  device.Held
+	at device.Ptr
+	n  *notify.Notify
 }
 
 func (p *post) Post(src []byte) error {
 	if err := p.t.usable(); err != nil {
 		return err
 	}
-	if len(src) > len(p.b) {
-		return fmt.Errorf("post of %d bytes into a range of %d", len(src), len(p.b))
+	b, err := p.t.pin(p.h, p.at)
+	if err != nil {
+		return err
 	}
-	copy(p.b, src)
+	if len(src) > len(b) {
+		p.h.Unpin()
+		return fmt.Errorf("post of %d bytes into a range of %d", len(src), len(b))
+	}
+	copy(b, src)
+	p.h.Unpin()
 	p.n.Set()
 	return nil
 }
@@ -323,25 +369,32 @@ func (t *Transport) ReadsPeer() bool { return true }
 
 // ReadPeer copies the peer's memory at src into dst: memory the peer lent
 // for one operation, registered or not, which must be live device memory
-// of the peer's (checked as the copy runs; file is not needed here).
+// of the peer's (checked as the copy starts, and held while it runs; file
+// is not needed here).
 func (t *Transport) ReadPeer(_ <-chan struct{}, dst []byte, src device.Ptr, _ channel.PeerFile) error {
 	if err := t.usable(); err != nil {
 		return err
 	}
-	b, err := t.peer.Device.Bytes(src, int64(len(dst)))
+	h, err := t.peer.Device.Hold(src, int64(len(dst)))
 	if err != nil {
 		return fmt.Errorf("rank %d: %w", t.peer.Rank, err)
 	}
+	b, err := t.pin(h, src)
+	if err != nil {
+		return err
+	}
+	defer h.Unpin()
 	memcopy.Read(dst, b)
 	return nil
 }
 
 // Read copies the peer's memory at src into dst.
 func (t *Transport) Read(_ <-chan struct{}, dst []byte, src device.Ptr) error {
-	b, err := t.peerBytes(src, int64(len(dst)))
+	h, b, err := t.peerBytes(src, int64(len(dst)))
 	if err != nil {
 		return err
 	}
+	defer h.Unpin()
 	// What is read is usually a collective's output, not read again soon:
 	// stream it past the cache (see internal/memcopy).
 	memcopy.Stream(dst, b)
@@ -350,19 +403,21 @@ func (t *Transport) Read(_ <-chan struct{}, dst []byte, src device.Ptr) error {
 
 // WriteReduce computes peer[dst] = peer[dst] op src.
 func (t *Transport) WriteReduce(_ <-chan struct{}, dst device.Ptr, src []byte, count int, dt reduce.DataType, op reduce.Op) error {
-	b, err := t.peerBytes(dst, int64(len(src)))
+	h, b, err := t.peerBytes(dst, int64(len(src)))
 	if err != nil {
 		return err
 	}
+	defer h.Unpin()
 	return reduce.Reduce(b, src, count, dt, op)
 }
 
 // ReadReduce computes dst = dst op peer[src].
 func (t *Transport) ReadReduce(_ <-chan struct{}, dst []byte, src device.Ptr, count int, dt reduce.DataType, op reduce.Op) error {
-	b, err := t.peerBytes(src, int64(len(dst)))
+	h, b, err := t.peerBytes(src, int64(len(dst)))
 	if err != nil {
 		return err
 	}
+	defer h.Unpin()
 	return reduce.Reduce(dst, b, count, dt, op)
 }
 

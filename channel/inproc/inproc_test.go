@@ -159,3 +159,79 @@ func TestWriteStream(t *testing.T) {
 		}
 	}
 }
+
+// TestPeerFreesMemoryInUse: a peer that frees memory this rank writes into
+// or reads from — a prepared post's and line's range (checked once, when
+// prepared), or a lent buffer read while the Free runs — makes the write or
+// read fail with an error naming the peer, never fault the process: every
+// copy pins the peer's memory (device.Held), and the Free waits for it.
+// Before, the prepared Post and Put stored into unmapped memory (SIGSEGV),
+// and a read racing with the Free could too.
+func TestPeerFreesMemoryInUse(t *testing.T) {
+	e0, e1 := newEnd(t, 0, 1), newEnd(t, 1, 0)
+	d := NewDialer(NewFabric())
+	conns, errs := connectPair(t, d, d, e0, e1)
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d: %v", r, err)
+		}
+	}
+	t.Cleanup(func() { conns[0].Transport.Close(); conns[1].Transport.Close() })
+	tr := conns[0].Transport.(*Transport)
+	const size = 4 << 20
+	area, err := e1.dev.Malloc(size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e1.reg.Add(channel.Mem{Tag: "window", Addr: area, Size: size}) // and never taken back
+	post, err := tr.PreparePost(area, 64, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	line, err := tr.PrepareLine(area.Add(4096))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := post.Post(make([]byte, 64)); err != nil {
+		t.Fatal(err)
+	}
+	if err := line.Put([]byte{1, 2, 3}, 1); err != nil {
+		t.Fatal(err)
+	}
+	// Reads of the whole area, running while rank 1 frees it.
+	dst := make([]byte, size)
+	reads := make(chan error, 1)
+	started := make(chan struct{})
+	go func() {
+		var err error
+		for i := 0; err == nil; i++ {
+			if i == 2 {
+				close(started)
+			}
+			err = tr.ReadPeer(nil, dst, area, channel.NoPeerFile)
+		}
+		reads <- err
+	}()
+	<-started
+	if err := e1.dev.Free(area); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-reads:
+		if !strings.Contains(err.Error(), "rank 1") {
+			t.Fatalf("a read of freed memory: %v, want an error naming rank 1", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("reads of the freed area still succeed")
+	}
+	for what, err := range map[string]error{
+		"post":  post.Post(make([]byte, 64)),
+		"line":  line.Put([]byte{1, 2, 3}, 2),
+		"read":  tr.ReadPeer(nil, dst[:64], area, channel.NoPeerFile),
+		"write": tr.Write(nil, area, make([]byte, 64)),
+	} {
+		if err == nil || !strings.Contains(err.Error(), "rank 1") {
+			t.Errorf("%s into memory rank 1 freed: %v, want an error naming rank 1", what, err)
+		}
+	}
+}
