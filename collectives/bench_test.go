@@ -170,6 +170,25 @@ func BenchmarkCollectives(b *testing.B) {
 //
 //	go test -run XXX -bench AlltoAllFloor -benchtime 20x ./collectives
 func BenchmarkAlltoAllFloor(b *testing.B) {
+	copyFloor(b, func(r, q, blk int) (int, int) { return q * blk, r * blk })
+}
+
+// BenchmarkAllGatherFloor is BenchmarkAlltoAllFloor for the all-gather of
+// 64 MiB among 4 ranks: each goroutine copies every rank's whole 16 MiB
+// input, its own included, into its output — the same bytes written, but
+// every input read by all four, who may find it in a shared cache. The
+// ceiling for the 64 MiB all-gather between ranks of a host.
+//
+//	go test -run XXX -bench AllGatherFloor -benchtime 20x ./collectives
+func BenchmarkAllGatherFloor(b *testing.B) {
+	copyFloor(b, func(r, q, blk int) (int, int) { return q * blk, 0 })
+}
+
+// copyFloor times 4 goroutines, each copying, for every rank q from its own
+// on, blk bytes of q's 64 MiB buffer at from into its own output at to
+// (at(r, q, blk) gives to and from), and reports the bus bandwidth that
+// an out-of-place collective moving those bytes would have.
+func copyFloor(b *testing.B, at func(r, q, blk int) (to, from int)) {
 	const n, size = 4, 64 << 20
 	blk := size / n
 	send, recv := make([][]byte, n), make([][]byte, n)
@@ -190,7 +209,8 @@ func BenchmarkAlltoAllFloor(b *testing.B) {
 				defer wg.Done()
 				for p := 0; p < n; p++ {
 					q := (r + p) % n
-					memcopy.Stream(recv[r][q*blk:(q+1)*blk], send[q][r*blk:(r+1)*blk])
+					to, from := at(r, q, blk)
+					memcopy.Stream(recv[r][to:to+blk], send[q][from:from+blk])
 				}
 			}()
 		}
