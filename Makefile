@@ -5,7 +5,7 @@ GO ?= go
 # The README's test command: every package with the race detector, then what
 # the race run trims, whole, and the simulator's bootstrap without it.
 test:
-	$(GO) test -race -count=1 -timeout 12m ./...
+	$(GO) test -race -count=1 -timeout 16m ./...
 	# Every collectives test the race run trims (a test that looks at raceEnabled
 	# belongs here), whole: the matrices at full size (the race run covers fewer
 	# types), the mid-size thresholds at every rank count (it takes 3), the lent
