@@ -17,7 +17,10 @@
 //
 //  1. Memory touched by queued work stays allocated until that work completes
 //     (synchronize before Free). A slice from Bytes, or a View from Map, must
-//     not outlive the memory.
+//     not outlive the memory. Code that touches memory whose owner may free
+//     it at any moment — another rank's, in one process — holds it instead
+//     (Hold, then Pin and Unpin around each copy): a Free waits for the
+//     copy in flight, and a Pin after it fails.
 //  2. Handles (streams, events) belong to the device context they came from;
 //     mixing contexts is an ErrInvalidHandle error. Memory belongs to the
 //     context that allocated it, as on ACL: Free, Share, Memset(Async), Map,

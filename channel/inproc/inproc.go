@@ -8,6 +8,13 @@
 // fabric: each end publishes an Endpoint — its device, its registered memory
 // and its notifies — under a fresh random token, trades tokens with the peer
 // through the channel's Exchange, and looks the peer's endpoint up.
+//
+// A peer's memory is its own to free at any moment — after an Abort, say,
+// while this rank still reads its lent buffer — and one process holds both:
+// every copy into or out of it holds the allocation (device.Held) for the
+// copy's length, so that the peer's Free waits for the copy in flight and
+// the copies after it fail with an error naming the peer, instead of
+// faulting the process.
 package inproc
 
 import (
