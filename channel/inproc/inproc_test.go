@@ -64,6 +64,22 @@ func connectPair(t *testing.T, d0, d1 *Dialer, e0, e1 *end) ([2]*channel.Conn, [
 	return conns, errs
 }
 
+// connected connects rank 0 and rank 1 over a fresh fabric; the test's
+// end closes both ends.
+func connected(t *testing.T) (e0, e1 *end, conns [2]*channel.Conn) {
+	t.Helper()
+	e0, e1 = newEnd(t, 0, 1), newEnd(t, 1, 0)
+	d := NewDialer(NewFabric())
+	conns, errs := connectPair(t, d, d, e0, e1)
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d: %v", r, err)
+		}
+	}
+	t.Cleanup(func() { conns[0].Transport.Close(); conns[1].Transport.Close() })
+	return e0, e1, conns
+}
+
 // TestDialerWithdrawsEndpoints: a connect leaves nothing on the fabric, and
 // the notifies carry the channel's name. What the channel does is
 // channeltest's (TestConformance).
@@ -106,15 +122,7 @@ func TestDialerOtherFabric(t *testing.T) {
 // channel was made; a range the peer did not register is refused with an
 // error naming it, and nothing is written.
 func TestWriteStream(t *testing.T) {
-	e0, e1 := newEnd(t, 0, 1), newEnd(t, 1, 0)
-	d := NewDialer(NewFabric())
-	conns, errs := connectPair(t, d, d, e0, e1)
-	for r, err := range errs {
-		if err != nil {
-			t.Fatalf("rank %d: %v", r, err)
-		}
-	}
-	t.Cleanup(func() { conns[0].Transport.Close(); conns[1].Transport.Close() })
+	_, e1, conns := connected(t)
 	const size = 512 << 10
 	area, err := e1.dev.Malloc(size)
 	if err != nil {
@@ -168,15 +176,7 @@ func TestWriteStream(t *testing.T) {
 // Before, the prepared Post and Put stored into unmapped memory (SIGSEGV),
 // and a read racing with the Free could too.
 func TestPeerFreesMemoryInUse(t *testing.T) {
-	e0, e1 := newEnd(t, 0, 1), newEnd(t, 1, 0)
-	d := NewDialer(NewFabric())
-	conns, errs := connectPair(t, d, d, e0, e1)
-	for r, err := range errs {
-		if err != nil {
-			t.Fatalf("rank %d: %v", r, err)
-		}
-	}
-	t.Cleanup(func() { conns[0].Transport.Close(); conns[1].Transport.Close() })
+	_, e1, conns := connected(t)
 	tr := conns[0].Transport.(*Transport)
 	const size = 4 << 20
 	area, err := e1.dev.Malloc(size)
