@@ -377,6 +377,12 @@ func (h Held) Pin() ([]byte, bool) {
 	return h.r.mem, true
 }
 
+// Bytes returns the bytes without pinning them, and whether Hold found
+// them: for a caller that keeps the memory from being freed by other means
+// (the in-process channel's lines into a peer's HCCL buffer, which is
+// freed only after the channel is closed).
+func (h Held) Bytes() ([]byte, bool) { return h.r.mem, h.r.a != nil }
+
 // Unpin ends a successful Pin.
 func (h Held) Unpin() { unpin(h.r) }
 

@@ -234,4 +234,17 @@ func TestPeerFreesMemoryInUse(t *testing.T) {
 			t.Errorf("%s into memory rank 1 freed: %v, want an error naming rank 1", what, err)
 		}
 	}
+	// A line into the HCCL buffer, not pinned (the buffer is freed only
+	// after the channel closes): a Put after rank 1 closed its end fails.
+	bufLine, err := tr.PrepareLine(e1.buf.Add(64))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := bufLine.Put([]byte{4}, 1); err != nil {
+		t.Fatal(err)
+	}
+	conns[1].Transport.Close()
+	if err := bufLine.Put([]byte{5}, 2); err == nil || !strings.Contains(err.Error(), "rank 1") {
+		t.Errorf("a line into the HCCL buffer of rank 1, closed: %v, want an error naming rank 1", err)
+	}
 }
