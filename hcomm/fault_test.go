@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -148,6 +149,26 @@ func faultRank(t *testing.T) {
 			case point == "read" && rank != killAt:
 				fmt.Println("DECIDING read")
 			}
+		})
+	}
+	// A participant held between its dial of the coordinator's store and
+	// its proposal, while the test stops the coordinator:
+	// TestFaultDuringProposal.
+	if v := os.Getenv("HCOMM_TEST_DIALED_RANK"); v != "" && killAt < 0 {
+		held, _ := strconv.Atoi(v)
+		var once sync.Once
+		hcomm.SetShrinkHook(func(point string, rank int) {
+			if point != "dialed" || rank != held {
+				return
+			}
+			once.Do(func() {
+				fmt.Println("DECIDING dialed")
+				for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+					if _, err := os.Stat(gate); err == nil {
+						return
+					}
+				}
+			})
 		})
 	}
 	coll := os.Getenv("HCOMM_TEST_COLL")
@@ -456,6 +477,51 @@ func TestFaultDuringShrink(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// The coordinator is stopped (SIGSTOP) after a participant has dialed its
+// store and before the participant's proposal is answered: rank 0 is
+// killed to start the shrink, rank 2 dials rank 1 and is held there while
+// the test stops rank 1, then proposes. The proposal must not wait out the
+// shrink's context for an answer that cannot come: rank 2 probes rank 1
+// meanwhile, finds it stuck, starts over at itself, and ranks 2 and 3
+// agree on {2, 3}. Before, the proposal waited for the context (a run of
+// TestFaultDuringShrink under load failed so: "proposing to rank 1, the
+// shrink's coordinator: context deadline exceeded").
+func TestFaultDuringProposal(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short")
+	}
+	for _, tr := range crossProcessTransports(t) {
+		t.Run(tr, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+			defer cancel()
+			gate := filepath.Join(t.TempDir(), "gate")
+			procs := launchReady(t, ctx, 4, "fault", tr, "HCCL_EXEC_TIMEOUT=600", "HCOMM_LIVENESS_TIMEOUT=3",
+				"HCOMM_TEST_COLL=allreduce", "HCOMM_TEST_COUNT=256", "HCOMM_TEST_DIALED_RANK=2", "HCOMM_TEST_GATE="+gate)
+			procs[0].cmd.Process.Signal(syscall.SIGKILL)
+			waitLine(t, procs[2], "OPERROR", 30*time.Second)
+			waitLine(t, procs[2], "DECIDING dialed", 30*time.Second)
+			procs[1].cmd.Process.Signal(syscall.SIGSTOP)
+			stopped := time.Now()
+			if err := os.WriteFile(gate, nil, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			for _, p := range procs[2:] {
+				sl := waitLine(t, p, "SHRUNK", 60*time.Second)
+				if sl.text != "SHRUNK "+strings.Fields(sl.text)[1]+" 2 3" {
+					t.Fatalf("rank %d: %s, want the members 2 3\n%s", p.rank, sl.text, p.log)
+				}
+				if d := sl.at.Sub(stopped); d > 20*time.Second {
+					t.Errorf("rank %d shrank %v after its coordinator stopped: it waited for the context, not for a probe", p.rank, d)
+				}
+				t.Logf("rank %d shrank to {2, 3} %v after its coordinator stopped", p.rank, sl.at.Sub(stopped).Round(time.Millisecond))
+				if ok := waitLine(t, p, "SHRUNK-", 60*time.Second); ok.text != "SHRUNK-OK" {
+					t.Errorf("rank %d after the shrink: %s\n%s", p.rank, ok.text, p.log)
+				}
+			}
+		})
 	}
 }
 

@@ -166,7 +166,17 @@ func (c *Comm) Shrink(ctx context.Context, exclude []int, cfg *Config) (*Comm, [
 			p.Standby = next.addr
 		}
 		b, _ := json.Marshal(p)
-		if err := s.Set(ctx, "prop/"+strconv.Itoa(c.rank), b); err != nil {
+		runShrinkHook("dialed", c.rank)
+		set := func(ctx context.Context) error { return s.Set(ctx, "prop/"+strconv.Itoa(c.rank), b) }
+		var perr error
+		if multi && coord != c.rank {
+			// A coordinator stopped after the dial never answers the
+			// Set: probe it meanwhile, as the wait for its decision does.
+			perr = c.underProbe(ctx, cli, coord, set)
+		} else {
+			perr = set(ctx)
+		}
+		if err := perr; err != nil {
 			if c.dropCoord(ctx, cli, coord, sus, err) {
 				continue
 			}
@@ -289,6 +299,19 @@ func (c *Comm) awaitDecision(ctx context.Context, s bootstrap.Store, cli *bootst
 	if !multi || coord == c.rank {
 		return s.Get(ctx, "decision")
 	}
+	var b []byte
+	err := c.underProbe(ctx, cli, coord, func(ctx context.Context) error {
+		var err error
+		b, err = s.Get(ctx, "decision")
+		return err
+	})
+	return b, err
+}
+
+// underProbe runs call, a call to the coordinator's store over cli, while
+// it probes the coordinator; it ends call and returns errCoordLost when a
+// probe finds the coordinator gone or stuck or cli's connection ends.
+func (c *Comm) underProbe(ctx context.Context, cli *bootstrap.Client, coord int, call func(context.Context) error) error {
 	gctx, gcancel := context.WithCancel(ctx)
 	defer gcancel()
 	var lost error
@@ -315,13 +338,13 @@ func (c *Comm) awaitDecision(ctx context.Context, s bootstrap.Store, cli *bootst
 			}
 		}
 	}()
-	b, err := s.Get(gctx, "decision")
+	err := call(gctx)
 	gcancel()
 	wg.Wait()
 	if err != nil && lost != nil {
-		return nil, lost
+		return lost
 	}
-	return b, err
+	return err
 }
 
 // rebuild makes this rank's end (rank me) of the communicator decided by
