@@ -27,7 +27,9 @@ import (
 var decideHook func(rank int)
 
 // shrinkHook, when set (by tests, before any communicator exists), runs at
-// the points of a shrink a test needs to order: "decided" (the coordinator
+// the points of a shrink a test needs to order: "dialed" (a participant
+// has joined its coordinator's store, or is the coordinator, and is about to
+// propose), "decided" (the coordinator
 // has published its decision), "await" (a participant has proposed and is
 // about to wait for the decision), "read" (a participant has the decision).
 var shrinkHook func(point string, rank int)
