@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/hcomm-dev/hcomm/channel"
 	"github.com/hcomm-dev/hcomm/internal/procs"
@@ -256,6 +257,27 @@ func TestDefaultTCPStreams(t *testing.T) {
 	for _, p := range []int{2, 16} {
 		if got := defaultStreams(p); got != 0 {
 			t.Errorf("GOMAXPROCS=%d: %d, want 0 (the tcp package's default)", p, got)
+		}
+	}
+}
+
+// A tcp poll yields to the host's other threads when the communicator's
+// processes on the host are as many as its processors or more; with exactly
+// as many, only after tcpTight.
+func TestTCPYield(t *testing.T) {
+	for _, c := range []struct {
+		here, cpus int
+		yield      bool
+		tight      time.Duration
+	}{
+		{1, 2, false, 0},
+		{2, 2, true, tcpTight},
+		{4, 2, true, 0},
+		{1, 1, true, tcpTight},
+	} {
+		yield, tight := tcpYield(c.here, c.cpus)
+		if yield != c.yield || tight != c.tight {
+			t.Errorf("%d processes on %d processors: yield %v after %v, want %v after %v", c.here, c.cpus, yield, tight, c.yield, c.tight)
 		}
 	}
 }

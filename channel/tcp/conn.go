@@ -97,6 +97,7 @@ type conn struct {
 	spin     time.Duration // Options.Spin: how long Poll reads the sockets before it gives up
 	nap      bool          // Options.Nap: a Read or Fence whose poll gave up naps (awaitNapping)
 	yield    bool          // Options.Yield: Poll yields to other processes too
+	tight    time.Duration // Options.Tight: how long Poll looks before it yields to other processes
 	lostGap  time.Duration // lostProcessor (tests: 0, Poll never takes a gap for a busy host)
 	rest     atomic.Bool   // a look of Poll found bytes on sockets past the first: the next looks read them all (progress.go)
 	socks    []*sock
@@ -136,7 +137,7 @@ type conn struct {
 
 func newConn(d *Dialer, local *channel.Local, name string, notifies []*notify.Notify, peerNN int, ncs []net.Conn) *conn {
 	c := &conn{log: d.log, rank: local.Rank, peer: local.Peer, name: name, dev: local.Device, reg: local.Registry,
-		hccl: local.HCCLBuf, notifies: notifies, peerNN: peerNN, chunk: d.opts.ChunkSize, timeout: d.opts.PeerTimeout, spin: d.opts.Spin, yield: d.opts.Yield, nap: d.opts.Nap, lostGap: lostProcessor,
+		hccl: local.HCCLBuf, notifies: notifies, peerNN: peerNN, chunk: d.opts.ChunkSize, timeout: d.opts.PeerTimeout, spin: d.opts.Spin, yield: d.opts.Yield, tight: d.opts.Tight, nap: d.opts.Nap, lostGap: lostProcessor,
 		dead: make(chan struct{}), reads: make(map[uint64]*pendingRead), fences: make(map[uint64]chan struct{}),
 		qsig: make(chan struct{}, 1)}
 	c.pcond = sync.NewCond(&c.amu)

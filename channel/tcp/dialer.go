@@ -92,6 +92,21 @@ type Options struct {
 	// outnumber its processors, so that each of them reaches the processor
 	// when its peer's bytes are in.
 	Yield bool
+	// Tight is how long, from its start, a poll with Yield looks without
+	// yielding to the host's other threads (it still yields to its own
+	// process's goroutines): set it when the host has a processor for each
+	// polling process, so that a message coming within it is seen a read
+	// after it arrives, not a read and a sched_yield after — a system call
+	// each, so a look took twice as long (hcomm bench p2p over tcp, 2
+	// processes on 2 cores, medians of six interleaved launches: 10.02 µs
+	// a round trip against 11.23, pingpong tcpspin 7.63; 18.07 against
+	// 18.93 in an hour when this VM's system calls took 1.6 µs). A poll
+	// that lasts longer, or has read part of a message (the rest comes
+	// through the kernel's work on this host, which needs the processor
+	// too), yields from then on, so that a process that the host's other
+	// jobs keep from its processor still reaches it. Zero: every look
+	// yields (with Yield).
+	Tight time.Duration
 	// Nap makes a Read, ReadReduce or Fence whose poll gave up (Spin) sleep
 	// in naps — 50 µs doubling to 10 ms, each followed by one look at the
 	// sockets — instead of only until a background reader wakes it. The

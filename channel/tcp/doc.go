@@ -97,7 +97,11 @@
 //
 // Between looks a poller yields to its process's goroutines, and, when the
 // communicator's processes on the host are as many as its processors or
-// more (Options.Yield), to the host's other threads (sched_yield). A poller
+// more (Options.Yield), to the host's other threads (sched_yield) — where
+// each of those processes has a processor, only once the poll has lasted
+// Options.Tight (hcomm: 20 µs) or read part of a message, since a look
+// with a yield is two system calls and takes twice as long to see a small
+// message. A poller
 // that finds it lost its processor between two looks (50 µs) sleeps at
 // once: on a host with more runnable threads than processors, a sleeper the
 // network poller wakes is scheduled ahead of a spinner. Measured on the

@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -283,6 +284,70 @@ func TestPollEndsOnStopAndSpin(t *testing.T) {
 	}
 	if !pollFor(off.c1.Transport, off.c1, 0, nil) {
 		t.Fatal("Poll with polling off missed a record already there")
+	}
+}
+
+// TestPollYieldsOnlyAfterTight: with Options.Yield, a poll gives the
+// processor to the host's other threads only once it has lasted
+// Options.Tight, and with no Tight from its first look.
+func TestPollYieldsOnlyAfterTight(t *testing.T) {
+	var yields int
+	var start time.Time
+	var first time.Duration
+	defer func(f func()) { yieldThread = f }(yieldThread)
+	yieldThread = func() { // Poll calls it in this goroutine
+		if yields++; yields == 1 {
+			first = time.Since(start)
+		}
+	}
+	for _, tc := range []struct {
+		tight, limit time.Duration
+		want         bool // any yield
+	}{
+		{time.Hour, 20 * time.Millisecond, false},
+		{0, 20 * time.Millisecond, true},
+		{5 * time.Millisecond, 40 * time.Millisecond, true},
+	} {
+		p := connectPair(t, Options{Spin: time.Minute, Yield: true, Tight: tc.tight}, Options{}, 4096, 1)
+		steady(p.c0.Transport)
+		yields, first, start = 0, 0, time.Now()
+		if p.c0.Transport.(channel.Poller).Poll(nil, tc.limit, p.c0.Notifies[0].TryReset) {
+			t.Fatal("Poll reports a record nobody made")
+		}
+		if got := yields > 0; got != tc.want {
+			t.Fatalf("Tight %v, a %v poll: %d yields to other threads, want any: %v", tc.tight, tc.limit, yields, tc.want)
+		}
+		if yields > 0 && first < tc.tight {
+			t.Fatalf("Tight %v: the first yield to other threads came %v into the poll", tc.tight, first)
+		}
+	}
+}
+
+// TestPollYieldsOnceBytesComeIn: a poll that has read part of a message
+// yields to the host's other threads between its looks from then on, Tight
+// or not: a message that arrives over many reads is the kernel's work on
+// this host as much as the peer's, and the poll must not hold the processor
+// against it.
+func TestPollYieldsOnceBytesComeIn(t *testing.T) {
+	var yields atomic.Int64
+	defer func(f func()) { yieldThread = f }(yieldThread)
+	yieldThread = func() { yields.Add(1) }
+	rp := connectRaw(t, Options{Spin: 10 * time.Second, Yield: true, Tight: time.Hour})
+	steady(rp.c1.Transport)
+	wire := writeThenNotify(uint64(rp.r1.buf.Addr), []byte("in pieces"), 0)
+	got := make(chan bool, 1)
+	go func() { got <- pollFor(rp.c1.Transport, rp.c1, 0, nil) }()
+	trickle(t, rp.nc, wire, 5, 300*time.Microsecond)
+	select {
+	case ok := <-got:
+		if !ok {
+			t.Fatal("Poll gave up before the record came")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Poll did not return")
+	}
+	if yields.Load() == 0 {
+		t.Fatal("a poll that read a message in pieces never yielded to other threads")
 	}
 }
 

@@ -115,8 +115,8 @@ func (c *conn) endRead(s *sock, err error) {
 // true; the caller then sleeps as usual (the background readers deliver
 // what comes later). Between looks it yields the processor to the
 // process's other goroutines and, with Options.Yield, to the host's other
-// threads (sched_yield), so that ranks outnumbering the cores still
-// progress. Safe for concurrent use: callers on several threads take turns
+// threads (sched_yield; from Options.Tight on), so that ranks outnumbering
+// the cores still progress. Safe for concurrent use: callers on several threads take turns
 // on each socket, and whoever reads applies every frame for all of them.
 //
 // The spin counts from the last look that read something, not from the
@@ -138,6 +138,7 @@ func (c *conn) Poll(stop <-chan struct{}, limit time.Duration, done func() bool)
 	}
 	begin := spin.Mono()
 	start, last := begin, begin
+	streaming := false // a look read bytes: a message is coming in
 	for look := 0; ; look++ {
 		read, found := c.pollOnce(done, look&3 == 0 || c.rest.Load())
 		if found || !read && done() {
@@ -158,17 +159,22 @@ func (c *conn) Poll(stop <-chan struct{}, limit time.Duration, done func() bool)
 		now := spin.Mono()
 		if read {
 			start = now
+			streaming = true
 		}
 		if now-start >= d || limit > 0 && now-begin >= limit || c.lostGap > 0 && now-last >= c.lostGap {
 			return false
 		}
 		last = now
 		runtime.Gosched()
-		if c.yield {
-			spin.Yield()
+		if c.yield && (streaming || now-begin >= c.tight) {
+			yieldThread()
 		}
 	}
 }
+
+// yieldThread gives the processor to the host's other threads: a poll's
+// yield (Options.Yield), a variable so that a test can count them.
+var yieldThread = spin.Yield
 
 // lostProcessor is the gap between two looks of Poll that tells it the
 // host has more runnable threads than processors: someone else ran in
