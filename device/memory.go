@@ -59,6 +59,10 @@ type allocation struct {
 	// the work after it fails cleanly instead of touching unmapped memory.
 	use   sync.RWMutex
 	freed bool
+	// keeps counts the Held.Keep not yet released: a Free then unmaps
+	// nothing, and the last Release does (under use, held for writing).
+	keeps    int
+	unmapped bool
 }
 
 // pin holds the allocations behind r and o for the duration of an access and
@@ -96,7 +100,8 @@ func seen(rs []region, a *allocation) bool {
 	return false
 }
 
-// release marks a freed and unmaps it once no task is using it.
+// release marks a freed and unmaps it once no task is using it, and no
+// Held.Keep holds it (the last Release unmaps it then).
 func (a *allocation) release(be backend) error {
 	a.use.Lock()
 	defer a.use.Unlock()
@@ -104,6 +109,10 @@ func (a *allocation) release(be backend) error {
 		return nil
 	}
 	a.freed = true
+	if a.keeps > 0 {
+		return nil
+	}
+	a.unmapped = true
 	return be.free(a.mem, a.fd)
 }
 
@@ -378,13 +387,59 @@ func (h Held) Pin() ([]byte, bool) {
 }
 
 // Bytes returns the bytes without pinning them, and whether Hold found
-// them: for a caller that keeps the memory from being freed by other means
-// (the in-process channel's lines into a peer's HCCL buffer, which is
-// freed only after the channel is closed).
+// them: for a caller that keeps the memory from being freed by other means,
+// or mapped past its Free (Keep).
 func (h Held) Bytes() ([]byte, bool) { return h.r.mem, h.r.a != nil }
 
 // Unpin ends a successful Pin.
 func (h Held) Unpin() { unpin(h.r) }
+
+// Keep holds the mapping of h's allocation past its Free until Release:
+// the Free still ends the allocation (its address is invalid from then on,
+// Pin fails, the owner's accounting drops it), but the memory stays mapped,
+// so that bytes taken from h before the Free (Bytes) may still be stored to
+// without faulting the process. For a caller that checks the memory's
+// lifetime by other means, and could lose the race between its check and
+// its store (the in-process channel's lines into a peer's HCCL buffer,
+// checked against the channel's close, which comes before the buffer's
+// Free). It reports false, holding nothing, when the memory is freed
+// already. Each successful Keep needs one Release.
+func (h Held) Keep() bool {
+	a := h.r.a
+	if a == nil {
+		return false
+	}
+	a.use.Lock()
+	defer a.use.Unlock()
+	if a.freed {
+		return false
+	}
+	a.keeps++
+	return true
+}
+
+// Release ends a Keep: the last one of an allocation freed meanwhile
+// unmaps it.
+func (h Held) Release() error {
+	a := h.r.a
+	if a == nil {
+		return nil
+	}
+	a.use.Lock()
+	defer a.use.Unlock()
+	if a.keeps == 0 {
+		return nil // a Release without its Keep: nothing held
+	}
+	a.keeps--
+	if a.keeps > 0 || !a.freed || a.unmapped {
+		return nil
+	}
+	a.unmapped = true
+	if err := a.dev.be.free(a.mem, a.fd); err != nil {
+		return &Error{Op: "Release", Device: a.dev.id, Stream: -1, Code: ErrInternal, Err: err}
+	}
+	return nil
+}
 
 // Memset sets n bytes at p, memory of d, to value and returns when done
 // (aclrtMemset). Zeroing MallocLazy memory gives its whole pages back

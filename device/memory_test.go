@@ -1,6 +1,9 @@
 package device_test
 
 import (
+	"os"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -39,6 +42,109 @@ func TestAllocEpoch(t *testing.T) {
 	}
 	if e := device.AllocEpoch(); e == e1 {
 		t.Fatalf("Free left the epoch at %d", e1)
+	}
+}
+
+// mapped reports whether the process maps address p (/proc/self/maps), and
+// skips the test where the maps cannot be read.
+func mapped(t *testing.T, p device.Ptr) bool {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/maps")
+	if err != nil {
+		t.Skipf("no /proc/self/maps: %v", err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		lo, hi, ok := strings.Cut(strings.Fields(l + " x")[0], "-")
+		if !ok {
+			continue
+		}
+		a, err1 := strconv.ParseUint(lo, 16, 64)
+		z, err2 := strconv.ParseUint(hi, 16, 64)
+		if err1 == nil && err2 == nil && uint64(p) >= a && uint64(p) < z {
+			return true
+		}
+	}
+	return false
+}
+
+// TestHeldKeepsMemoryMapped: memory kept (Held.Keep) is freed by its Free —
+// Hold and Pin fail from then on — but stays mapped, so that bytes taken
+// before the Free may still be stored to, until the last Release unmaps it;
+// a Keep after the Free holds nothing; Device.Close defers the same way.
+func TestHeldKeepsMemoryMapped(t *testing.T) {
+	d, err := device.Open(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	p, err := d.Malloc(1 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := d.Hold(p, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !h.Keep() || !h.Keep() {
+		t.Fatal("Keep of live memory failed")
+	}
+	b, _ := h.Bytes()
+	if err := d.Free(p); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := h.Pin(); ok {
+		t.Fatal("Pin after Free succeeded")
+	}
+	if _, err := d.Hold(p, 8); err == nil {
+		t.Fatal("Hold of freed memory succeeded")
+	}
+	if h.Keep() {
+		t.Fatal("Keep after Free succeeded")
+	}
+	for i := range b {
+		b[i] = byte(i) // still mapped: kept twice
+	}
+	if err := h.Release(); err != nil {
+		t.Fatal(err)
+	}
+	if !mapped(t, p) {
+		t.Fatal("unmapped with one Keep left")
+	}
+	b[0] = 1
+	if err := h.Release(); err != nil {
+		t.Fatal(err)
+	}
+	if mapped(t, p) {
+		t.Fatal("still mapped after the last Release")
+	}
+	if err := h.Release(); err != nil { // one too many: nothing happens
+		t.Fatal(err)
+	}
+
+	// Device.Close frees what is kept the same way.
+	d2, err := device.Open(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q, err := d2.Malloc(4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k, err := d2.Hold(q, 4096)
+	if err != nil || !k.Keep() {
+		t.Fatalf("Hold, Keep: %v", err)
+	}
+	if err := d2.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if !mapped(t, q) {
+		t.Fatal("Close unmapped kept memory")
+	}
+	if err := k.Release(); err != nil {
+		t.Fatal(err)
+	}
+	if mapped(t, q) {
+		t.Fatal("still mapped after Release")
 	}
 }
 

@@ -15,7 +15,11 @@
 // copy's length, so that the peer's Free waits for the copy in flight and
 // the copies after it fail with an error naming the peer, instead of
 // faulting the process. The one exception is a prepared line into the
-// peer's HCCL buffer (linePut), which that buffer's lifetime covers.
+// peer's HCCL buffer (linePut), which is not pinned, for speed: each end
+// keeps the peer's HCCL buffer mapped instead (device.Held.Keep) from the
+// channel's setup to its own Close, so that a line stored just as the peer
+// closes and frees the buffer lands in memory still mapped (and no longer
+// the peer's concern) rather than faulting the process.
 package inproc
 
 import (
@@ -146,7 +150,14 @@ func (d *Dialer) Connect(ctx context.Context, local *channel.Local, ex channel.E
 			remote = append(remote, m)
 		}
 	}
-	return &channel.Conn{Transport: &Transport{local: ep, peer: peer}, Notifies: notifies,
+	t := &Transport{local: ep, peer: peer}
+	if m := peer.HCCLBuf; m.Addr != 0 && m.Size > 0 {
+		// Kept mapped until this end's Close: the unpinned lines (linePut).
+		if h, err := peer.Device.Hold(m.Addr, m.Size); err == nil && h.Keep() {
+			t.buf, t.kept = h, true
+		}
+	}
+	return &channel.Conn{Transport: t, Notifies: notifies,
 		PeerNotifyNum: len(peer.Notifies), RemoteMems: remote}, nil
 }
 
@@ -157,6 +168,10 @@ type Transport struct {
 	local     *Endpoint
 	peer      *Endpoint
 	closeOnce sync.Once
+	// buf is the peer's HCCL buffer, kept mapped (device.Held.Keep) from
+	// Connect to Close when kept: a line into it need not pin it (linePut).
+	buf  device.Held
+	kept bool
 }
 
 // Name returns "inproc".
@@ -286,7 +301,7 @@ func (t *Transport) PrepareLine(dst device.Ptr) (channel.LinePut, error) {
 		return nil, err
 	}
 	m := t.peer.HCCLBuf
-	inBuf := m.Addr != 0 && dst >= m.Addr && int64(dst-m.Addr) <= m.Size-channel.LineSize
+	inBuf := t.kept && m.Addr != 0 && dst >= m.Addr && int64(dst-m.Addr) <= m.Size-channel.LineSize
 	return &linePut{t: t, h: h, at: dst, pinned: !inBuf}, nil
 }
 
@@ -312,9 +327,10 @@ func (t *Transport) lineHeld(dst device.Ptr, n int) (device.Held, error) {
 // travels, and a pin's release is an atomic read-modify-write, which waits
 // for the line first — one cache-line transfer per Put, 5–8 % of a 4-rank
 // 16 B all-reduce in one process. The HCCL buffer is freed only after the
-// channel is closed (Destroy, Suspend), which a Put checks first; a Put
-// that passed the check as the peer closed is the one copy left
-// unprotected. A line anywhere else (a window the peer may free) is pinned.
+// channel is closed (Destroy, Suspend), which a Put checks first, and a Put
+// that passed the check as the peer closed and freed it stores into memory
+// this end keeps mapped until its own Close (Transport.buf). A line
+// anywhere else (a window the peer may free) is pinned.
 type linePut struct {
 	t      *Transport
 	h      device.Held
@@ -461,12 +477,16 @@ func (t *Transport) Fence(<-chan struct{}) error { return t.usable() }
 
 // Close ends this end of the channel: its later calls fail with
 // channel.ErrClosed, waits on its notifies fail at once with
-// channel.ErrClosed, and the peer's with channel.ErrPeerClosed (the fabric
-// owns nothing per transport, so there is nothing else to release).
-// Idempotent.
+// channel.ErrClosed, and the peer's with channel.ErrPeerClosed; and it
+// releases the peer's HCCL buffer it kept mapped (unmapped now if the peer
+// freed it meanwhile). A call racing with Close on the same end is the
+// caller's error, as with any transport. Idempotent.
 func (t *Transport) Close() error {
 	t.closeOnce.Do(func() {
 		t.local.closed.Store(true)
+		if t.kept {
+			t.buf.Release() // the last keep of a buffer its owner freed unmaps it
+		}
 		mine := fmt.Errorf("inproc: rank %d closed its end of the channel to rank %d: %w", t.local.Rank, t.peer.Rank, channel.ErrClosed)
 		for _, n := range t.local.Notifies {
 			n.Break(mine)

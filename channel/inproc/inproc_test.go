@@ -2,6 +2,7 @@ package inproc
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"sync"
 	"testing"
@@ -246,5 +247,34 @@ func TestPeerFreesMemoryInUse(t *testing.T) {
 	conns[1].Transport.Close()
 	if err := bufLine.Put([]byte{5}, 2); err == nil || !strings.Contains(err.Error(), "rank 1") {
 		t.Errorf("a line into the HCCL buffer of rank 1, closed: %v, want an error naming rank 1", err)
+	}
+}
+
+// TestLineIntoFreedHCCLBuffer: a prepared line into the peer's HCCL buffer
+// is not pinned, and a Put that passed its check just as the peer closed
+// and freed the buffer stores into memory this end keeps mapped until its
+// own Close, instead of faulting the process. The test holds that instant
+// open: rank 1 frees the buffer with the channel still open. (Without the
+// keep, the Put faults: SIGSEGV, the test binary gone.)
+func TestLineIntoFreedHCCLBuffer(t *testing.T) {
+	_, e1, conns := connected(t)
+	tr := conns[0].Transport.(*Transport)
+	line, err := tr.PrepareLine(e1.buf.Add(64))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e1.dev.Free(e1.buf); err != nil {
+		t.Fatal(err)
+	}
+	if err := line.Put([]byte{1, 2, 3}, 1); err != nil {
+		t.Fatal(err)
+	}
+	// The copies that pin the memory find it freed, as for any memory.
+	if err := tr.Write(nil, e1.buf, make([]byte, 8)); err == nil || !strings.Contains(err.Error(), "rank 1") {
+		t.Errorf("a write into the HCCL buffer rank 1 freed: %v, want an error naming rank 1", err)
+	}
+	conns[0].Transport.Close() // the keep's end: the buffer is unmapped now
+	if err := line.Put([]byte{4}, 2); !errors.Is(err, channel.ErrClosed) {
+		t.Errorf("a line after this end closed: %v, want channel.ErrClosed", err)
 	}
 }
