@@ -25,14 +25,14 @@ func Until(d time.Duration, cond func() bool) bool {
 	if d <= 0 {
 		return false
 	}
-	start := time.Now()
+	start := Mono()
 	for i := 0; ; i++ {
 		runtime.Gosched()
 		if cond() {
 			return true
 		}
 		// Reading the clock costs more than a poll; look at it every few polls.
-		if i&7 == 7 && time.Since(start) >= d {
+		if i&7 == 7 && Mono()-start >= d {
 			return false
 		}
 	}
@@ -71,7 +71,7 @@ func UntilYieldN(d time.Duration, tight int, cond func() bool) bool {
 			return true
 		}
 	}
-	start := time.Now()
+	start := Mono()
 	for i := 1; ; i++ {
 		if i&63 == 0 {
 			runtime.Gosched()
@@ -80,7 +80,7 @@ func UntilYieldN(d time.Duration, tight int, cond func() bool) bool {
 		if cond() {
 			return true
 		}
-		if i&7 == 0 && time.Since(start) >= d {
+		if i&7 == 0 && Mono()-start >= d {
 			return false
 		}
 	}
