@@ -45,6 +45,22 @@ func TestAllocEpoch(t *testing.T) {
 	}
 }
 
+// deviceWith opens device 0, closed when the test ends, and allocates size
+// bytes on it.
+func deviceWith(t *testing.T, size int64) (*device.Device, device.Ptr) {
+	t.Helper()
+	d, err := device.Open(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	p, err := d.Malloc(size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d, p
+}
+
 // mapped reports whether the process maps address p (/proc/self/maps), and
 // skips the test where the maps cannot be read.
 func mapped(t *testing.T, p device.Ptr) bool {
@@ -72,15 +88,7 @@ func mapped(t *testing.T, p device.Ptr) bool {
 // before the Free may still be stored to, until the last Release unmaps it;
 // a Keep after the Free holds nothing; Device.Close defers the same way.
 func TestHeldKeepsMemoryMapped(t *testing.T) {
-	d, err := device.Open(0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
-	p, err := d.Malloc(1 << 20)
-	if err != nil {
-		t.Fatal(err)
-	}
+	d, p := deviceWith(t, 1<<20)
 	h, err := d.Hold(p, 1<<20)
 	if err != nil {
 		t.Fatal(err)
@@ -153,15 +161,7 @@ func TestHeldKeepsMemoryMapped(t *testing.T) {
 // the Free fails instead of handing out unmapped memory (which a copy would
 // fault on, taking the whole process down).
 func TestHeldPinsAgainstFree(t *testing.T) {
-	d, err := device.Open(0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
-	p, err := d.Malloc(1 << 20)
-	if err != nil {
-		t.Fatal(err)
-	}
+	d, p := deviceWith(t, 1<<20)
 	h, err := d.Hold(p.Add(4096), 8192)
 	if err != nil {
 		t.Fatal(err)

@@ -68,16 +68,13 @@ func writeThenNotify(addr uint64, payload []byte, idx uint64) []byte {
 	return wire
 }
 
-func TestPollReceivesAFrameSentInPieces(t *testing.T) {
-	rp := connectRaw(t, Options{Spin: 10 * time.Second})
-	steady(rp.c1.Transport)
-	mine := rp.r1.bytes(t)
-	clear(mine)
-	wire := writeThenNotify(uint64(rp.r1.buf.Addr)+64, []byte("split across many reads"), 1)
+// pollTrickled polls rp's channel for notify idx while the raw peer sends
+// wire in pieces of 5 bytes, 300 µs apart, and fails the test unless the
+// poll sees the record.
+func pollTrickled(t *testing.T, rp *rawPeer, idx int, wire []byte) {
+	t.Helper()
 	got := make(chan bool, 1)
-	go func() { got <- pollFor(rp.c1.Transport, rp.c1, 1, nil) }()
-	// Pieces of 5 bytes with pauses: headers and payloads are cut, and
-	// every holder of the receive token finds a frame begun by the last.
+	go func() { got <- pollFor(rp.c1.Transport, rp.c1, idx, nil) }()
 	trickle(t, rp.nc, wire, 5, 300*time.Microsecond)
 	select {
 	case ok := <-got:
@@ -87,6 +84,16 @@ func TestPollReceivesAFrameSentInPieces(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("Poll did not return")
 	}
+}
+
+func TestPollReceivesAFrameSentInPieces(t *testing.T) {
+	rp := connectRaw(t, Options{Spin: 10 * time.Second})
+	steady(rp.c1.Transport)
+	mine := rp.r1.bytes(t)
+	clear(mine)
+	// Pieces of 5 bytes with pauses: headers and payloads are cut, and
+	// every holder of the receive token finds a frame begun by the last.
+	pollTrickled(t, rp, 1, writeThenNotify(uint64(rp.r1.buf.Addr)+64, []byte("split across many reads"), 1))
 	if s := string(mine[64 : 64+len("split across many reads")]); s != "split across many reads" {
 		t.Fatalf("memory holds %q", s)
 	}
@@ -334,18 +341,7 @@ func TestPollYieldsOnceBytesComeIn(t *testing.T) {
 	yieldThread = func() { yields.Add(1) }
 	rp := connectRaw(t, Options{Spin: 10 * time.Second, Yield: true, Tight: time.Hour})
 	steady(rp.c1.Transport)
-	wire := writeThenNotify(uint64(rp.r1.buf.Addr), []byte("in pieces"), 0)
-	got := make(chan bool, 1)
-	go func() { got <- pollFor(rp.c1.Transport, rp.c1, 0, nil) }()
-	trickle(t, rp.nc, wire, 5, 300*time.Microsecond)
-	select {
-	case ok := <-got:
-		if !ok {
-			t.Fatal("Poll gave up before the record came")
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("Poll did not return")
-	}
+	pollTrickled(t, rp, 0, writeThenNotify(uint64(rp.r1.buf.Addr), []byte("in pieces"), 0))
 	if yields.Load() == 0 {
 		t.Fatal("a poll that read a message in pieces never yielded to other threads")
 	}
