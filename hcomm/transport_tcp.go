@@ -58,8 +58,8 @@ func defaultStreams(procs int) int {
 // on. A waiter whose peer is later, or whose message has begun to arrive,
 // yields as before, so a host whose other jobs load its processors still
 // gives each rank its turn (2 processes on 2 cores, each core also running
-// a busy loop, 16-byte all-reduce: 63 µs median of five launches with it,
-// 95 without; a noisy measure, 33–140 µs a launch).
+// a busy loop, 16-byte all-reduce: 63 µs median of four launches with it,
+// 95 without; a noisy measure, 33–139 µs a launch).
 const tcpTight = 20 * time.Microsecond
 
 // tcpYield says how a tcp poll on a host with cpus processors and here of

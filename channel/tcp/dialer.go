@@ -98,9 +98,9 @@ type Options struct {
 	// polling process, so that a message coming within it is seen a read
 	// after it arrives, not a read and a sched_yield after — a system call
 	// each, so a look took twice as long (hcomm bench p2p over tcp, 2
-	// processes on 2 cores, medians of six interleaved launches: 10.02 µs
-	// a round trip against 11.23, pingpong tcpspin 7.63; 18.07 against
-	// 18.93 in an hour when this VM's system calls took 1.6 µs). A poll
+	// processes on 2 cores, medians of interleaved launches: 10.52 µs a
+	// round trip against 12.03, pingpong tcpspin 7.78; BENCHMARKS.md, stop
+	// 38, has the rest). A poll
 	// that lasts longer, or has read part of a message (the rest comes
 	// through the kernel's work on this host, which needs the processor
 	// too), yields from then on, so that a process that the host's other

@@ -115,9 +115,10 @@ func (c *conn) endRead(s *sock, err error) {
 // true; the caller then sleeps as usual (the background readers deliver
 // what comes later). Between looks it yields the processor to the
 // process's other goroutines and, with Options.Yield, to the host's other
-// threads (sched_yield; from Options.Tight on), so that ranks outnumbering
-// the cores still progress. Safe for concurrent use: callers on several threads take turns
-// on each socket, and whoever reads applies every frame for all of them.
+// threads (sched_yield; from Options.Tight on, or once bytes came), so
+// that ranks outnumbering the cores still progress. Safe for concurrent
+// use: callers on several threads take turns on each socket, and whoever
+// reads applies every frame for all of them.
 //
 // The spin counts from the last look that read something, not from the
 // start: a long message is read while it arrives, and its notify found by
