@@ -19,7 +19,7 @@ import (
 
 func TestMain(m *testing.M) { leakcheck.Main(m) }
 
-func open(t *testing.T, id int) *device.Device {
+func open(t testing.TB, id int) *device.Device {
 	t.Helper()
 	d, err := device.Open(id)
 	if err != nil {
@@ -29,7 +29,7 @@ func open(t *testing.T, id int) *device.Device {
 	return d
 }
 
-func stream(t *testing.T, d *device.Device) *device.Stream {
+func stream(t testing.TB, d *device.Device) *device.Stream {
 	t.Helper()
 	s, err := d.CreateStream()
 	if err != nil {

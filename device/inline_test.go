@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -300,5 +301,104 @@ func TestRunInlineEndSeenByWaiters(t *testing.T) {
 	}
 	if nextIn != inlineRuns+1 || nextOut != launches+1 {
 		t.Fatalf("ran %d inline and %d launched tasks, want %d and %d", nextIn-1, nextOut-1, inlineRuns, launches)
+	}
+}
+
+// RunInline claims an idle stream without its lock (a compare-and-swap of
+// the submitted count from the completed one, with the gate that a failure,
+// Abort and Destroy close looked at before and after). Claims racing
+// Launches, Aborts and failing tasks from other goroutines: no two of the
+// stream's tasks ever run at once, no task runs inline on a stream whose
+// task failure is unreported, and every task submitted completes.
+func TestRunInlineClaimsRacingLaunchAbortAndFailure(t *testing.T) {
+	d := open(t, 0)
+	s := stream(t, d)
+	var running, runs, submitted atomic.Int64
+	boom := errors.New("task failed on purpose")
+	task := func(fail bool) func(<-chan struct{}) error {
+		return func(<-chan struct{}) error {
+			if n := running.Add(1); n != 1 {
+				t.Errorf("%d of the stream's tasks running at once", n)
+			}
+			runs.Add(1)
+			running.Add(-1)
+			if fail {
+				return boom
+			}
+			return nil
+		}
+	}
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	for g := 0; g < 3; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				ran, err := s.RunInline("inline", func(st <-chan struct{}) error {
+					// Only this task runs: a failure of a task is
+					// one from before it (an Abort's may come
+					// meanwhile).
+					if err := s.PeekError(); errors.Is(err, boom) {
+						t.Errorf("RunInline ran a task on a stream with an unreported failure: %v", err)
+					}
+					return task(false)(st)
+				})
+				if ran {
+					submitted.Add(1)
+				}
+				if err != nil && !errors.Is(err, device.ErrStreamAbort) {
+					t.Errorf("RunInline: %v", err)
+				}
+				if i%7 == 0 {
+					if err := s.Launch("launched", task(i%49 == 0)); err != nil {
+						t.Errorf("Launch: %v", err)
+					}
+					submitted.Add(1)
+				}
+			}
+		}()
+	}
+	for k := 0; k < 300; k++ {
+		time.Sleep(50 * time.Microsecond)
+		if k%10 == 0 {
+			s.Abort()
+		}
+		// Synchronize reports a failure and reopens the stream.
+		if err := s.Synchronize(context.Background()); err != nil && !errors.Is(err, boom) && !errors.Is(err, device.ErrStreamAbort) {
+			t.Fatalf("Synchronize: %v", err)
+		}
+	}
+	close(stop)
+	wg.Wait()
+	if err := s.Synchronize(context.Background()); err != nil && !errors.Is(err, boom) && !errors.Is(err, device.ErrStreamAbort) {
+		t.Fatalf("Synchronize: %v", err)
+	}
+	if err := s.Query(); err != nil {
+		t.Fatalf("after the last Synchronize: %v", err)
+	}
+	if runs.Load() == 0 || runs.Load() > submitted.Load() {
+		t.Fatalf("%d task runs of %d submitted", runs.Load(), submitted.Load())
+	}
+}
+
+// BenchmarkRunInline is an inline task's cost on an idle stream: what the
+// small collectives' lane pays every call for being a stream task. On the
+// development VM (stop 39): 40.5 ns/op taking s.mu (a lock, a swap and an
+// unlock around the claim), 27 claiming with a compare-and-swap, 20 with
+// the task set field by field.
+func BenchmarkRunInline(b *testing.B) {
+	d := open(b, 0)
+	s := stream(b, d)
+	fn := func(<-chan struct{}) error { return nil }
+	for i := 0; i < b.N; i++ {
+		if ran, err := s.RunInline("inline", fn); !ran || err != nil {
+			b.Fatal(ran, err)
+		}
 	}
 }

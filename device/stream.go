@@ -25,13 +25,21 @@ type Stream struct {
 	tid       uint32
 	isDefault bool
 
-	mu        sync.Mutex
-	q         []task // q[head:] are queued; the consumed front is reused (compact)
-	head      int
-	submitted uint64        // tasks enqueued so far (seq of the newest)
+	mu   sync.Mutex
+	q    []task // q[head:] are queued; the consumed front is reused (compact)
+	head int
+	// nall counts the tasks submitted (queued or run inline): the newest
+	// one's seq. Launch adds to it with s.mu held; RunInline claims the
+	// next seq with a compare-and-swap from completed, which succeeds only
+	// on an idle stream (nothing queued or running), with or without s.mu.
+	nall      atomic.Uint64
 	nsub      atomic.Uint64 // the newest queued task's seq, for the worker's lock-free polls
-	nall      atomic.Uint64 // submitted (queued or inline), for Pending
 	completed atomic.Uint64 // tasks finished (run, skipped or failed)
+	// gate lets RunInline run a task without s.mu: nil while the stream
+	// has a failure to report or is destroyed, else the stop channel a
+	// task run now is given. Whatever changes err, destroyed or stop
+	// stores it anew (s.mu held: regate).
+	gate      atomic.Pointer[inlineGate]
 	err       error         // first failure not yet reported by Synchronize
 	errSeq    uint64        // the task that failed with err
 	abortTo   uint64        // tasks with seq <= abortTo are dropped
@@ -47,6 +55,21 @@ type Stream struct {
 	done chan struct{}
 
 	report atomic.Pointer[reportThread]
+}
+
+// inlineGate is the stop channel of the tasks RunInline runs while the
+// gate holds it (Stream.gate).
+type inlineGate struct{ stop chan struct{} }
+
+// regate stores the gate that err, destroyed and stop make (s.mu held).
+func (s *Stream) regate() {
+	if s.err != nil || s.destroyed {
+		s.gate.Store(nil)
+		return
+	}
+	if g := s.gate.Load(); g == nil || g.stop != s.stop {
+		s.gate.Store(&inlineGate{stop: s.stop})
+	}
 }
 
 // task is one unit of stream work.
@@ -76,6 +99,7 @@ func newStream(d *Device) *Stream {
 		quit: make(chan struct{}),
 		done: make(chan struct{}),
 	}
+	s.gate.Store(&inlineGate{stop: s.stop})
 	go s.loop()
 	return s
 }
@@ -154,7 +178,7 @@ func (s *Stream) enqueueTask(t task) (uint64, error) {
 		s.mu.Unlock()
 		return 0, s.errf(name, ErrInvalidHandle, "stream is destroyed")
 	}
-	if s.submitted-s.completed.Load() >= MaxPending {
+	if s.nall.Load()-s.completed.Load() >= MaxPending {
 		s.mu.Unlock()
 		s.throttle()
 		s.mu.Lock()
@@ -163,15 +187,13 @@ func (s *Stream) enqueueTask(t task) (uint64, error) {
 			return 0, s.errf(name, ErrInvalidHandle, "stream is destroyed")
 		}
 	}
-	s.submitted++
-	seq := s.submitted
+	seq := s.nall.Add(1)
 	if len(s.q) == cap(s.q) && s.head > 0 {
 		s.compact()
 	}
 	t.seq = seq
 	s.q = append(s.q, t)
 	s.nsub.Store(seq)
-	s.nall.Store(seq)
 	ahead := seq - s.completed.Load()
 	s.mu.Unlock()
 	select {
@@ -212,19 +234,36 @@ func (s *Stream) RunInline(name string, fn func(stop <-chan struct{}) error) (ra
 	if fn == nil {
 		return false, s.errf(name, ErrInvalidValue, "nil task function")
 	}
+	// Without s.mu: completed first, then the gate, then the claim, then
+	// the gate again. A failing task stores the gate (nil) before it
+	// counts as completed, so a claim from a completed count that
+	// includes it sees the nil gate; Destroy, Abort and the end of a
+	// failure store the gate before they look at nall, so a claim they
+	// do not see finds the new gate at its second look. A claim whose
+	// second look finds another gate ends as a task that did nothing,
+	// and the call goes on under s.mu.
+	c := s.completed.Load()
+	if g := s.gate.Load(); g != nil && s.nall.CompareAndSwap(c, c+1) {
+		var t task // set field by field: a composite literal is built beside and copied (a stalled load)
+		t.seq, t.name, t.run, t.inline = c+1, name, fn, true
+		if s.gate.Load() == g {
+			err = s.runTask(&t, g.stop)
+			return true, s.finish(&t, err)
+		}
+		s.finishInline(&t)
+	}
 	s.mu.Lock()
 	if s.destroyed {
 		s.mu.Unlock()
 		return false, s.errf(name, ErrInvalidHandle, "stream is destroyed")
 	}
 	// An inline task in progress counts as submitted and not completed.
-	if s.err != nil || s.completed.Load() != s.submitted {
+	c = s.completed.Load()
+	if s.err != nil || !s.nall.CompareAndSwap(c, c+1) {
 		s.mu.Unlock()
 		return false, nil
 	}
-	s.submitted++
-	t := task{seq: s.submitted, name: name, run: fn, inline: true}
-	s.nall.Store(t.seq)
+	t := task{seq: c + 1, name: name, run: fn, inline: true}
 	stop := s.stop
 	s.mu.Unlock()
 	err = s.runTask(&t, stop)
@@ -289,7 +328,7 @@ const throttleGiveUp = 100 * time.Millisecond
 func (s *Stream) throttle() {
 	for {
 		s.mu.Lock()
-		sub, done := s.submitted, s.destroyed
+		sub, done := s.nall.Load(), s.destroyed
 		s.mu.Unlock()
 		c := s.completed.Load()
 		if done || sub-c < MaxPending/2+1 {
@@ -404,6 +443,7 @@ func (s *Stream) finish(t *task, err error) error {
 	s.mu.Lock()
 	if err != nil && s.err == nil {
 		s.err, s.errSeq = err, t.seq
+		s.regate() // before completed counts t (RunInline)
 	}
 	// The worker waits for the end of an inline task before it starts the
 	// tasks queued behind it: wake it when there are some.
@@ -531,7 +571,7 @@ func (s *Stream) Synchronize(ctx context.Context) error {
 		return s.errf("Stream.Synchronize", ErrInvalidValue, "nil context")
 	}
 	s.mu.Lock()
-	target := s.submitted
+	target := s.nall.Load()
 	destroyed := s.destroyed
 	s.mu.Unlock()
 	if destroyed {
@@ -548,6 +588,7 @@ func (s *Stream) Synchronize(ctx context.Context) error {
 	s.mu.Lock()
 	err := s.err
 	s.err, s.errSeq = nil, 0
+	s.regate()
 	s.mu.Unlock()
 	return err
 }
@@ -576,6 +617,7 @@ func (s *Stream) TakeError() error {
 	s.mu.Lock()
 	err := s.err
 	s.err, s.errSeq = nil, 0
+	s.regate()
 	s.mu.Unlock()
 	return err
 }
@@ -614,7 +656,7 @@ func (s *Stream) Query() error {
 		return newErr("Stream.Query", -1, -1, ErrInvalidHandle, "nil stream")
 	}
 	s.mu.Lock()
-	target, destroyed := s.submitted, s.destroyed
+	target, destroyed := s.nall.Load(), s.destroyed
 	s.mu.Unlock()
 	if destroyed {
 		return s.errf("Stream.Query", ErrInvalidHandle, "stream is destroyed")
@@ -638,11 +680,13 @@ func (s *Stream) Abort() error {
 
 func (s *Stream) abort(code Code, why string) {
 	s.mu.Lock()
-	s.abortTo = s.submitted
 	close(s.stop)
 	s.stop = make(chan struct{})
-	if s.err == nil && s.completed.Load() < s.submitted {
-		s.err = s.errf("Stream.Abort", code, "%s with %d tasks pending", why, s.submitted-s.completed.Load())
+	s.regate() // before nall is looked at (RunInline)
+	s.abortTo = s.nall.Load()
+	if c := s.completed.Load(); s.err == nil && c < s.abortTo {
+		s.err = s.errf("Stream.Abort", code, "%s with %d tasks pending", why, s.abortTo-c)
+		s.regate()
 	}
 	s.mu.Unlock()
 }
@@ -670,7 +714,8 @@ func (s *Stream) destroy() {
 		return
 	}
 	s.destroyed = true
-	target := s.submitted
+	s.regate() // before nall is looked at (RunInline)
+	target := s.nall.Load()
 	s.mu.Unlock()
 	close(s.quit)
 	<-s.done
