@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"math/bits"
 
 	"github.com/hcomm-dev/hcomm/device"
 	"github.com/hcomm-dev/hcomm/hcomm"
@@ -58,7 +59,7 @@ func checkArgs(c *hcomm.Comm, op string, count int64, dt hcomm.DataType, rop hco
 	switch {
 	case count < 0:
 		return collErr(c, op, hcomm.ErrPara, nil, "count %d is negative", count)
-	case dt.Valid() && count > math.MaxInt64/int64(dt.Size()*c.Size()):
+	case dt.Valid() && overflows(count, int64(dt.Size()*c.Size())):
 		// Every byte count a collective computes is at most count x
 		// element size x ranks: checked once here, so that none wraps.
 		return collErr(c, op, hcomm.ErrPara, nil, "count %d is too large: %d of %d-byte %v for %d ranks overflow a 64-bit byte count", count, count, dt.Size(), dt, c.Size())
@@ -72,6 +73,14 @@ func checkArgs(c *hcomm.Comm, op string, count int64, dt hcomm.DataType, rop hco
 		return collErr(c, op, hcomm.ErrPtr, nil, "stream belongs to another device context than the communicator")
 	}
 	return nil
+}
+
+// overflows reports whether count x m (count ≥ 0, m > 0) exceeds an int64:
+// the product's high word, not a division (a 64-bit divide is tens of cycles
+// of every call).
+func overflows(count, m int64) bool {
+	hi, lo := bits.Mul64(uint64(count), uint64(m))
+	return hi != 0 || lo > math.MaxInt64
 }
 
 func checkBuf(c *hcomm.Comm, op, what string, p device.Ptr, n int64) error {

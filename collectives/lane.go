@@ -190,8 +190,9 @@ func newLaneCall(st *state) *laneCall {
 // the schedule. The arguments have been checked (checkArgs).
 func laneAllReduce(c *hcomm.Comm, s *device.Stream, o *Options, send, recv device.Ptr, count int64, dt hcomm.DataType, op hcomm.ReduceOp) (bool, error) {
 	n := count * int64(dt.Size())
-	h := header{kind: kAllReduce, dt: dt, op: op, flags: flagOp, count: count, algo: AlgoOneShot}
-	return laneRun(c, s, o, "AllReduce", h, send, recv, n, n, n)
+	var h header // field by field (see laneRun)
+	h.kind, h.dt, h.op, h.flags, h.count, h.algo = kAllReduce, dt, op, flagOp, count, AlgoOneShot
+	return laneRun(c, s, o, "AllReduce", &h, send, recv, n, n, n)
 }
 
 // laneAllGather is laneAllReduce for AllGather: the same hello (the
@@ -201,26 +202,29 @@ func laneAllReduce(c *hcomm.Comm, s *device.Stream, o *Options, send, recv devic
 // (it reads windows in place).
 func laneAllGather(c *hcomm.Comm, s *device.Stream, o *Options, send, recv device.Ptr, count int64, dt hcomm.DataType) (bool, error) {
 	n := count * int64(dt.Size())
-	h := header{kind: kAllGather, dt: dt, count: count, algo: AlgoOneShot}
-	return laneRun(c, s, o, "AllGather", h, send, recv, n, n, n*int64(c.Size()))
+	var h header // field by field (see laneRun)
+	h.kind, h.dt, h.count, h.algo = kAllGather, dt, count, AlgoOneShot
+	return laneRun(c, s, o, "AllGather", &h, send, recv, n, n, n*int64(c.Size()))
 }
 
 // laneReduce is laneAllReduce for Reduce: the same hello, and only the
 // root reduces (recv is the root's alone).
 func laneReduce(c *hcomm.Comm, s *device.Stream, o *Options, send, recv device.Ptr, count int64, dt hcomm.DataType, op hcomm.ReduceOp, root int) (bool, error) {
 	n := count * int64(dt.Size())
-	h := header{kind: kReduce, dt: dt, op: op, flags: flagOp | flagRoot, root: int32(root), count: count, algo: AlgoOneShot}
+	var h header // field by field (see laneRun)
+	h.kind, h.dt, h.op, h.flags, h.root, h.count, h.algo = kReduce, dt, op, flagOp|flagRoot, int32(root), count, AlgoOneShot
 	outN := int64(0)
 	if c.Rank() == root {
 		outN = n
 	}
-	return laneRun(c, s, o, "Reduce", h, send, recv, n, n, outN)
+	return laneRun(c, s, o, "Reduce", &h, send, recv, n, n, outN)
 }
 
 // laneBarrier is Barrier's call in the lane: a hello without payload.
 func laneBarrier(c *hcomm.Comm, s *device.Stream) (bool, error) {
-	h := header{kind: kBarrier, dt: hcomm.Int8, algo: AlgoOneShot}
-	return laneRun(c, s, nil, "Barrier", h, 0, 0, 0, 0, 0)
+	var h header // field by field (see laneRun)
+	h.kind, h.dt, h.algo = kBarrier, hcomm.Int8, AlgoOneShot
+	return laneRun(c, s, nil, "Barrier", &h, 0, 0, 0, 0, 0)
 }
 
 // laneRun runs the call of header h (its kind, types and count set; the
@@ -228,7 +232,7 @@ func laneBarrier(c *hcomm.Comm, s *device.Stream) (bool, error) {
 // it can: sel bytes are what the selector weighs (issue's), n bytes of send
 // go inline in the hello (the one-shot's) or are read by each peer (the
 // read lane's, laneread.go), outN bytes of recv are written.
-func laneRun(c *hcomm.Comm, s *device.Stream, o *Options, name string, h header, send, recv device.Ptr, sel, n, outN int64) (bool, error) {
+func laneRun(c *hcomm.Comm, s *device.Stream, o *Options, name string, h *header, send, recv device.Ptr, sel, n, outN int64) (bool, error) {
 	if o != nil && o.level {
 		return false, nil
 	}
@@ -244,8 +248,8 @@ func laneRun(c *hcomm.Comm, s *device.Stream, o *Options, name string, h header,
 	if st.group.open.Load() { // an open group issues the call at GroupEnd
 		return false, nil
 	}
-	fit, ok := st.laneReady(s, h.kind, sel, algoOf(o))
-	if !ok || fit.rd && (st.readers[0] != nil || st.readers[1] != nil) { // every schedule drains its readers (drainGathers)
+	fit := st.laneReady(s, h.kind, sel, algoOf(o))
+	if fit == nil || fit.rd && (st.readers[0] != nil || st.readers[1] != nil) { // every schedule drains its readers (drainGathers)
 		return false, nil
 	}
 	if h.kind != kAllReduce && len(st.wins) > 0 {
@@ -278,8 +282,12 @@ func laneRun(c *hcomm.Comm, s *device.Stream, o *Options, name string, h header,
 		st.lane = x
 	}
 	st.seq++
-	h.seq, h.from, h.size = st.seq, int32(c.Rank()), int32(c.Size())
-	x.h, x.name = h, name
+	// The header's last fields set where it lies: setting them in h and
+	// copying h after would load what was just stored in pieces (a load
+	// that waits for the stores to reach the cache, a few nanoseconds of
+	// every call; so are h and fit pointers).
+	x.h, x.name = *h, name
+	x.h.seq, x.h.from, x.h.size = st.seq, int32(c.Rank()), int32(c.Size())
 	x.in, x.out, x.count, x.n, x.next, x.pending = in, out, h.count, n, 0, false
 	x.algo, x.algoName, x.rd, x.part, x.sendPtr, x.net, x.bcast = AlgoOneShot, algoOneShot, fit.rd, fit.part, send, fit.net, fit.bcast
 	if fit.rd {
@@ -380,25 +388,26 @@ type laneFit struct {
 }
 
 // laneReady reports whether a call of kind k of sel bytes (the selector's)
-// on s, algo asked for by its Options, can take the lane, and how (st.mu
-// held; an open group is checked by the caller).
-func (st *state) laneReady(s *device.Stream, k kind, sel int64, algo Algorithm) (laneFit, bool) {
+// on s, algo asked for by its Options, can take the lane, and how: nil when
+// it cannot, else st.laneFit, which holds until the next call (st.mu held;
+// an open group is checked by the caller).
+func (st *state) laneReady(s *device.Stream, k kind, sel int64, algo Algorithm) *laneFit {
 	switch {
 	case st.err != nil, testIssue != nil, testJitter != nil:
-		return laneFit{}, false
+		return nil
 	case st.lastStream != s, st.lastThread == nil:
-		return laneFit{}, false // the first call on s, or after one on another stream: begin orders them
+		return nil // the first call on s, or after one on another stream: begin orders them
 	}
-	if f := st.laneFit; f.ok && f.k == k && f.n == sel && f.asked == algo {
-		return f, true
+	if f := &st.laneFit; f.ok && f.k == k && f.n == sel && f.asked == algo {
+		return f
 	}
 	f, ok := st.laneFits(k, sel, algo)
 	if !ok {
-		return laneFit{}, false
+		return nil
 	}
 	f.k, f.n, f.asked, f.ok = k, sel, algo, true
 	st.laneFit = f
-	return f, true
+	return &st.laneFit
 }
 
 // laneFits reports whether the schedule that issue would run for a call of

@@ -331,8 +331,9 @@ func (x *laneCall) drain(stop <-chan struct{}) error {
 func laneAlltoAll(c *hcomm.Comm, s *device.Stream, o *Options, send, recv device.Ptr, count int64, dt hcomm.DataType) (bool, error) {
 	block := count * int64(dt.Size())
 	n := int64(c.Size())
-	h := header{kind: kAlltoAll, dt: dt, count: count}
-	return laneRun(c, s, o, "AlltoAll", h, send, recv, n*block, block, n*block)
+	var h header // field by field (see laneRun)
+	h.kind, h.dt, h.count = kAlltoAll, dt, count
+	return laneRun(c, s, o, "AlltoAll", &h, send, recv, n*block, block, n*block)
 }
 
 // laneBroadcast runs Broadcast's call in the read lane when it can (every
@@ -340,6 +341,7 @@ func laneAlltoAll(c *hcomm.Comm, s *device.Stream, o *Options, send, recv device
 // arguments and buffer have been checked (Broadcast).
 func laneBroadcast(c *hcomm.Comm, s *device.Stream, o *Options, buf device.Ptr, count int64, dt hcomm.DataType, root int) (bool, error) {
 	n := count * int64(dt.Size())
-	h := header{kind: kBroadcast, dt: dt, flags: flagRoot, root: int32(root), count: count}
-	return laneRun(c, s, o, "Broadcast", h, buf, buf, n, n, n)
+	var h header // field by field (see laneRun)
+	h.kind, h.dt, h.flags, h.root, h.count = kBroadcast, dt, flagRoot, int32(root), count
+	return laneRun(c, s, o, "Broadcast", &h, buf, buf, n, n, n)
 }

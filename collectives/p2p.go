@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
-	"math"
 
 	"github.com/hcomm-dev/hcomm/device"
 	"github.com/hcomm-dev/hcomm/hcomm"
@@ -63,7 +62,7 @@ func BatchSendRecv(items []SendRecvItem, c *hcomm.Comm, s *device.Stream) error 
 			return collErr(c, name, hcomm.ErrPara, nil, "item %d: remote rank %d is outside [0, %d) or this rank", i, it.RemoteRank, n)
 		case it.Count < 0 || !it.DataType.Valid():
 			return collErr(c, name, hcomm.ErrPara, nil, "item %d: count %d of %v", i, it.Count, it.DataType)
-		case it.Count > math.MaxInt64/int64(it.DataType.Size()):
+		case overflows(it.Count, int64(it.DataType.Size())):
 			return collErr(c, name, hcomm.ErrPara, nil, "item %d: count %d is too large: %d-byte %v overflow a 64-bit byte count", i, it.Count, it.DataType.Size(), it.DataType)
 		}
 		b := it.Count * int64(it.DataType.Size())

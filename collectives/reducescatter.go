@@ -13,10 +13,11 @@ func ReduceScatter(send, recv device.Ptr, recvCount int64, dt hcomm.DataType, op
 	if err := checkArgs(c, name, recvCount, dt, op, s); err != nil {
 		return err
 	}
-	h := header{kind: kReduceScatter, dt: dt, op: op, flags: flagOp, count: recvCount}
+	var h header // field by field (see laneRun)
+	h.kind, h.dt, h.op, h.flags, h.count = kReduceScatter, dt, op, flagOp, recvCount
 	part := recvCount * int64(dt.Size())
 	n := c.Size()
-	if done, err := laneRun(c, s, o, name, h, send, recv, int64(n)*part, part, part); done { // lane.go
+	if done, err := laneRun(c, s, o, name, &h, send, recv, int64(n)*part, part, part); done { // lane.go
 		return err
 	}
 	counts, displs := make([]int64, n), make([]int64, n)

@@ -80,7 +80,9 @@ func (c *Comm) CountOp(op, algo string) (seq uint64, ok bool) {
 	st := &c.ops
 	st.mu.Lock()
 	st.seq++
-	st.last = opTag{op: op, algo: algo, seq: st.seq}
+	// Field by field: a literal is built beside and copied, a load of
+	// what was just stored in pieces, which waits (every lane call).
+	st.last.op, st.last.algo, st.last.seq = op, algo, st.seq
 	seq = st.seq
 	st.mu.Unlock()
 	return seq, true

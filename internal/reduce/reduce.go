@@ -2,6 +2,8 @@ package reduce
 
 import (
 	"fmt"
+	"math"
+	"math/bits"
 	"unsafe"
 )
 
@@ -38,7 +40,9 @@ func check(dst, a, b []byte, count int, dt DataType, op Op, fn, aName string) er
 		return fmt.Errorf("reduce.%s: negative count %d", fn, count)
 	}
 	es := dt.Size()
-	if count > int(^uint(0)>>1)/es {
+	// A product's high word, not a division (a 64-bit divide is tens of
+	// cycles, and every reduction of a small collective passes here).
+	if hi, lo := bits.Mul64(uint64(count), uint64(es)); hi != 0 || lo > math.MaxInt {
 		return fmt.Errorf("reduce.%s: count %d of %v overflows", fn, count, dt)
 	}
 	n := count * es
