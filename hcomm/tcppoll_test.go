@@ -188,7 +188,11 @@ func TestSleepingWaitWokenOnBusyProcessor(t *testing.T) {
 	for range trials {
 		recorded := make(chan time.Time, 1)
 		go func() {
-			time.Sleep(3 * time.Millisecond) // the waiter is asleep by then (its spin is 1 µs)
+			// The waiter naps by then (its spin is 1 µs), in a short nap (they
+			// double from 50 µs: one begun t into the wait lasts about t); a
+			// record 3 ms in fell into a 1.6–3.2 ms nap, over the bound on a
+			// loaded machine.
+			time.Sleep(200 * time.Microsecond)
 			recorded <- time.Now()
 			if err := hcomm.ChannelNotifyRecord(nil, chs[1], 0); err != nil {
 				t.Error(err)
