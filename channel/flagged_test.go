@@ -6,6 +6,7 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unsafe"
 )
 
 // TestLinePublishesItsData ping-pongs rounds through two lines between two
@@ -147,4 +148,28 @@ func crossCores(t *testing.T) ([]byte, int) {
 		return raw, 20000
 	}
 	return raw, 200000
+}
+
+// BenchmarkFence is a line stored with PutLine, with and without a Fence
+// after it, on one core: the difference is what one locked instruction
+// costs on the machine (the small collectives' lane executes seven a call:
+// BENCHMARKS.md, stop 40).
+func BenchmarkFence(b *testing.B) {
+	words := make([]uint64, LineSize/8) // 8-byte aligned, as PutLine needs
+	line := unsafe.Slice((*byte)(unsafe.Pointer(&words[0])), LineSize)
+	var src [LineData]byte
+	for _, fence := range []bool{false, true} {
+		name := "PutLine"
+		if fence {
+			name = "PutLine+Fence"
+		}
+		b.Run(name, func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				PutLine(line, src[:], uint32(i)+1)
+				if fence {
+					Fence()
+				}
+			}
+		})
+	}
 }
