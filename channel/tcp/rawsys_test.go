@@ -140,8 +140,13 @@ func TestWriteOutEnds(t *testing.T) {
 
 // The engine's socket calls do not put the caller into a system call as Go's
 // scheduler counts them (rawsys_linux.go says why): during a ping-pong of
-// notifies, with waiters that poll the sockets, no goroutine of the process
-// is ever seen outside Go.
+// notifies, with waiters that poll the sockets, a sampler almost never sees
+// a goroutine of the process outside Go. Almost: the count is the runtime's
+// approximation, and a goroutine outside the engine (a test's leftover
+// closing a descriptor) may be caught in a system call now and then — CI
+// saw one such look in 461 422 once. Through Syscall instead of RawSyscall
+// the engine is seen in 27–88 % of the looks, so the bound of 1 % still
+// tells the two apart by a wide margin.
 func TestSocketCallsStayInGo(t *testing.T) {
 	if runtime.GOMAXPROCS(0) < 2 {
 		t.Skip("the sampler needs a processor of its own")
@@ -153,8 +158,8 @@ func TestSocketCallsStayInGo(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	sample := []metrics.Sample{{Name: "/sched/goroutines/not-in-go:goroutines"}}
-	var seen uint64
-	var looks int
+	var looks, hits int
+	var first []byte // every goroutine's stack at the first hit
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -169,8 +174,12 @@ func TestSocketCallsStayInGo(t *testing.T) {
 			metrics.Read(sample)
 			looks++
 			runtime.Gosched()
-			if v := sample[0].Value.Uint64(); v > seen {
-				seen = v
+			if sample[0].Value.Uint64() > 0 {
+				hits++
+				if first == nil {
+					first = make([]byte, 1<<20)
+					first = first[:runtime.Stack(first, true)]
+				}
 			}
 		}
 	}()
@@ -193,8 +202,11 @@ func TestSocketCallsStayInGo(t *testing.T) {
 	if trips < 20 || looks < 100 {
 		t.Fatalf("too little happened to judge: %d round trips, %d looks", trips, looks)
 	}
-	if seen != 0 {
-		t.Fatalf("%d goroutines seen in system calls during %d round trips (%d looks)", seen, trips, looks)
+	if hits > 0 {
+		t.Logf("%d of %d looks saw a goroutine in a system call; the goroutines at the first:\n%s", hits, looks, first)
+	}
+	if hits*100 > looks {
+		t.Fatalf("a goroutine was seen in a system call in %d of %d looks during %d round trips: the engine's socket calls enter the scheduler's system-call state", hits, looks, trips)
 	}
 }
 
