@@ -23,7 +23,7 @@ echo "# issue12-sitting $(date -u +%FT%TZ) $(git describe --always --dirty) $(gr
 "$peers/sitting.sh" "$proj" small ar-inproc ar-shm ar-tcp coll-inproc coll-shm
 echo "## 64 MiB all-to-all and all-gather, 4 ranks, each launch between two runs of its floor (busbw GB/s, out of place)"
 # The floors move with the VM's state as much as hcomm does (BenchmarkAlltoAllFloor
-# 4.2-6.6 GB/s in ten runs a minute apart, stop 42), so each hcomm launch is
+# 4.0-6.6 GB/s in ten runs one after another, stop 42), so each hcomm launch is
 # set against the mean of the floor runs just before and after it, and the
 # target is read from the median of those ratios.
 floor() { (cd collectives && "$bin/coll.test" -test.run XXX -test.bench "^Benchmark$1Floor\$" -test.benchtime 20x | awk '/busbw/{print $(NF-1)}'); }
