@@ -13,7 +13,7 @@ test:
 	# and the windows' rank counts, the property test's trials, the determinism
 	# tests' 100 runs (it makes 25), and the allocation count (it skips it: the
 	# race detector allocates).
-	$(GO) test -count=1 -timeout 8m -run 'Matrix|Large|Deterministic|MidSize|LentOverTCP|LentReadsOverShm|DirectAllReduce|Bruck|TestHier|TestWindows|SchedulesDeliver|Allocations' ./collectives
+	$(GO) test -count=1 -timeout 8m -run 'Matrix|Large|Deterministic|MidSize|LentOverTCP|LentReadsOverShm|AllGatherPush|DirectAllReduce|Bruck|TestHier|TestWindows|SchedulesDeliver|Allocations' ./collectives
 	# The simulator's bootstrap, whose refits are many simulations.
 	$(GO) test -count=1 -timeout 4m -run 'Bootstrap' ./internal/sim
 

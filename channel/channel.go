@@ -199,6 +199,16 @@ type PeerReader interface {
 	ReadPeer(stop <-chan struct{}, dst []byte, src device.Ptr, file PeerFile) error
 }
 
+// PeerWriter is implemented by a transport that can also write memory the
+// peer lends for one operation (a collective's receive buffer), on a pair
+// that reads (PeerReader.ReadsPeer: the same permission). file is where dst
+// lies in the peer's memory file, as for ReadPeer; the copy goes into a
+// mapping of it, or through the kernel, which checks the range against the
+// peer's mappings.
+type PeerWriter interface {
+	WritePeer(stop <-chan struct{}, dst device.Ptr, src []byte, file PeerFile) error
+}
+
 // PeerFile is device.FileRef as a peer tells it: where a range of its
 // memory lies in its memory file. FD negative: none.
 type PeerFile struct {

@@ -176,12 +176,18 @@ func allGather(c *hcomm.Comm, name string, h header, send device.Ptr, sendCount 
 				// Over tcp or in one process (lent.go): every rank's
 				// input written straight to its place in every peer's
 				// output; between processes of a host whose kernel lets
-				// them, read straight from every peer's input.
+				// them, read straight from every peer's input, or from
+				// shmPushMin on written into every peer's output.
 				pull := sc.st.allInproc && sendCount*es < inprocPullMax
-				ln := sc.openLent(h, algo, recv, recvBytes, send, func(p int) int64 { return counts[p] * es }, func(int) int64 { return sendCount * es }, pull)
-				if sc.st.allInproc && !pull && sc.ok() {
-					// Every pair's write a copy: each piece of the input
-					// to every place before the next piece.
+				push := sc.st.cma && recvBytes >= shmPushMin
+				way := wayOf(pull)
+				if push {
+					way = lendPush
+				}
+				ln := sc.openLent(h, algo, recv, recvBytes, send, func(p int) int64 { return counts[p] * es }, func(int) int64 { return sendCount * es }, way)
+				if (sc.st.allInproc && !pull || push && !pushPairwise && ln.writesAll(sc.others(), sendCount*es)) && sc.ok() {
+					// Every pair's write a copy, or a push: each piece
+					// of the input to every place before the next piece.
 					sc.writeLentAll(ln, sc.others(), displs[me]*es, es, send, sendCount*es, out(me))
 					break
 				}

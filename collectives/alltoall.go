@@ -136,7 +136,7 @@ func alltoall(c *hcomm.Comm, name string, h header, send device.Ptr, sc_, sd []i
 			// rank alike: the AlltoAll's blocks are the same everywhere, a
 			// V form's are not, and it writes).
 			pull := sched.st.allInproc && h.kind == kAlltoAll && sc_[0]*es < inprocPullMax
-			ln = sched.lend(recv, extent(rc, rd)*es, rd, send, sd, pull)
+			ln = sched.lend(recv, extent(rc, rd)*es, rd, send, sd, wayOf(pull))
 		}
 		words := ln.words()
 		table := sched.countTable(sc_, words...)

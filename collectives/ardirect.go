@@ -66,7 +66,7 @@ func allReduceDirect(sc *sched, h header, send, recv device.Ptr, count int64, dt
 	if sc.need(others); !sc.ok() {
 		return
 	}
-	ln := sc.lend(recv, 0, nil, send, nil, true)
+	ln := sc.lend(recv, 0, nil, send, nil, lendRead)
 	for _, p := range others {
 		if !ln.reads[p] || directRefused != nil && directRefused(me, p) {
 			// A pair that cannot read (the kernel refuses it): the

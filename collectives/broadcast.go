@@ -58,7 +58,7 @@ func Broadcast(buf device.Ptr, count int64, dt hcomm.DataType, root int, c *hcom
 				if me == root {
 					readers = func(int) int64 { return n }
 				}
-				ln := sc.openLent(h, algo, buf, 0, buf, nil, readers, true)
+				ln := sc.openLent(h, algo, buf, 0, buf, nil, readers, lendRead)
 				if me != root && ln.readFits(root, n) {
 					sc.readLent(ln, root, 1, buf, n)
 				}

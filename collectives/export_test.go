@@ -97,3 +97,22 @@ func RefuseDirectReads(refuse func(me, p int) bool) func() {
 
 // HelloFullMax is the most ranks whose hellos go to every peer.
 const HelloFullMax = helloFullMax
+
+// LentPushes counts the pieces pushed into peers' outputs (lendPush).
+func LentPushes() int64 { return lentPushes.Load() }
+
+// SetShmPushMin sets the least all-gather output that is pushed between
+// processes of a host, and returns a func that sets it back.
+func SetShmPushMin(v int64) func() {
+	old := shmPushMin
+	shmPushMin = v
+	return func() { shmPushMin = old }
+}
+
+// PushPairByPair makes the pushing all-gather go pair by pair, as where
+// some pair can neither push nor take lent writes, and returns a func that
+// sets it back.
+func PushPairByPair() func() {
+	pushPairwise = true
+	return func() { pushPairwise = false }
+}

@@ -43,10 +43,10 @@ import (
 // registered until the communicator is destroyed (a failed schedule leaves
 // the communicator unusable anyway).
 
-// lentWrites counts the lent writes run, lentReads the lent reads, and
-// openLoans the registrations not yet taken back: a test's witnesses that
+// lentWrites counts the lent writes run, lentReads the lent reads,
+// lentPushes the pieces pushed (lendPush), and openLoans the registrations not yet taken back: a test's witnesses that
 // the lent paths were taken and left nothing registered.
-var lentWrites, lentReads, openLoans atomic.Int64
+var lentWrites, lentReads, lentPushes, openLoans atomic.Int64
 
 // loan is one call's lending of this rank's receive buffer (to the pairs
 // that write lent) and send buffer (to the pairs that read lent), and what
@@ -58,14 +58,15 @@ type loan struct {
 	sdisp     []int64            // this rank's send displacements (elements), carried after disp; nil: none
 	lends     []bool             // by rank: the pair's channel takes lent writes
 	reads     []bool             // by rank: the pair's channel reads lent memory (shm through the kernel)
+	pushes    []bool             // by rank: the pair writes into lent memory through the peer's memory file (shm: lendPush)
 	copies    []bool             // by rank: a lent write is a memory copy (inproc), not a socket's
 	any       bool               // some pair lends or reads
 	at        []device.Ptr       // by rank: the peer's receive buffer, from its hello
 	from      []device.Ptr       // by rank: the peer's send buffer, from its hello
 	their     []int64            // by rank: the peer's displacement for this rank's data, from its hello (with disp)
 	theirSend []int64            // by rank: the peer's send displacement for this rank (with sdisp)
-	file      device.FileRef     // where send lies in its memory file (FD -1: nowhere), for the pairs that read
-	files     []channel.PeerFile // by rank: where the peer's send buffer lies in its memory file, from its hello
+	file      device.FileRef     // where send lies in its memory file (FD -1: nowhere), for the pairs that read; recv, for those that push
+	files     []channel.PeerFile // by rank: where the peer's send buffer (recv, pushing) lies in its memory file, from its hello
 	k         []uint64           // by rank: the gather slot whose nDone this rank's write or read records
 	least     int64              // the least data a pair that reads lent memory reads so (readLeast)
 	piecesTo  []int64            // lent pipes, by rank: the pieces of the call this rank sends it (setPieces)
@@ -74,44 +75,80 @@ type loan struct {
 	recvFrom  []int64            // lent pipes, by rank: pieces of the call received from it so far
 }
 
+// lendWay is which way a call's pairs move the data of a loan.
+type lendWay uint8
+
+const (
+	// lendWrite: a pair whose channel takes lent writes (tcp, inproc)
+	// writes into the receiver's loan; one that reads lent memory (shm)
+	// reads the sender's.
+	lendWrite lendWay = iota
+	// lendRead: a pair that reads lent memory reads, in process too.
+	lendRead
+	// lendPush: a pair that reads lent memory between processes (shm)
+	// writes into the receiver's loan instead, through its memory file
+	// (hcomm.WritePeerLentNbi: the all-gather's large inputs, shmPushMin);
+	// in process, lent writes as with lendWrite.
+	lendPush
+)
+
+// wayOf is lendRead when reads is set, else lendWrite.
+func wayOf(reads bool) lendWay {
+	if reads {
+		return lendRead
+	}
+	return lendWrite
+}
+
 // lend sets up the loan of recv (n bytes) and send for the call: the pairs
-// that lend and that read (their channels are set up: need), and recv's
+// that lend, read and push (their channels are set up: need), and recv's
 // registration when any pair lends. disp and sdisp, when not nil, are this
 // rank's receive and send displacements, which its hello carries so that
 // each peer finds its place (AlltoAllV). Every rank of a call that may lend
 // calls it and openLoan.
 //
 // A pair whose channel both takes lent writes and reads lent memory (inproc)
-// writes, unless reads is set: then it reads (the broadcast; the all-gather
-// and all-to-all below inprocPullMax), and nothing is registered.
-func (s *sched) lend(recv device.Ptr, n int64, disp []int64, send device.Ptr, sdisp []int64, reads bool) *loan {
+// writes, unless way is lendRead: then it reads (the broadcast; the
+// all-gather and all-to-all below inprocPullMax), and nothing is
+// registered. With lendPush, a pair whose channel writes lent memory (shm)
+// pushes, and nothing is registered for it: the hello carries where recv
+// lies in its memory file instead of where send does.
+func (s *sched) lend(recv device.Ptr, n int64, disp []int64, send device.Ptr, sdisp []int64, way lendWay) *loan {
 	size := s.st.comm.Size()
 	ln := &loan{recv: recv, send: send, disp: disp, sdisp: sdisp, lends: make([]bool, size), reads: make([]bool, size),
-		copies: make([]bool, size), at: make([]device.Ptr, size), from: make([]device.Ptr, size), k: make([]uint64, size),
-		files: make([]channel.PeerFile, size), least: readLeast(size, s.st.allInproc)}
+		pushes: make([]bool, size), copies: make([]bool, size), at: make([]device.Ptr, size), from: make([]device.Ptr, size),
+		k: make([]uint64, size), files: make([]channel.PeerFile, size), least: readLeast(size, s.st.allInproc)}
 	if disp != nil {
 		ln.their = make([]int64, size)
 	}
 	if sdisp != nil {
 		ln.theirSend = make([]int64, size)
 	}
-	lends, reading := false, false
+	lends, reading, pushing := false, false, false
 	for _, p := range s.others() {
 		ch := s.st.chans[p]
 		ln.copies[p] = ch != nil && ch.Transport() == hcomm.TransportInproc
 		switch {
 		case ch == nil:
-		case reads && ch.ReadsLent():
+		case way == lendRead && ch.ReadsLent():
 			ln.reads[p], ln.any, reading = true, true, true
+		case way == lendPush && ch.WritesPeerLent():
+			ln.pushes[p], ln.any, pushing = true, true, true
 		case ch.TakesLent():
 			ln.lends[p], ln.any, lends = true, true, true
-		case ch.ReadsLent():
+		case way != lendPush && ch.ReadsLent():
 			ln.reads[p], ln.any, reading = true, true, true
 		}
 	}
 	ln.file.FD = -1
-	if reading && send != 0 { // only readers use it (tcp and in-process writes do not)
-		if f, err := s.st.comm.Device().FileOf(send, 1); err == nil {
+	// Only the pairs that read or push use it (tcp and in-process writes
+	// do not): where the buffer they reach lies in its memory file.
+	at := send
+	if pushing {
+		at = recv
+	}
+	if (reading || pushing) && at != 0 {
+		if f, err := s.st.comm.Device().FileOf(at, 1); err == nil {
 			ln.file = f
 		}
 	}
@@ -139,8 +176,9 @@ func (s *sched) lend(recv device.Ptr, n int64, disp []int64, send device.Ptr, sd
 const loanWords = 5
 
 // words returns what this rank's hello carries for the loan when some pair
-// lends or reads: the receive and send buffers' addresses, where send lies
-// in its memory file, then the receive and the send displacements.
+// lends, reads or pushes: the receive and send buffers' addresses, where
+// send (recv, pushing) lies in its memory file, then the receive and the
+// send displacements.
 func (ln *loan) words() []uint64 {
 	if ln == nil || !ln.any {
 		return nil
@@ -165,7 +203,7 @@ func (ln *loan) words() []uint64 {
 // and the kernel checks the range against the peer's mappings (shm).
 func (ln *loan) learn(me int) func(p int, rest []byte) error {
 	return func(p int, rest []byte) error {
-		if !ln.takes(p) && !(ln != nil && ln.reads[p]) {
+		if !ln.takes(p) && !(ln != nil && (ln.reads[p] || ln.pushes[p])) {
 			return nil
 		}
 		need := 8*loanWords + 8*len(ln.their) + 8*len(ln.theirSend)
@@ -220,10 +258,29 @@ func (ln *loan) takes(p int) bool { return ln != nil && ln.lends[p] }
 
 // fits reports whether n bytes between this rank and p are written lent:
 // the pair lends, and n is at most lentMax, or the lent write is a memory
-// copy (inproc: any size, see lentCopy).
+// copy (inproc: any size, see lentCopy); or the pair pushes (any size).
 func (ln *loan) fits(p int, n int64) bool {
-	return ln.takes(p) && (n <= lentMax || ln.copies[p])
+	return ln.takes(p) && (n <= lentMax || ln.copies[p]) || ln != nil && ln.pushes[p]
 }
+
+// writesAll reports whether every peer in peers takes the n bytes this rank
+// sends it by a lent write or a push (fits): then one task writes them all
+// (writeLentAll). Where some pair does neither (a pair of processes whose
+// kernel refuses it), the pairs go one by one (pairwise), that one through
+// the pipes; both ends of a pair decide alike.
+func (ln *loan) writesAll(peers []int, n int64) bool {
+	for _, p := range peers {
+		if !ln.fits(p, n) {
+			return false
+		}
+	}
+	return true
+}
+
+// pushPairwise, when a test sets it, makes the pushing all-gather go pair
+// by pair (pairwise), as it does where some pair neither pushes nor takes
+// lent writes.
+var pushPairwise bool
 
 // readFits reports whether the n bytes one end of the pair with p sends
 // the other are read lent, from the sender's send buffer by the receiver:
@@ -286,8 +343,11 @@ func (s *sched) writeLent(ln *loan, peer int, off, es int64, src device.Ptr, n i
 // task, and, when own is not src, this rank's own copy of it into own
 // (streamed: an output): piece by piece, each piece written to every place
 // before the next, so that the input is read from memory once and the
-// other reads of a piece find it in the cache (the in-process all-gather;
-// peer after peer, the whole input would come from memory once a peer).
+// other reads of a piece find it in the cache (the all-gather in process
+// and, pushing, between processes of a host; peer after peer, the whole
+// input would come from memory once a peer). A pair that pushes writes
+// through the peer's memory file (hcomm.WritePeerLentNbi), the others lent
+// (hcomm.WriteLentNbi).
 func (s *sched) writeLentAll(ln *loan, peers []int, off, es int64, src device.Ptr, n int64, own device.Ptr) {
 	if n == 0 {
 		for _, p := range peers {
@@ -314,12 +374,16 @@ func (s *sched) writeLentAll(ln *loan, peers []int, off, es int64, src device.Pt
 	launch("collective lent write", func(stop <-chan struct{}) error {
 		lentWrites.Add(1)
 		dsts := make([]device.Ptr, len(peers))
+		files := make([]channel.PeerFile, len(peers)) // pushing: where dsts[i] lies in p's memory file
 		for i, p := range peers {
 			if dsts[i] = ln.at[p]; dsts[i] == 0 {
 				return fmt.Errorf("collectives: rank %d has no receive buffer address of rank %d", me, p)
 			}
 			if ln.their != nil {
 				dsts[i] = dsts[i].Add(ln.their[p] * es)
+			}
+			if files[i] = ln.files[p]; files[i].FD >= 0 {
+				files[i].Off += int64(dsts[i] - ln.at[p])
 			}
 		}
 		var from, mine []byte
@@ -338,11 +402,23 @@ func (s *sched) writeLentAll(ln *loan, peers []int, off, es int64, src device.Pt
 				memcopy.Stream(mine[lo:lo+m], from[lo:lo+m])
 			}
 			for i, p := range peers {
+				idx := -1 // the last piece records
+				if lo+m == n {
+					idx = nDone + int(ln.k[p])
+				}
 				var err error
-				if lo+m < n {
+				switch {
+				case ln.pushes[p]:
+					f := files[i]
+					if f.FD >= 0 {
+						f.Off += off + lo
+					}
+					lentPushes.Add(1)
+					err = hcomm.WritePeerLentNbi(stop, chs[i], dsts[i].Add(off+lo), src.Add(lo), m, f, idx)
+				case idx < 0:
 					err = hcomm.WriteLentNbi(stop, chs[i], dsts[i].Add(off+lo), src.Add(lo), m)
-				} else {
-					err = hcomm.WriteLentWithNotifyNbi(stop, chs[i], dsts[i].Add(off+lo), src.Add(lo), m, nDone+int(ln.k[p]))
+				default:
+					err = hcomm.WriteLentWithNotifyNbi(stop, chs[i], dsts[i].Add(off+lo), src.Add(lo), m, idx)
 				}
 				if err != nil {
 					return err
@@ -397,6 +473,21 @@ func gatherReadMin(n int) int64 {
 	}
 	return readMin
 }
+
+// shmPushMin is the least all-gather output (the whole of it, which every
+// rank knows alike) that the direct all-gather between processes of a host
+// pushes (lendPush): every rank writes its input into every peer's output,
+// a piece to every peer before the next piece, through the peers' memory
+// files, rather than every rank reading every peer's input. Pushed, an
+// input comes from memory once for its n copies; read, once a reader. Where
+// the outputs no longer fit in the cache that pays (AMD EPYC 2-core VM,
+// stop 43, busbw out of place, launches interleaved, 4 processes): 4 MiB
+// 8.7–9.7 GB/s read against 5.7–8.2 pushed, 8 MiB 8.7–10.4 against
+// 8.0–9.3, 16 MiB alike (6.4–9.0 against 5.3–9.4), 32 MiB 4.7–5.2 against
+// 6.1–9.1, 64 MiB 5.2–6.3 against 5.0–9.4 (median 5.8 against 7.8, eleven
+// launches each); 2 processes, 16 MiB alike, 32 MiB 7.2–7.8 against
+// 9.6–11.0, 64 MiB 5.9–6.4 against 7.5–10.0. A var: tests lower it.
+var shmPushMin int64 = 32 << 20
 
 // inprocPullMax: between ranks of one process, blocks and inputs below it
 // are read by their receivers (the reader copies plainly, its output left
@@ -508,8 +599,8 @@ func (st *state) lendsDirect(bytes int64, n int) bool {
 // full handshake) with a hello that carries this rank's receive and send
 // buffer addresses, lending recv (n bytes) to the pairs that lend and send
 // to the pairs that read; in and out are openLoan's.
-func (s *sched) openLent(h header, algo Algorithm, recv device.Ptr, n int64, send device.Ptr, in, out func(p int) int64, reads bool) *loan {
-	ln, ok := s.lendHello(h, algo, recv, n, send, reads)
+func (s *sched) openLent(h header, algo Algorithm, recv device.Ptr, n int64, send device.Ptr, in, out func(p int) int64, way lendWay) *loan {
+	ln, ok := s.lendHello(h, algo, recv, n, send, way)
 	if ok {
 		s.openLoan(ln, in, out)
 	}
@@ -518,15 +609,15 @@ func (s *sched) openLent(h header, algo Algorithm, recv device.Ptr, n int64, sen
 
 // lendHello is openLent without the turn in the gather slots: the loan,
 // and the hello that carries it.
-func (s *sched) lendHello(h header, algo Algorithm, recv device.Ptr, n int64, send device.Ptr, reads bool) (*loan, bool) {
+func (s *sched) lendHello(h header, algo Algorithm, recv device.Ptr, n int64, send device.Ptr, way lendWay) (*loan, bool) {
 	h.algo = algo
 	h.flags |= flagLent // a rank that stages instead (another HCOMM_SHM_CMA_DISABLE) fails the check
 	s.need(s.others())
 	if !s.ok() {
 		size := s.st.comm.Size()
-		return &loan{lends: make([]bool, size), reads: make([]bool, size)}, false
+		return &loan{lends: make([]bool, size), reads: make([]bool, size), pushes: make([]bool, size)}, false
 	}
-	ln := s.lend(recv, n, nil, send, nil, reads)
+	ln := s.lend(recv, n, nil, send, nil, way)
 	words := ln.words()
 	s.hello(h, s.others(), s.countTable(nil, words...), int64(8*len(words)), ln.learn(s.st.comm.Rank()))
 	return ln, true
@@ -606,7 +697,7 @@ func (ln *loan) setPairPieces(peer int, out, in, per int64) {
 // helloFullMax ranks). Nothing of the gather slots is counted: completion
 // is the pipes'.
 func (s *sched) openLentPipes(h header, algo Algorithm, recv device.Ptr, n int64) *loan {
-	ln, _ := s.lendHello(h, algo, recv, n, 0, false)
+	ln, _ := s.lendHello(h, algo, recv, n, 0, lendWrite)
 	return ln
 }
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -605,4 +606,137 @@ func TestAllReduceHDLentPeerGone(t *testing.T) {
 		t.Errorf("rank 0's error does not name rank 1: %v", errs[0])
 	}
 	t.Logf("rank 0: %v (%v)", errs[0], took.Round(time.Millisecond))
+}
+
+// TestAllGatherPushOverShm: between processes of a host (shm pairs that
+// read lent memory), the direct all-gather whose output is at least
+// shmPushMin (lowered here) pushes: every rank writes its input into every
+// peer's output through the peer's memory file, a piece to every peer
+// before the next. Exact against the reference with 2 to 4 ranks, in place
+// and out, outputs just below, at and above the threshold and of many
+// pieces, odd counts, in a 1-, 4- and 8-byte type, beside calls of the
+// ring, the selector's choice and the AllGatherV back to back on the same
+// communicators; also pair by pair (the form where some pair cannot push).
+// The pushes are counted: none below the threshold, none with
+// HCOMM_SHM_CMA_DISABLE's Config field, some at and above it otherwise.
+func TestAllGatherPushOverShm(t *testing.T) {
+	const pushMin = 96 << 10
+	defer collectives.SetShmPushMin(pushMin)()
+	cases := []struct {
+		n     int
+		off   bool
+		pairs bool
+	}{{2, false, false}, {3, false, false}, {4, false, false}, {4, false, true}, {3, true, false}}
+	dts := []hcomm.DataType{hcomm.Int8, hcomm.Float32, hcomm.Float64}
+	if raceEnabled {
+		cases = []struct {
+			n     int
+			off   bool
+			pairs bool
+		}{{3, false, false}, {3, false, true}}
+		dts = []hcomm.DataType{hcomm.Float32}
+	}
+	for _, tc := range cases {
+		t.Run(fmt.Sprintf("ranks=%d/cmaoff=%v/pairbypair=%v", tc.n, tc.off, tc.pairs), func(t *testing.T) {
+			if tc.pairs {
+				defer collectives.PushPairByPair()()
+			}
+			comms := hcommtest.Options{Config: &hcomm.Config{BufferSize: 256 << 10, ShmCMADisable: tc.off}}.New(t, tc.n, hcommtest.Shm)
+			n := int64(tc.n)
+			for _, dt := range dts {
+				es := int64(dt.Size())
+				at := (pushMin + n*es - 1) / (n * es) // the least count whose output is pushed
+				for _, count := range []int64{at - 1, at, at + 3, (1<<20+4093)/es + 1} {
+					m := matrixCase{dt: dt, op: hcomm.Sum, count: count, inline: 1 << 40}
+					p0 := collectives.LentPushes()
+					testAllGather(t, comms, m, collectives.AlgoDirect, false)
+					testAllGather(t, comms, m, collectives.AlgoDirect, true)
+					testAllGather(t, comms, m, collectives.AlgoRing, false)
+					testAllGather(t, comms, m, collectives.AlgoAuto, false)
+					pushed := collectives.LentPushes() > p0
+					if want := !tc.off && n*count*es >= pushMin; pushed != want {
+						t.Fatalf("%v (output %d bytes, threshold %d): pushed %v, want %v", m, n*count*es, pushMin, pushed, want)
+					}
+					testVCollectives(t, comms, m) // AllGatherV among them: uneven inputs, one output size for all
+				}
+			}
+		})
+	}
+}
+
+// TestAllGatherPushPeerGone: a pushing all-gather whose peer goes away —
+// before its hello, or aborting once the pushes have begun — fails on the
+// rank left within seconds, not at its 10-minute HCCL_EXEC_TIMEOUT, with an
+// error naming the peer.
+func TestAllGatherPushPeerGone(t *testing.T) {
+	defer collectives.SetShmPushMin(1 << 20)()
+	for _, mid := range []bool{false, true} {
+		t.Run(fmt.Sprintf("mid=%v", mid), func(t *testing.T) {
+			comms := hcommtest.Options{Config: &hcomm.Config{BufferSize: 1 << 20, ExecTimeout: 10 * time.Minute}}.New(t, 2, hcommtest.Shm)
+			const count = 8 << 20 // 32 MiB of float32 a rank: 128 pieces
+			p0 := collectives.LentPushes()
+			errs := make([]error, 2)
+			var took time.Duration
+			hcommtest.Each(t, comms, func(t testing.TB, c *hcomm.Comm) {
+				s, err := c.Device().CreateStream()
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer s.Destroy()
+				send, err := c.Device().Malloc(4 * count)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer c.Device().Free(send)
+				recv, err := c.Device().Malloc(2 * 4 * count)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer c.Device().Free(recv)
+				call := func() error {
+					return collectives.AllGather(send, recv, count, hcomm.Float32, c, s, &collectives.Options{Algorithm: collectives.AlgoDirect})
+				}
+				// The channels, set up by a small call.
+				if err := collectives.AllGather(send, recv, 1, hcomm.Float32, c, s, nil); err != nil {
+					t.Fatal(err)
+				}
+				if err := s.SynchronizeWithTimeout(time.Minute); err != nil {
+					t.Fatal(err)
+				}
+				if c.Rank() == 1 {
+					if !mid {
+						time.Sleep(100 * time.Millisecond)
+						c.Destroy()
+						return
+					}
+					if err := call(); err != nil {
+						t.Fatal(err)
+					}
+					for deadline := time.Now().Add(time.Minute); collectives.LentPushes() == p0 && time.Now().Before(deadline); {
+						runtime.Gosched()
+					}
+					c.Abort()
+					errs[1] = s.SynchronizeWithTimeout(time.Minute)
+					c.Destroy()
+					return
+				}
+				start := time.Now()
+				err = call()
+				if err == nil {
+					err = s.SynchronizeWithTimeout(time.Minute)
+				}
+				errs[0], took = err, time.Since(start)
+			})
+			if mid && errs[1] == nil {
+				t.Fatal("rank 1's all-gather ended before its abort: nothing was left in the middle")
+			}
+			if errs[0] == nil || !strings.Contains(errs[0].Error(), "rank 1") {
+				t.Fatalf("rank 0's all-gather with rank 1 gone: %v; want an error naming rank 1", errs[0])
+			}
+			if took > 20*time.Second {
+				t.Fatalf("rank 0 failed %v after its call: the peer's loss did not end its wait", took)
+			}
+			t.Logf("rank 0: %v (%v)", errs[0], took.Round(time.Millisecond))
+		})
+	}
 }

@@ -111,6 +111,16 @@ func (ch *Channel) ReadsLent() bool {
 	return ok && pr.ReadsPeer()
 }
 
+// WritesPeerLent reports whether ch writes memory the peer lent for one
+// operation through the peer's memory file or the kernel
+// (channel.PeerWriter on a pair that reads lent memory: shm where the
+// kernel lets the two processes), so that WritePeerLentNbi works on it. The
+// same on both ends. Safe for concurrent use.
+func (ch *Channel) WritesPeerLent() bool {
+	_, ok := ch.tr.(channel.PeerWriter)
+	return ok && ch.ReadsLent()
+}
+
 // NotifyNum returns the number of local notifies.
 func (ch *Channel) NotifyNum() int { return len(ch.notifies) }
 

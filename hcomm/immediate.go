@@ -373,6 +373,60 @@ func ReadLentNbi(stop <-chan struct{}, ch *Channel, dst, src device.Ptr, n int64
 	return nil
 }
 
+// WritePeerLentNbi writes n bytes at src (local) into memory the peer lent
+// for one operation at dst (its address in the peer, from the peer: a
+// collective's hello carries its receive buffer's), and then, when
+// remoteIdx is not negative, records the peer's notify remoteIdx: ReadLentNbi's
+// mirror, for a channel that writes lent memory (Channel.WritesPeerLent:
+// shm where the kernel allows it); others refuse it with ErrNotSupport.
+// file, when its FD is not negative, is where dst lies in the peer's memory
+// file (device.FileOf on the peer): the channel maps it writable and streams
+// the bytes in; otherwise the kernel copies them (process_vm_writev),
+// checking the range against the peer's mappings. Nothing can check that
+// the peer lent what it named: a peer that names another range of its own
+// memory has it written. The collectives' all-gather between processes of
+// a host uses it to write each input straight into every peer's output, a
+// piece to every peer before the next piece, so that the input is read from
+// memory once. An hcomm extension.
+func WritePeerLentNbi(stop <-chan struct{}, ch *Channel, dst, src device.Ptr, n int64, file channel.PeerFile, remoteIdx int) error {
+	const op = "WritePeerLentNbi"
+	c, err := chanComm(op, ch)
+	if err != nil {
+		return err
+	}
+	pw, ok := ch.tr.(channel.PeerWriter)
+	if !ok || !ch.ReadsLent() {
+		return c.errorf(op, ch.RemoteRank(), ErrNotSupport, nil, "the %s channel to rank %d cannot write memory the peer lends (shm can where the kernel lets it): write into memory it registered", ch.Transport(), ch.RemoteRank())
+	}
+	if n < 0 {
+		return c.errorf(op, ch.RemoteRank(), ErrPara, nil, "length %d is negative", n)
+	}
+	if remoteIdx >= 0 {
+		if err := c.remoteIdxCheck(op, ch, remoteIdx); err != nil {
+			return err
+		}
+	}
+	if n > 0 {
+		if dst == 0 || uint64(dst) > math.MaxUint64-uint64(n) {
+			return c.errorf(op, ch.RemoteRank(), ErrPara, nil, "remote dst [%#x, +%d) is not a range", uintptr(dst), n)
+		}
+		b, err := c.dev.Bytes(src, n)
+		if err != nil {
+			return c.errorf(op, ch.RemoteRank(), ErrPara, err, "local src")
+		}
+		if err := c.moved(ch, metrics.Write, n, pw.WritePeer(stop, dst, b, file)); err != nil {
+			return c.taskFailed(op, ch.RemoteRank(), err)
+		}
+	}
+	if remoteIdx < 0 {
+		return nil
+	}
+	if err := ch.tr.NotifyRecord(stop, remoteIdx); err != nil {
+		return c.taskFailed(op, ch.RemoteRank(), err)
+	}
+	return nil
+}
+
 // ChannelFence returns once the operations made on ch before it are
 // complete at the peer (HcommChannelFence), in the calling goroutine.
 func ChannelFence(stop <-chan struct{}, ch *Channel) error {

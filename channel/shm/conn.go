@@ -357,6 +357,7 @@ func (t *Transport) Write(_ <-chan struct{}, dst device.Ptr, src []byte) error {
 }
 
 var _ channel.FlagWriter = (*Transport)(nil)
+var _ channel.PeerWriter = (*Transport)(nil)
 
 // WriteFlagged stores src into the peer's memory at dst as flagged words
 // (channel.FlagWriter): atomic 8-byte stores into the shared mapping, which
@@ -480,7 +481,7 @@ func (t *Transport) ReadPeer(stop <-chan struct{}, dst []byte, src device.Ptr, f
 	var from []byte
 	if t.viaFiles && (len(dst) >= peerFileMin || !t.cma) && len(dst) > 0 {
 		var e *peerFile
-		if from, e = t.fileBytes(file, len(dst)); e != nil {
+		if from, e = t.fileBytes(file, len(dst), false); e != nil {
 			defer t.releaseFile(e)
 		}
 	}
@@ -517,6 +518,85 @@ func (t *Transport) ReadPeer(stop <-chan struct{}, dst []byte, src device.Ptr, f
 		done += n
 	}
 	return nil
+}
+
+// WritePeer copies src into the peer's address space at dst: memory the peer
+// lent for one operation (a collective's receive buffer), which it need not
+// have shared at connect — ReadPeer's mirror, on a pair that reads
+// (ReadsPeer). From peerFileMin bytes on, when file names where dst lies in
+// the peer's memory file and that file checks out, into a writable mapping
+// of the file with a streaming copy (what is written is the peer's output,
+// read by nobody here); otherwise through the kernel (process_vm_writev),
+// which checks the range against the peer's mappings: a range that is not
+// mapped there is ErrOutOfRange naming it (the bytes before the hole may
+// have been written). Nothing here can tell the range the peer lent from
+// any other range of its memory file: a peer that names another has that
+// range of its own memory written, which it could have written itself. A
+// stop is seen between pieces of peerReadPiece.
+func (t *Transport) WritePeer(stop <-chan struct{}, dst device.Ptr, src []byte, file channel.PeerFile) error {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	if err := t.usable("WritePeer"); err != nil {
+		return err
+	}
+	if !t.cma && !t.viaFiles {
+		return fmt.Errorf("shm WritePeer on %s (rank %d -> rank %d): %w", t.name, t.rank, t.peer, ErrNoPeerReads)
+	}
+	if uint64(dst) > ^uint64(0)-uint64(len(src)) {
+		return fmt.Errorf("shm WritePeer on %s (rank %d -> rank %d): range [%#x, +%d) of rank %d wraps around: %w", t.name, t.rank, t.peer, uintptr(dst), len(src), t.peer, ErrOutOfRange)
+	}
+	var to []byte
+	if t.viaFiles && (len(src) >= peerFileMin || !t.cma) && len(src) > 0 {
+		var e *peerFile
+		if to, e = t.fileBytes(file, len(src), true); e != nil {
+			defer t.releaseFile(e)
+		}
+	}
+	if to == nil && !t.cma && len(src) > 0 {
+		return fmt.Errorf("shm WritePeer on %s (rank %d -> rank %d): [%#x, +%d) of rank %d: its memory file (%+v) could not be mapped here for writing, and the kernel does not let these processes use process_vm_writev: %w",
+			t.name, t.rank, t.peer, uintptr(dst), len(src), t.peer, file, ErrNoPeerReads)
+	}
+	for done := 0; done < len(src); {
+		if done > 0 {
+			select {
+			case <-stop:
+				return &device.Error{Op: "shm.WritePeer", Device: -1, Stream: -1, Code: device.ErrStreamAbort,
+					Msg: fmt.Sprintf("stopped after %d of %d bytes written to rank %d", done, len(src), t.peer)}
+			default:
+			}
+		}
+		m := min(peerReadPiece, len(src)-done)
+		if to != nil {
+			memcopy.Stream(to[done:done+m], src[done:done+m])
+			done += m
+			continue
+		}
+		n, err := writePeer(t.peerPID, src[done:done+m], uintptr(dst)+uintptr(done))
+		if err != nil || n == 0 {
+			if err == nil || err == unix.EFAULT {
+				err = ErrOutOfRange
+			}
+			if err == unix.ESRCH {
+				err = channel.ErrPeerLost
+			}
+			return fmt.Errorf("shm WritePeer on %s (rank %d -> rank %d): writing [%#x, +%d) of rank %d (pid %d): %w",
+				t.name, t.rank, t.peer, uintptr(dst)+uintptr(done), m, t.peer, t.peerPID, err)
+		}
+		done += n
+	}
+	return nil
+}
+
+// writePeer is one process_vm_writev of src to dst in pid's address space;
+// it returns what was copied (less than asked when the range runs into an
+// unmapped page).
+func writePeer(pid int, src []byte, dst uintptr) (int, error) {
+	for {
+		n, err := unix.ProcessVMWritev(pid, []unix.Iovec{{Base: &src[0], Len: uint64(len(src))}}, []unix.RemoteIovec{{Base: dst, Len: len(src)}}, 0)
+		if err != unix.EINTR {
+			return n, err
+		}
+	}
 }
 
 // readPeer is one process_vm_readv of len(dst) bytes at src in pid's

@@ -83,6 +83,14 @@
 // profile, other users), the pair reads nothing this way and the
 // collectives stage through the HCCL buffers as before.
 //
+// A pair that reads may also write memory the peer lends (Transport.WritePeer,
+// channel.PeerWriter: the same permission) — a collective's receive buffer,
+// which the peer's hello names the same way — through a writable mapping of
+// the peer's memory file with a streaming copy, else by process_vm_writev.
+// The kernel checks an address against the peer's mappings; nothing can
+// check that the peer lent the range its hello names, so a peer that names
+// another has its own memory written, which it could have written itself.
+//
 // # When a process dies
 //
 // The kernel closes a dead process's socket; the watcher goroutine of each

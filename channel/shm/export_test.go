@@ -25,3 +25,7 @@ func SetProbeCMA(on bool) bool {
 // CMA reports whether the pair reads through process_vm_readv (not only
 // through the peer's memory files).
 func CMA(t *Transport) bool { return t.cma }
+
+// PeerReadPiece is the most one copy of ReadPeer or WritePeer moves
+// between two looks at its stop.
+const PeerReadPiece = peerReadPiece

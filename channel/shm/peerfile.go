@@ -30,6 +30,12 @@ import (
 // after call), keyed by the inode: a descriptor number is reused once the
 // peer frees its allocation, the inode of a file this end still maps is not.
 //
+// Writing lent memory (WritePeer: the peer lends its receive buffer and this
+// end streams its data into it) goes the same way, through a mapping that is
+// writable: the descriptor opened for reading and writing. A file first
+// mapped for reading is mapped again, writable, the first time it is written,
+// and the read-only mapping dropped once its reads are done.
+//
 // The cache is bounded (peerFilesMax files, peerFilesBytes bytes): a file
 // mapped here keeps the peer's freed memory alive until it is evicted (least
 // recently used first) or the channel closes. A mapping in use by a read is
@@ -52,6 +58,7 @@ const (
 type peerFiles struct {
 	mu    sync.Mutex
 	off   bool        // the peer's descriptors cannot be opened: never again
+	noRW  bool        // they open only for reading: no writable mapping, ever
 	files []*peerFile // least recently used first
 	bytes int64
 }
@@ -60,18 +67,20 @@ type peerFiles struct {
 type peerFile struct {
 	ino  uint64
 	m    []byte
-	refs int  // reads copying from m
+	rw   bool // mapped writable
+	refs int  // reads and writes copying from or into m
 	dead bool // evicted: unmap when refs is 0
 }
 
-// fileBytes returns the n bytes at f.Off of the peer's file f, mapped here,
-// and the entry to release when the copy is done; nil when the file cannot
-// be used (the caller falls back to the kernel's copy).
-func (t *Transport) fileBytes(f channel.PeerFile, n int) ([]byte, *peerFile) {
+// fileBytes returns the n bytes at f.Off of the peer's file f, mapped here
+// (writable when write is set), and the entry to release when the copy is
+// done; nil when the file cannot be used (the caller falls back to the
+// kernel's copy).
+func (t *Transport) fileBytes(f channel.PeerFile, n int, write bool) ([]byte, *peerFile) {
 	c := &t.files
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.off || f.FD < 0 || f.Off < 0 {
+	if c.off || write && c.noRW || f.FD < 0 || f.Off < 0 {
 		return nil, nil
 	}
 	for i, e := range c.files {
@@ -81,14 +90,25 @@ func (t *Transport) fileBytes(f channel.PeerFile, n int) ([]byte, *peerFile) {
 		if f.Off > int64(len(e.m))-int64(n) {
 			return nil, nil
 		}
+		if write && !e.rw {
+			// Mapped for reading: map it again, writable, in its place.
+			c.files = slices.Delete(c.files, i, i+1)
+			c.bytes -= int64(len(e.m))
+			c.drop(e)
+			break
+		}
 		c.files = append(slices.Delete(c.files, i, i+1), e)
 		e.refs++
 		return e.m[f.Off : f.Off+int64(n)], e
 	}
-	m, err := t.mapPeerFile(f)
+	m, err := t.mapPeerFile(f, write)
 	if err != nil {
 		if errors.Is(err, unix.EACCES) || errors.Is(err, unix.EPERM) {
-			c.off = true
+			if write {
+				c.noRW = true
+			} else {
+				c.off = true
+			}
 		}
 		return nil, nil
 	}
@@ -96,22 +116,28 @@ func (t *Transport) fileBytes(f channel.PeerFile, n int) ([]byte, *peerFile) {
 		unix.Munmap(m)
 		return nil, nil
 	}
-	e := &peerFile{ino: f.Ino, m: m, refs: 1}
+	e := &peerFile{ino: f.Ino, m: m, rw: write, refs: 1}
 	c.files = append(c.files, e)
 	c.bytes += int64(len(m))
 	for len(c.files) > peerFilesMax || c.bytes > peerFilesBytes {
 		old := c.files[0]
 		c.files = c.files[1:]
 		c.bytes -= int64(len(old.m))
-		old.dead = true
-		if old.refs == 0 {
-			unix.Munmap(old.m)
-		}
+		c.drop(old)
 	}
 	return m[f.Off : f.Off+int64(n)], e
 }
 
-// releaseFile ends a read's use of e.
+// drop retires e, out of the cache's list: unmapped now if no copy uses
+// it, else by the last one's release. c.mu is held.
+func (c *peerFiles) drop(e *peerFile) {
+	e.dead = true
+	if e.refs == 0 {
+		unix.Munmap(e.m)
+	}
+}
+
+// releaseFile ends a read's or a write's use of e.
 func (t *Transport) releaseFile(e *peerFile) {
 	t.files.mu.Lock()
 	defer t.files.mu.Unlock()
@@ -121,11 +147,16 @@ func (t *Transport) releaseFile(e *peerFile) {
 	}
 }
 
-// mapPeerFile opens the peer's descriptor f.FD and maps its file read-only,
-// after checking that it is the file f.Ino names, a regular file, sealed
-// against shrinking. The caller holds t.files.mu.
-func (t *Transport) mapPeerFile(f channel.PeerFile) ([]byte, error) {
-	fd, err := unix.Open(fmt.Sprintf("/proc/%d/fd/%d", t.peerPID, f.FD), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+// mapPeerFile opens the peer's descriptor f.FD and maps its file read-only
+// (writable when write is set), after checking that it is the file f.Ino
+// names, a regular file, sealed against shrinking. The caller holds
+// t.files.mu.
+func (t *Transport) mapPeerFile(f channel.PeerFile, write bool) ([]byte, error) {
+	mode, prot := unix.O_RDONLY, unix.PROT_READ
+	if write {
+		mode, prot = unix.O_RDWR, unix.PROT_READ|unix.PROT_WRITE
+	}
+	fd, err := unix.Open(fmt.Sprintf("/proc/%d/fd/%d", t.peerPID, f.FD), mode|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, err
 	}
@@ -149,7 +180,7 @@ func (t *Transport) mapPeerFile(f channel.PeerFile) ([]byte, error) {
 	if seals&unix.F_SEAL_SHRINK == 0 {
 		return nil, fmt.Errorf("descriptor %d of pid %d is not sealed against shrinking", f.FD, t.peerPID)
 	}
-	return unix.Mmap(fd, 0, int(st.Size), unix.PROT_READ, unix.MAP_SHARED)
+	return unix.Mmap(fd, 0, int(st.Size), prot, unix.MAP_SHARED)
 }
 
 // dropFiles unmaps every cached file; reads in flight are done (Close
@@ -159,10 +190,7 @@ func (t *Transport) dropFiles() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, e := range c.files {
-		e.dead = true
-		if e.refs == 0 {
-			unix.Munmap(e.m)
-		}
+		c.drop(e)
 	}
 	c.files, c.bytes = nil, 0
 }

@@ -170,3 +170,111 @@ func TestReadPeerThroughFilesOnly(t *testing.T) {
 		}
 	}
 }
+
+// writesAs writes a pattern (seed) of n bytes into the peer's l at off,
+// through file (or none), applies the same to want (this end's picture of
+// the whole of l), and checks that the peer's whole allocation now hashes as
+// want does: the bytes written, and nothing around them.
+func writesAs(t *testing.T, p *peer, l lent, want []byte, off, n int64, seed int, file channel.PeerFile) {
+	t.Helper()
+	src := make([]byte, n)
+	pattern(src, seed)
+	if file.FD >= 0 {
+		file.Off += off
+	}
+	if err := p.e.tr.WritePeer(nil, l.addr.Add(off), src, file); err != nil {
+		t.Fatal(err)
+	}
+	copy(want[off:], src)
+	if got := p.do("hashat %d %d", l.addr, len(want)); got != hashOf(want) {
+		t.Fatalf("[%#x, +%d) after writing [+%d, +%d) with seed %d: hash %s, want %s", uintptr(l.addr), len(want), off, n, seed, got, hashOf(want))
+	}
+}
+
+// TestWritePeer: the peer's memory that it never registered nor shared,
+// written by address (the kernel's copy) and through its memory file
+// (mapped here, writable), at odd offsets and sizes on both sides of the
+// file threshold, nothing around the range touched; a file this end mapped
+// to read is mapped again to write, and stays one file in the cache; a file
+// hint that does not check out falls back to the kernel's copy and writes
+// the right bytes; an address the peer has not mapped is ErrOutOfRange; a
+// closed end writes nothing.
+func TestWritePeer(t *testing.T) {
+	p := readingPeer(t, true)
+	if !shm.CMA(p.e.tr) {
+		t.Skip("the kernel refuses process_vm_writev between these processes (TestWritePeerThroughFilesOnly covers the files alone)")
+	}
+	const n = 3<<20 + 5
+	a := p.lend(n, 1)
+	want := make([]byte, n)
+	pattern(want, 1)
+	readsAs(t, p, a, 0, 1<<20, 1, a.file) // mapped to read first
+	seed := 20
+	for _, c := range []struct{ off, n int64 }{{0, n}, {1, 100}, {4093, 8 << 10}, {7, 1<<20 + 9}, {n - 17, 17}} {
+		writesAs(t, p, a, want, c.off, c.n, seed, channel.NoPeerFile)
+		writesAs(t, p, a, want, c.off, c.n, seed+1, a.file)
+		seed += 2
+	}
+	if got := shm.FilesMapped(p.e.tr); got != 1 {
+		t.Fatalf("%d files mapped after reading and writing one allocation through its file, want 1", got)
+	}
+	readsAs(t, p, a, 0, 0, 1, a.file) // the writable mapping reads too
+	wrong := a.file
+	wrong.Ino++
+	writesAs(t, p, a, want, 5, 1<<20, seed, wrong)
+	wrong = a.file
+	wrong.Off = 1 << 40 // past the file: the kernel's copy, by address
+	writesAs(t, p, a, want, 0, 1<<20, seed+1, wrong)
+
+	err := p.e.tr.WritePeer(nil, 4096, make([]byte, 64), channel.NoPeerFile)
+	if !errors.Is(err, shm.ErrOutOfRange) || !strings.Contains(err.Error(), "0x1000") {
+		t.Fatalf("writing the peer's page 1: %v, want ErrOutOfRange naming it", err)
+	}
+	stop := make(chan struct{})
+	close(stop)
+	big := p.lend(5<<20, 4) // more than one piece
+	bigWant := make([]byte, 5<<20)
+	pattern(bigWant, 4)
+	err = p.e.tr.WritePeer(stop, big.addr, make([]byte, 5<<20), big.file)
+	if !errors.Is(err, device.ErrStreamAbort) {
+		t.Fatalf("a write of 5 MiB with its stop closed: %v, want it stopped after the first piece", err)
+	}
+	copy(bigWant, make([]byte, shm.PeerReadPiece)) // the first piece went
+	if got := p.do("hashat %d %d", big.addr, len(bigWant)); got != hashOf(bigWant) {
+		t.Fatalf("a stopped write wrote past its first piece: hash %s, want %s", got, hashOf(bigWant))
+	}
+	p.e.tr.Close()
+	if got := shm.FilesMapped(p.e.tr); got != 0 {
+		t.Fatalf("%d files still mapped after Close", got)
+	}
+	if err := p.e.tr.WritePeer(nil, a.addr, make([]byte, 64), a.file); !errors.Is(err, channel.ErrClosed) {
+		t.Fatalf("WritePeer after Close: %v, want ErrClosed", err)
+	}
+}
+
+// TestWritePeerThroughFilesOnly: a pair where process_vm_writev is refused
+// (this end does not try the kernel's copies) but the peer's descriptors
+// can be opened writes through the peer's memory file, small writes
+// included; a write without a file to map, or with one that does not check
+// out, fails with ErrNoPeerReads saying why and writes nothing.
+func TestWritePeerThroughFilesOnly(t *testing.T) {
+	p := readingPeer(t, false)
+	const n = 1<<20 + 9
+	a := p.lend(n, 3)
+	want := make([]byte, n)
+	pattern(want, 3)
+	for i, c := range []struct{ off, n int64 }{{0, n}, {5, 1}, {4095, 4097}, {100, 64 << 10}} {
+		writesAs(t, p, a, want, c.off, c.n, 30+i, a.file)
+	}
+	wrong := a.file
+	wrong.Ino++
+	for _, f := range []channel.PeerFile{channel.NoPeerFile, wrong} {
+		err := p.e.tr.WritePeer(nil, a.addr, make([]byte, 64), f)
+		if !errors.Is(err, shm.ErrNoPeerReads) || !strings.Contains(err.Error(), "process_vm_writev") {
+			t.Fatalf("file %+v with process_vm_writev refused: %v, want ErrNoPeerReads saying why", f, err)
+		}
+	}
+	if got := p.do("hashat %d %d", a.addr, n); got != hashOf(want) {
+		t.Fatalf("the refused writes changed the peer's memory: hash %s, want %s", got, hashOf(want))
+	}
+}

@@ -270,6 +270,13 @@ func peerMain() int {
 				break
 			}
 			reply("ok %d %d %d %d", p, f.FD, f.Ino, f.Off)
+		case "hashat": // hashat addr n: of n bytes of this process's device memory at addr
+			b, err := e.dev.Bytes(device.Ptr(num(1)), num(2))
+			if err != nil {
+				reply("err %v", err)
+				break
+			}
+			reply("ok %s", hashOf(b))
 		case "free": // free addr
 			if err := e.dev.Free(device.Ptr(num(1))); err != nil {
 				reply("err %v", err)
