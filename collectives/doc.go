@@ -292,7 +292,7 @@
 // (hcomm.WritePeerLentNbi, through a writable mapping of the peer's file), a
 // piece (at most 256 KiB) to every peer before the next, so that an input comes
 // from memory once for all its copies instead of once for each reader (4
-// processes, 64 MiB: 5.0–9.4 GB/s busbw, median 7.8, against 5.2–6.3, median
+// processes, 64 MiB: 4.6–9.4 GB/s busbw, median 7.7, against 5.2–6.3, median
 // 5.8, read); each writer records the receiver's nDone after its last piece,
 // and the receiver's collective ends once every writer has.
 // HCOMM_SHM_CMA_DISABLE=1 (Config.ShmCMADisable) turns reading off; ranks

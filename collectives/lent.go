@@ -482,9 +482,9 @@ func gatherReadMin(n int) int64 {
 // input comes from memory once for its n copies; read, once a reader. Where
 // the outputs no longer fit in the cache that pays (AMD EPYC 2-core VM,
 // stop 43, busbw out of place, launches interleaved, 4 processes): 4 MiB
-// 8.7–9.7 GB/s read against 5.7–8.2 pushed, 8 MiB 8.7–10.4 against
-// 8.0–9.3, 16 MiB alike (6.4–9.0 against 5.3–9.4), 32 MiB 4.7–5.2 against
-// 6.1–9.1, 64 MiB 5.2–6.3 against 5.0–9.4 (median 5.8 against 7.8, eleven
+// 5.6–9.7 GB/s read against 5.7–8.2 pushed, 8 MiB 8.7–10.4 against
+// 8.1–9.3, 16 MiB alike (4.5–9.0 against 5.3–9.5), 32 MiB 4.7–5.2 against
+// 6.1–9.1, 64 MiB 5.2–6.3 against 4.6–9.4 (medians 5.8 and 7.7, eleven
 // launches each); 2 processes, 16 MiB alike, 32 MiB 7.2–7.8 against
 // 9.6–11.0, 64 MiB 5.9–6.4 against 7.5–10.0. A var: tests lower it.
 var shmPushMin int64 = 32 << 20
