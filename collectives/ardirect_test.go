@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/hcomm-dev/hcomm/collectives"
+	"github.com/hcomm-dev/hcomm/device"
 	"github.com/hcomm-dev/hcomm/hcomm"
 	"github.com/hcomm-dev/hcomm/hcommtest"
 )
@@ -146,65 +147,85 @@ func TestDirectAllReducePeerGone(t *testing.T) {
 				comms := hcommtest.Options{Config: &hcomm.Config{BufferSize: 1 << 20, ExecTimeout: 10 * time.Minute}}.New(t, 2, tr)
 				const count = 16 << 20 // 64 MiB of float32: a block is 256 pieces
 				r0 := collectives.LentReads()
-				errs := make([]error, 2)
-				var took time.Duration
-				hcommtest.Each(t, comms, func(t testing.TB, c *hcomm.Comm) {
-					s, err := c.Device().CreateStream()
-					if err != nil {
-						t.Fatal(err)
-					}
-					defer s.Destroy()
-					buf, err := c.Device().Malloc(4 * count)
-					if err != nil {
-						t.Fatal(err)
-					}
-					defer c.Device().Free(buf)
-					call := func() error {
+				peerGone(t, comms, "all-reduce", mid, func() bool { return collectives.LentReads() != r0 }, 4*count, 4*count,
+					func(c *hcomm.Comm, s *device.Stream, _, buf device.Ptr, small bool) error {
+						if small {
+							return collectives.AllReduce(buf, buf, 1, hcomm.Float32, hcomm.Sum, c, s, nil)
+						}
 						return collectives.AllReduce(buf, buf, count, hcomm.Float32, hcomm.Sum, c, s, &collectives.Options{Algorithm: collectives.AlgoDirect})
-					}
-					// The channels, set up by a small call: a peer gone before
-					// its channels exist is found by HCCL_CONNECT_TIMEOUT.
-					if err := collectives.AllReduce(buf, buf, 1, hcomm.Float32, hcomm.Sum, c, s, nil); err != nil {
-						t.Fatal(err)
-					}
-					if err := s.SynchronizeWithTimeout(time.Minute); err != nil {
-						t.Fatal(err)
-					}
-					if c.Rank() == 1 {
-						if !mid {
-							time.Sleep(100 * time.Millisecond)
-							c.Destroy()
-							return
-						}
-						if err := call(); err != nil {
-							t.Fatal(err)
-						}
-						for deadline := time.Now().Add(time.Minute); collectives.LentReads() == r0 && time.Now().Before(deadline); {
-							runtime.Gosched()
-						}
-						c.Abort()
-						errs[1] = s.SynchronizeWithTimeout(time.Minute)
-						c.Destroy()
-						return
-					}
-					start := time.Now()
-					err = call()
-					if err == nil {
-						err = s.SynchronizeWithTimeout(time.Minute)
-					}
-					errs[0], took = err, time.Since(start)
-				})
-				if mid && errs[1] == nil {
-					t.Fatal("rank 1's all-reduce ended before its abort: nothing was left in the middle")
-				}
-				if errs[0] == nil || !strings.Contains(errs[0].Error(), "rank 1") {
-					t.Fatalf("rank 0's all-reduce with rank 1 gone: %v; want an error naming rank 1", errs[0])
-				}
-				if took > 20*time.Second {
-					t.Fatalf("rank 0 failed %v after its call: the peer's loss did not end its wait", took)
-				}
-				t.Logf("rank 0: %v (%v)", errs[0], took.Round(time.Millisecond))
+					})
 			})
 		}
 	}
+}
+
+// peerGone runs a collective between the 2 ranks of comms, named what,
+// whose rank 1 goes away: before its call (mid false: it destroys its
+// communicator), or once begun reports that the call is under way (mid
+// true: it aborts). call issues the collective on send (sendBytes) and recv
+// (recvBytes); small, a small call first, which sets up the channels (a
+// peer gone before its channels exist is found by HCCL_CONNECT_TIMEOUT).
+// Rank 0's call must fail within 20 s, not at its HCCL_EXEC_TIMEOUT, with
+// an error naming rank 1.
+func peerGone(t *testing.T, comms []*hcomm.Comm, what string, mid bool, begun func() bool, sendBytes, recvBytes int64,
+	call func(c *hcomm.Comm, s *device.Stream, send, recv device.Ptr, small bool) error) {
+	t.Helper()
+	errs := make([]error, 2)
+	var took time.Duration
+	hcommtest.Each(t, comms, func(t testing.TB, c *hcomm.Comm) {
+		s, err := c.Device().CreateStream()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Destroy()
+		send, err := c.Device().Malloc(sendBytes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Device().Free(send)
+		recv, err := c.Device().Malloc(recvBytes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Device().Free(recv)
+		if err := call(c, s, send, recv, true); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.SynchronizeWithTimeout(time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		if c.Rank() == 1 {
+			if !mid {
+				time.Sleep(100 * time.Millisecond)
+				c.Destroy()
+				return
+			}
+			if err := call(c, s, send, recv, false); err != nil {
+				t.Fatal(err)
+			}
+			for deadline := time.Now().Add(time.Minute); !begun() && time.Now().Before(deadline); {
+				runtime.Gosched()
+			}
+			c.Abort()
+			errs[1] = s.SynchronizeWithTimeout(time.Minute)
+			c.Destroy()
+			return
+		}
+		start := time.Now()
+		err = call(c, s, send, recv, false)
+		if err == nil {
+			err = s.SynchronizeWithTimeout(time.Minute)
+		}
+		errs[0], took = err, time.Since(start)
+	})
+	if mid && errs[1] == nil {
+		t.Fatalf("rank 1's %s ended before its abort: nothing was left in the middle", what)
+	}
+	if errs[0] == nil || !strings.Contains(errs[0].Error(), "rank 1") {
+		t.Fatalf("rank 0's %s with rank 1 gone: %v; want an error naming rank 1", what, errs[0])
+	}
+	if took > 20*time.Second {
+		t.Fatalf("rank 0 failed %v after its call: the peer's loss did not end its wait", took)
+	}
+	t.Logf("rank 0: %v (%v)", errs[0], took.Round(time.Millisecond))
 }

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +12,7 @@ import (
 	simch "github.com/hcomm-dev/hcomm/channel/sim"
 
 	"github.com/hcomm-dev/hcomm/collectives"
+	"github.com/hcomm-dev/hcomm/device"
 	"github.com/hcomm-dev/hcomm/hcomm"
 	"github.com/hcomm-dev/hcomm/hcommtest"
 )
@@ -675,68 +675,13 @@ func TestAllGatherPushPeerGone(t *testing.T) {
 			comms := hcommtest.Options{Config: &hcomm.Config{BufferSize: 1 << 20, ExecTimeout: 10 * time.Minute}}.New(t, 2, hcommtest.Shm)
 			const count = 8 << 20 // 32 MiB of float32 a rank: 128 pieces
 			p0 := collectives.LentPushes()
-			errs := make([]error, 2)
-			var took time.Duration
-			hcommtest.Each(t, comms, func(t testing.TB, c *hcomm.Comm) {
-				s, err := c.Device().CreateStream()
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer s.Destroy()
-				send, err := c.Device().Malloc(4 * count)
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer c.Device().Free(send)
-				recv, err := c.Device().Malloc(2 * 4 * count)
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer c.Device().Free(recv)
-				call := func() error {
+			peerGone(t, comms, "all-gather", mid, func() bool { return collectives.LentPushes() != p0 }, 4*count, 2*4*count,
+				func(c *hcomm.Comm, s *device.Stream, send, recv device.Ptr, small bool) error {
+					if small {
+						return collectives.AllGather(send, recv, 1, hcomm.Float32, c, s, nil)
+					}
 					return collectives.AllGather(send, recv, count, hcomm.Float32, c, s, &collectives.Options{Algorithm: collectives.AlgoDirect})
-				}
-				// The channels, set up by a small call.
-				if err := collectives.AllGather(send, recv, 1, hcomm.Float32, c, s, nil); err != nil {
-					t.Fatal(err)
-				}
-				if err := s.SynchronizeWithTimeout(time.Minute); err != nil {
-					t.Fatal(err)
-				}
-				if c.Rank() == 1 {
-					if !mid {
-						time.Sleep(100 * time.Millisecond)
-						c.Destroy()
-						return
-					}
-					if err := call(); err != nil {
-						t.Fatal(err)
-					}
-					for deadline := time.Now().Add(time.Minute); collectives.LentPushes() == p0 && time.Now().Before(deadline); {
-						runtime.Gosched()
-					}
-					c.Abort()
-					errs[1] = s.SynchronizeWithTimeout(time.Minute)
-					c.Destroy()
-					return
-				}
-				start := time.Now()
-				err = call()
-				if err == nil {
-					err = s.SynchronizeWithTimeout(time.Minute)
-				}
-				errs[0], took = err, time.Since(start)
-			})
-			if mid && errs[1] == nil {
-				t.Fatal("rank 1's all-gather ended before its abort: nothing was left in the middle")
-			}
-			if errs[0] == nil || !strings.Contains(errs[0].Error(), "rank 1") {
-				t.Fatalf("rank 0's all-gather with rank 1 gone: %v; want an error naming rank 1", errs[0])
-			}
-			if took > 20*time.Second {
-				t.Fatalf("rank 0 failed %v after its call: the peer's loss did not end its wait", took)
-			}
-			t.Logf("rank 0: %v (%v)", errs[0], took.Round(time.Millisecond))
+				})
 		})
 	}
 }

@@ -605,80 +605,71 @@ func TestWriteLentWithNotifyNbi(t *testing.T) {
 // over shm with Config.ShmCMADisable, it is ErrNotSupport naming the
 // transport.
 func TestReadLentNbi(t *testing.T) {
-	for _, tc := range []struct {
-		tr  string
-		off bool
-	}{{hcomm.TransportInproc, false}, {hcomm.TransportShm, false}, {hcomm.TransportShm, true}, {hcomm.TransportTCP, false}} {
-		t.Run(fmt.Sprintf("%s/cmaoff=%v", tc.tr, tc.off), func(t *testing.T) {
-			if !slices.Contains(hcomm.Transports(), tc.tr) {
-				t.Skipf("no %s transport here", tc.tr)
+	overLentPairs(t, "lentread", func(t *testing.T, p *pair, tr string, off bool) {
+		dev1 := p.comms[1].Device()
+		const n = 1<<20 + 77
+		lent, err := dev1.Malloc(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer dev1.Free(lent)
+		want := make([]byte, n)
+		for i := range want {
+			want[i] = byte(i*7 + 3)
+		}
+		if err := dev1.MemcpyHtoD(lent, want); err != nil {
+			t.Fatal(err)
+		}
+		file, err := dev1.FileOf(lent, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pf := channel.PeerFile{FD: int64(file.FD), Ino: file.Ino, Off: file.Off}
+		dev0 := p.comms[0].Device()
+		dst, err := dev0.Malloc(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer dev0.Free(dst)
+		if !p.ch[0].ReadsLent() {
+			if tr == hcomm.TransportShm && !off && shmReadsHere() {
+				t.Fatal("an shm channel does not read lent memory where the kernel allows it")
 			}
-			p := newPair(t, &hcomm.Config{BufferSize: 32 << 10, Name: "lentread", Transport: tc.tr, ShmCMADisable: tc.off})
-			dev1 := p.comms[1].Device()
-			const n = 1<<20 + 77
-			lent, err := dev1.Malloc(n)
-			if err != nil {
+			err := hcomm.ReadLentNbi(nil, p.ch[0], dst, lent, 8, channel.NoPeerFile)
+			if !errors.Is(err, hcomm.ErrNotSupport) || !strings.Contains(err.Error(), tr) {
+				t.Fatalf("a lent read over %s: %v, want ErrNotSupport naming the transport", tr, err)
+			}
+			return
+		}
+		if p.ch[1].ReadsLent() != p.ch[0].ReadsLent() {
+			t.Fatal("the two ends of the channel disagree on ReadsLent")
+		}
+		for _, f := range []channel.PeerFile{channel.NoPeerFile, pf} {
+			fill(t, p.comms[0], dst, n, 0)
+			if err := hcomm.ReadLentNbi(nil, p.ch[0], dst, lent, n, f); err != nil {
 				t.Fatal(err)
 			}
-			defer dev1.Free(lent)
-			want := make([]byte, n)
-			for i := range want {
-				want[i] = byte(i*7 + 3)
+			if got := read(t, p.comms[0], dst, n); !bytes.Equal(got, want) {
+				t.Fatalf("file %+v: the bytes read differ from rank 1's", f)
 			}
-			if err := dev1.MemcpyHtoD(lent, want); err != nil {
-				t.Fatal(err)
+		}
+		for _, c := range []struct {
+			name     string
+			dst, src device.Ptr
+			n        int64
+			says     string
+		}{
+			{"a negative length", dst, lent, -1, "length -1"},
+			{"a null source", dst, 0, 8, "not a range"},
+			{"a source that wraps around", dst, ^device.Ptr(0) - 3, 8, "not a range"},
+			{"a local range outside memory", 1 << 40, lent, 8, "local dst"},
+		} {
+			err := hcomm.ReadLentNbi(nil, p.ch[0], c.dst, c.src, c.n, channel.NoPeerFile)
+			if !errors.Is(err, hcomm.ErrPara) || !strings.Contains(err.Error(), c.says) {
+				t.Errorf("%s: %v, want ErrPara saying %q", c.name, err, c.says)
 			}
-			file, err := dev1.FileOf(lent, n)
-			if err != nil {
-				t.Fatal(err)
-			}
-			pf := channel.PeerFile{FD: int64(file.FD), Ino: file.Ino, Off: file.Off}
-			dev0 := p.comms[0].Device()
-			dst, err := dev0.Malloc(n)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer dev0.Free(dst)
-			if !p.ch[0].ReadsLent() {
-				if tc.tr == hcomm.TransportShm && !tc.off && shmReadsHere() {
-					t.Fatal("an shm channel does not read lent memory where the kernel allows it")
-				}
-				err := hcomm.ReadLentNbi(nil, p.ch[0], dst, lent, 8, channel.NoPeerFile)
-				if !errors.Is(err, hcomm.ErrNotSupport) || !strings.Contains(err.Error(), tc.tr) {
-					t.Fatalf("a lent read over %s: %v, want ErrNotSupport naming the transport", tc.tr, err)
-				}
-				return
-			}
-			if p.ch[1].ReadsLent() != p.ch[0].ReadsLent() {
-				t.Fatal("the two ends of the channel disagree on ReadsLent")
-			}
-			for _, f := range []channel.PeerFile{channel.NoPeerFile, pf} {
-				fill(t, p.comms[0], dst, n, 0)
-				if err := hcomm.ReadLentNbi(nil, p.ch[0], dst, lent, n, f); err != nil {
-					t.Fatal(err)
-				}
-				if got := read(t, p.comms[0], dst, n); !bytes.Equal(got, want) {
-					t.Fatalf("file %+v: the bytes read differ from rank 1's", f)
-				}
-			}
-			for _, c := range []struct {
-				name     string
-				dst, src device.Ptr
-				n        int64
-				says     string
-			}{
-				{"a negative length", dst, lent, -1, "length -1"},
-				{"a null source", dst, 0, 8, "not a range"},
-				{"a source that wraps around", dst, ^device.Ptr(0) - 3, 8, "not a range"},
-				{"a local range outside memory", 1 << 40, lent, 8, "local dst"},
-			} {
-				err := hcomm.ReadLentNbi(nil, p.ch[0], c.dst, c.src, c.n, channel.NoPeerFile)
-				if !errors.Is(err, hcomm.ErrPara) || !strings.Contains(err.Error(), c.says) {
-					t.Errorf("%s: %v, want ErrPara saying %q", c.name, err, c.says)
-				}
-			}
-		})
-	}
+		}
+	})
 }
 
 // TestWritePeerLentNbi: over shm (two ranks of this process; the pair
@@ -689,6 +680,80 @@ func TestReadLentNbi(t *testing.T) {
 // nothing; over the other transports, and over shm with
 // Config.ShmCMADisable, it is ErrNotSupport naming the transport.
 func TestWritePeerLentNbi(t *testing.T) {
+	overLentPairs(t, "lentwrite", func(t *testing.T, p *pair, tr string, off bool) {
+		dev0, dev1 := p.comms[0].Device(), p.comms[1].Device()
+		const n = 1<<20 + 77
+		lent, err := dev1.Malloc(n + 64) // 64 bytes past the range, which stay
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer dev1.Free(lent)
+		file, err := dev1.FileOf(lent, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pf := channel.PeerFile{FD: int64(file.FD), Ino: file.Ino, Off: file.Off}
+		src, err := dev0.Malloc(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer dev0.Free(src)
+		if !p.ch[0].WritesPeerLent() {
+			if tr == hcomm.TransportShm && !off && shmReadsHere() {
+				t.Fatal("an shm channel does not write lent memory where the kernel allows it")
+			}
+			err := hcomm.WritePeerLentNbi(nil, p.ch[0], lent, src, 8, channel.NoPeerFile, -1)
+			if !errors.Is(err, hcomm.ErrNotSupport) || !strings.Contains(err.Error(), tr) {
+				t.Fatalf("a lent write over %s: %v, want ErrNotSupport naming the transport", tr, err)
+			}
+			return
+		}
+		if p.ch[1].WritesPeerLent() != p.ch[0].WritesPeerLent() {
+			t.Fatal("the two ends of the channel disagree on WritesPeerLent")
+		}
+		for i, f := range []channel.PeerFile{channel.NoPeerFile, pf} {
+			fill(t, p.comms[1], lent, n+64, 0xEE)
+			fill(t, p.comms[0], src, n, byte(i+1))
+			if err := hcomm.WritePeerLentNbi(nil, p.ch[0], lent, src, n, f, 2); err != nil {
+				t.Fatal(err)
+			}
+			if err := hcomm.ChannelNotifyWait(nil, p.ch[1], 2, 10*time.Second); err != nil {
+				t.Fatalf("file %+v: rank 1's notify after the write: %v", f, err)
+			}
+			got := read(t, p.comms[1], lent, n+64)
+			if !bytes.Equal(got[:n], bytes.Repeat([]byte{byte(i + 1)}, n)) || !bytes.Equal(got[n:], bytes.Repeat([]byte{0xEE}, 64)) {
+				t.Fatalf("file %+v: rank 1's memory is not the bytes written, and only them", f)
+			}
+		}
+		fill(t, p.comms[1], lent, n, 0xEE)
+		for _, c := range []struct {
+			name     string
+			dst, src device.Ptr
+			n        int64
+			idx      int
+			says     string
+		}{
+			{"a negative length", lent, src, -1, -1, "length -1"},
+			{"a null destination", 0, src, 8, -1, "not a range"},
+			{"a destination that wraps around", ^device.Ptr(0) - 3, src, 8, -1, "not a range"},
+			{"a local range outside memory", lent, 1 << 40, 8, -1, "local src"},
+			{"a notify the peer has not", lent, src, 8, 1 << 20, "remote notify index"},
+		} {
+			err := hcomm.WritePeerLentNbi(nil, p.ch[0], c.dst, c.src, c.n, channel.NoPeerFile, c.idx)
+			if !errors.Is(err, hcomm.ErrPara) || !strings.Contains(err.Error(), c.says) {
+				t.Errorf("%s: %v, want ErrPara saying %q", c.name, err, c.says)
+			}
+		}
+		if got := read(t, p.comms[1], lent, n); !bytes.Equal(got, bytes.Repeat([]byte{0xEE}, n)) {
+			t.Fatal("a refused write changed rank 1's memory")
+		}
+	})
+}
+
+// overLentPairs runs fn on a pair of ranks of this process (named name)
+// over each transport, and over shm with Config.ShmCMADisable too (off):
+// the cases of the lent reads' and writes' tests.
+func overLentPairs(t *testing.T, name string, fn func(t *testing.T, p *pair, tr string, off bool)) {
 	for _, tc := range []struct {
 		tr  string
 		off bool
@@ -697,73 +762,7 @@ func TestWritePeerLentNbi(t *testing.T) {
 			if !slices.Contains(hcomm.Transports(), tc.tr) {
 				t.Skipf("no %s transport here", tc.tr)
 			}
-			p := newPair(t, &hcomm.Config{BufferSize: 32 << 10, Name: "lentwrite", Transport: tc.tr, ShmCMADisable: tc.off})
-			dev0, dev1 := p.comms[0].Device(), p.comms[1].Device()
-			const n = 1<<20 + 77
-			lent, err := dev1.Malloc(n + 64) // 64 bytes past the range, which stay
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer dev1.Free(lent)
-			file, err := dev1.FileOf(lent, n)
-			if err != nil {
-				t.Fatal(err)
-			}
-			pf := channel.PeerFile{FD: int64(file.FD), Ino: file.Ino, Off: file.Off}
-			src, err := dev0.Malloc(n)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer dev0.Free(src)
-			if !p.ch[0].WritesPeerLent() {
-				if tc.tr == hcomm.TransportShm && !tc.off && shmReadsHere() {
-					t.Fatal("an shm channel does not write lent memory where the kernel allows it")
-				}
-				err := hcomm.WritePeerLentNbi(nil, p.ch[0], lent, src, 8, channel.NoPeerFile, -1)
-				if !errors.Is(err, hcomm.ErrNotSupport) || !strings.Contains(err.Error(), tc.tr) {
-					t.Fatalf("a lent write over %s: %v, want ErrNotSupport naming the transport", tc.tr, err)
-				}
-				return
-			}
-			if p.ch[1].WritesPeerLent() != p.ch[0].WritesPeerLent() {
-				t.Fatal("the two ends of the channel disagree on WritesPeerLent")
-			}
-			for i, f := range []channel.PeerFile{channel.NoPeerFile, pf} {
-				fill(t, p.comms[1], lent, n+64, 0xEE)
-				fill(t, p.comms[0], src, n, byte(i+1))
-				if err := hcomm.WritePeerLentNbi(nil, p.ch[0], lent, src, n, f, 2); err != nil {
-					t.Fatal(err)
-				}
-				if err := hcomm.ChannelNotifyWait(nil, p.ch[1], 2, 10*time.Second); err != nil {
-					t.Fatalf("file %+v: rank 1's notify after the write: %v", f, err)
-				}
-				got := read(t, p.comms[1], lent, n+64)
-				if !bytes.Equal(got[:n], bytes.Repeat([]byte{byte(i + 1)}, n)) || !bytes.Equal(got[n:], bytes.Repeat([]byte{0xEE}, 64)) {
-					t.Fatalf("file %+v: rank 1's memory is not the bytes written, and only them", f)
-				}
-			}
-			fill(t, p.comms[1], lent, n, 0xEE)
-			for _, c := range []struct {
-				name     string
-				dst, src device.Ptr
-				n        int64
-				idx      int
-				says     string
-			}{
-				{"a negative length", lent, src, -1, -1, "length -1"},
-				{"a null destination", 0, src, 8, -1, "not a range"},
-				{"a destination that wraps around", ^device.Ptr(0) - 3, src, 8, -1, "not a range"},
-				{"a local range outside memory", lent, 1 << 40, 8, -1, "local src"},
-				{"a notify the peer has not", lent, src, 8, 1 << 20, "remote notify index"},
-			} {
-				err := hcomm.WritePeerLentNbi(nil, p.ch[0], c.dst, c.src, c.n, channel.NoPeerFile, c.idx)
-				if !errors.Is(err, hcomm.ErrPara) || !strings.Contains(err.Error(), c.says) {
-					t.Errorf("%s: %v, want ErrPara saying %q", c.name, err, c.says)
-				}
-			}
-			if got := read(t, p.comms[1], lent, n); !bytes.Equal(got, bytes.Repeat([]byte{0xEE}, n)) {
-				t.Fatal("a refused write changed rank 1's memory")
-			}
+			fn(t, newPair(t, &hcomm.Config{BufferSize: 32 << 10, Name: name, Transport: tc.tr, ShmCMADisable: tc.off}), tc.tr, tc.off)
 		})
 	}
 }

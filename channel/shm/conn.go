@@ -467,57 +467,7 @@ const peerReadPiece = 4 << 20
 // before the hole may have been copied). Fails with ErrNoPeerReads when the
 // pair cannot (ReadsPeer). A stop is seen between pieces of peerReadPiece.
 func (t *Transport) ReadPeer(stop <-chan struct{}, dst []byte, src device.Ptr, file channel.PeerFile) error {
-	t.mu.RLock()
-	defer t.mu.RUnlock()
-	if err := t.usable("ReadPeer"); err != nil {
-		return err
-	}
-	if !t.cma && !t.viaFiles {
-		return fmt.Errorf("shm ReadPeer on %s (rank %d -> rank %d): %w", t.name, t.rank, t.peer, ErrNoPeerReads)
-	}
-	if uint64(src) > ^uint64(0)-uint64(len(dst)) {
-		return fmt.Errorf("shm ReadPeer on %s (rank %d -> rank %d): range [%#x, +%d) of rank %d wraps around: %w", t.name, t.rank, t.peer, uintptr(src), len(dst), t.peer, ErrOutOfRange)
-	}
-	var from []byte
-	if t.viaFiles && (len(dst) >= peerFileMin || !t.cma) && len(dst) > 0 {
-		var e *peerFile
-		if from, e = t.fileBytes(file, len(dst), false); e != nil {
-			defer t.releaseFile(e)
-		}
-	}
-	if from == nil && !t.cma && len(dst) > 0 {
-		return fmt.Errorf("shm ReadPeer on %s (rank %d -> rank %d): [%#x, +%d) of rank %d: its memory file (%+v) could not be mapped here, and the kernel does not let these processes use process_vm_readv: %w",
-			t.name, t.rank, t.peer, uintptr(src), len(dst), t.peer, file, ErrNoPeerReads)
-	}
-	for done := 0; done < len(dst); {
-		if done > 0 {
-			select {
-			case <-stop:
-				return &device.Error{Op: "shm.ReadPeer", Device: -1, Stream: -1, Code: device.ErrStreamAbort,
-					Msg: fmt.Sprintf("stopped after %d of %d bytes read from rank %d", done, len(dst), t.peer)}
-			default:
-			}
-		}
-		m := min(peerReadPiece, len(dst)-done)
-		if from != nil {
-			memcopy.Read(dst[done:done+m], from[done:done+m])
-			done += m
-			continue
-		}
-		n, err := readPeer(t.peerPID, dst[done:done+m], uintptr(src)+uintptr(done))
-		if err != nil || n == 0 {
-			if err == nil || err == unix.EFAULT {
-				err = ErrOutOfRange
-			}
-			if err == unix.ESRCH {
-				err = channel.ErrPeerLost
-			}
-			return fmt.Errorf("shm ReadPeer on %s (rank %d -> rank %d): reading [%#x, +%d) of rank %d (pid %d): %w",
-				t.name, t.rank, t.peer, uintptr(src)+uintptr(done), m, t.peer, t.peerPID, err)
-		}
-		done += n
-	}
-	return nil
+	return t.peerCopy(readWay, stop, dst, src, file)
 }
 
 // WritePeer copies src into the peer's address space at dst: memory the peer
@@ -534,44 +484,76 @@ func (t *Transport) ReadPeer(stop <-chan struct{}, dst []byte, src device.Ptr, f
 // range of its own memory written, which it could have written itself. A
 // stop is seen between pieces of peerReadPiece.
 func (t *Transport) WritePeer(stop <-chan struct{}, dst device.Ptr, src []byte, file channel.PeerFile) error {
+	return t.peerCopy(writeWay, stop, src, dst, file)
+}
+
+// peerWay is what tells a read of the peer's memory from a write.
+type peerWay struct {
+	write                  bool
+	op, verb, past, kernel string // for errors: "ReadPeer", "reading", "read from", "process_vm_readv"
+}
+
+var (
+	readWay  = peerWay{false, "ReadPeer", "reading", "read from", "process_vm_readv"}
+	writeWay = peerWay{true, "WritePeer", "writing", "written to", "process_vm_writev"}
+)
+
+// peerCopy is ReadPeer (local the destination) and WritePeer (local the
+// source) of len(local) bytes at remote in the peer's address space.
+func (t *Transport) peerCopy(w peerWay, stop <-chan struct{}, local []byte, remote device.Ptr, file channel.PeerFile) error {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
-	if err := t.usable("WritePeer"); err != nil {
+	if err := t.usable(w.op); err != nil {
 		return err
 	}
+	// where names the call in an error (made only then: a read of a few
+	// KiB must not pay for it).
+	where := func() string { return fmt.Sprintf("shm %s on %s (rank %d -> rank %d)", w.op, t.name, t.rank, t.peer) }
 	if !t.cma && !t.viaFiles {
-		return fmt.Errorf("shm WritePeer on %s (rank %d -> rank %d): %w", t.name, t.rank, t.peer, ErrNoPeerReads)
+		return fmt.Errorf("%s: %w", where(), ErrNoPeerReads)
 	}
-	if uint64(dst) > ^uint64(0)-uint64(len(src)) {
-		return fmt.Errorf("shm WritePeer on %s (rank %d -> rank %d): range [%#x, +%d) of rank %d wraps around: %w", t.name, t.rank, t.peer, uintptr(dst), len(src), t.peer, ErrOutOfRange)
+	if uint64(remote) > ^uint64(0)-uint64(len(local)) {
+		return fmt.Errorf("%s: range [%#x, +%d) of rank %d wraps around: %w", where(), uintptr(remote), len(local), t.peer, ErrOutOfRange)
 	}
-	var to []byte
-	if t.viaFiles && (len(src) >= peerFileMin || !t.cma) && len(src) > 0 {
+	var mapped []byte
+	if t.viaFiles && (len(local) >= peerFileMin || !t.cma) && len(local) > 0 {
 		var e *peerFile
-		if to, e = t.fileBytes(file, len(src), true); e != nil {
+		if mapped, e = t.fileBytes(file, len(local), w.write); e != nil {
 			defer t.releaseFile(e)
 		}
 	}
-	if to == nil && !t.cma && len(src) > 0 {
-		return fmt.Errorf("shm WritePeer on %s (rank %d -> rank %d): [%#x, +%d) of rank %d: its memory file (%+v) could not be mapped here for writing, and the kernel does not let these processes use process_vm_writev: %w",
-			t.name, t.rank, t.peer, uintptr(dst), len(src), t.peer, file, ErrNoPeerReads)
+	if mapped == nil && !t.cma && len(local) > 0 {
+		return fmt.Errorf("%s: [%#x, +%d) of rank %d: its memory file (%+v) could not be mapped here, and the kernel does not let these processes use %s: %w",
+			where(), uintptr(remote), len(local), t.peer, file, w.kernel, ErrNoPeerReads)
 	}
-	for done := 0; done < len(src); {
+	for done := 0; done < len(local); {
 		if done > 0 {
 			select {
 			case <-stop:
-				return &device.Error{Op: "shm.WritePeer", Device: -1, Stream: -1, Code: device.ErrStreamAbort,
-					Msg: fmt.Sprintf("stopped after %d of %d bytes written to rank %d", done, len(src), t.peer)}
+				return &device.Error{Op: "shm." + w.op, Device: -1, Stream: -1, Code: device.ErrStreamAbort,
+					Msg: fmt.Sprintf("stopped after %d of %d bytes %s rank %d", done, len(local), w.past, t.peer)}
 			default:
 			}
 		}
-		m := min(peerReadPiece, len(src)-done)
-		if to != nil {
-			memcopy.Stream(to[done:done+m], src[done:done+m])
+		m := min(peerReadPiece, len(local)-done)
+		switch {
+		case mapped != nil && w.write:
+			memcopy.Stream(mapped[done:done+m], local[done:done+m])
+		case mapped != nil:
+			memcopy.Read(local[done:done+m], mapped[done:done+m])
+		}
+		if mapped != nil {
 			done += m
 			continue
 		}
-		n, err := writePeer(t.peerPID, src[done:done+m], uintptr(dst)+uintptr(done))
+		at := uintptr(remote) + uintptr(done)
+		var n int
+		var err error
+		if w.write {
+			n, err = writePeer(t.peerPID, local[done:done+m], at)
+		} else {
+			n, err = readPeer(t.peerPID, local[done:done+m], at)
+		}
 		if err != nil || n == 0 {
 			if err == nil || err == unix.EFAULT {
 				err = ErrOutOfRange
@@ -579,8 +561,7 @@ func (t *Transport) WritePeer(stop <-chan struct{}, dst device.Ptr, src []byte, 
 			if err == unix.ESRCH {
 				err = channel.ErrPeerLost
 			}
-			return fmt.Errorf("shm WritePeer on %s (rank %d -> rank %d): writing [%#x, +%d) of rank %d (pid %d): %w",
-				t.name, t.rank, t.peer, uintptr(dst)+uintptr(done), m, t.peer, t.peerPID, err)
+			return fmt.Errorf("%s: %s [%#x, +%d) of rank %d (pid %d): %w", where(), w.verb, at, m, t.peer, t.peerPID, err)
 		}
 		done += n
 	}
