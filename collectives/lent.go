@@ -44,8 +44,9 @@ import (
 // the communicator unusable anyway).
 
 // lentWrites counts the lent writes run, lentReads the lent reads,
-// lentPushes the pieces pushed (lendPush), and openLoans the registrations not yet taken back: a test's witnesses that
-// the lent paths were taken and left nothing registered.
+// lentPushes the pieces pushed (lendPush), and openLoans the registrations
+// not yet taken back: a test's witnesses that the lent paths were taken
+// and left nothing registered.
 var lentWrites, lentReads, lentPushes, openLoans atomic.Int64
 
 // loan is one call's lending of this rank's receive buffer (to the pairs
@@ -60,7 +61,7 @@ type loan struct {
 	reads     []bool             // by rank: the pair's channel reads lent memory (shm through the kernel)
 	pushes    []bool             // by rank: the pair writes into lent memory through the peer's memory file (shm: lendPush)
 	copies    []bool             // by rank: a lent write is a memory copy (inproc), not a socket's
-	any       bool               // some pair lends or reads
+	any       bool               // some pair lends, reads or pushes
 	at        []device.Ptr       // by rank: the peer's receive buffer, from its hello
 	from      []device.Ptr       // by rank: the peer's send buffer, from its hello
 	their     []int64            // by rank: the peer's displacement for this rank's data, from its hello (with disp)
