@@ -177,7 +177,10 @@ func BenchmarkAlltoAllFloor(b *testing.B) {
 // 64 MiB among 4 ranks: each goroutine copies every rank's whole 16 MiB
 // input, its own included, into its output — the same bytes written, but
 // every input read by all four, who may find it in a shared cache. The
-// ceiling for the 64 MiB all-gather between ranks of a host.
+// ceiling of an all-gather whose ranks read their peers' inputs (between
+// processes of a host, below shmPushMin); the pushing all-gather (lent.go's
+// lendPush), which reads each input once for its four copies, runs past it
+// (stop 43: 109–223 % of it, launch by launch).
 //
 //	go test -run XXX -bench AllGatherFloor -benchtime 20x ./collectives
 func BenchmarkAllGatherFloor(b *testing.B) {
