@@ -56,16 +56,20 @@ type rankBufs struct {
 	recvN      int64
 }
 
-// withBuffers allocates send/recv of the given byte sizes on every rank,
-// fills send with in(rank) and recv with 0xA5 (so that untouched bytes show),
-// runs call on every rank concurrently, synchronizes, and checks recv against
-// want(rank) (nil: not checked). inPlace makes recv alias send at
+// withBuffers allocates send/recv of the given byte sizes on every rank of
+// comms — every rank of the communicator, or this process's share of them
+// (TestMixedLayout: the helpers below take the rank count from the
+// communicator, not from comms) —, fills send with in(rank) and recv with
+// 0xA5 (so that untouched bytes show), runs call on every rank
+// concurrently, synchronizes, and checks recv against want(rank) (nil: not
+// checked). inPlace makes recv alias send at
 // inPlaceOff(rank) bytes (recv then must fit inside send, or send inside recv).
 func withBuffers(t *testing.T, comms []*hcomm.Comm, sendN, recvN func(r int) int64, in func(r int) []byte,
 	call func(b *rankBufs) error, want func(r int) []byte, desc string) {
 	t.Helper()
-	rs := make([]*rankBufs, len(comms))
-	for i, c := range comms {
+	rs := make([]*rankBufs, comms[0].Size())
+	for _, c := range comms {
+		i := c.Rank()
 		s, err := c.Device().CreateStream()
 		if err != nil {
 			t.Fatal(err)
@@ -91,6 +95,9 @@ func withBuffers(t *testing.T, comms []*hcomm.Comm, sendN, recvN func(r int) int
 	}
 	defer func() {
 		for _, b := range rs {
+			if b == nil {
+				continue // a rank of another process (TestMixedLayout)
+			}
 			b.s.Destroy()
 			b.c.Device().Free(b.send)
 			b.c.Device().Free(b.recv)
@@ -186,7 +193,7 @@ func (m matrixCase) String() string {
 }
 
 func testAllGather(t *testing.T, comms []*hcomm.Comm, m matrixCase, algo collectives.Algorithm, inPlace bool) {
-	n, es, cnt := len(comms), int64(m.dt.Size()), int(m.count)
+	n, es, cnt := comms[0].Size(), int64(m.dt.Size()), int(m.count)
 	if !fits(algo, m.count*es, m.inline) || algo == collectives.AlgoRD && int64(n)*m.count*es > m.inline {
 		return // rd's hellos carry the whole output
 	}
@@ -218,7 +225,7 @@ func testAllGather(t *testing.T, comms []*hcomm.Comm, m matrixCase, algo collect
 }
 
 func testReduceScatter(t *testing.T, comms []*hcomm.Comm, m matrixCase, algo collectives.Algorithm, inPlace bool) {
-	n, es, cnt := len(comms), int64(m.dt.Size()), int(m.count)
+	n, es, cnt := comms[0].Size(), int64(m.dt.Size()), int(m.count)
 	hello := int64(n) * m.count * es // rd's: every rank's whole input
 	if algo == collectives.AlgoOneShot {
 		hello = m.count * es // a part per hello
@@ -253,7 +260,7 @@ func testReduceScatter(t *testing.T, comms []*hcomm.Comm, m matrixCase, algo col
 }
 
 func testReduce(t *testing.T, comms []*hcomm.Comm, m matrixCase, algo collectives.Algorithm, inPlace bool) {
-	n, es, cnt := len(comms), int64(m.dt.Size()), int(m.count)
+	n, es, cnt := comms[0].Size(), int64(m.dt.Size()), int(m.count)
 	if !fits(algo, m.count*es, m.inline) {
 		return
 	}
@@ -285,7 +292,7 @@ func testReduce(t *testing.T, comms []*hcomm.Comm, m matrixCase, algo collective
 }
 
 func testScatterGather(t *testing.T, comms []*hcomm.Comm, m matrixCase, algo collectives.Algorithm) {
-	n, es, cnt := len(comms), int64(m.dt.Size()), int(m.count)
+	n, es, cnt := comms[0].Size(), int64(m.dt.Size()), int(m.count)
 	desc := fmt.Sprintf("Scatter %v %v", m, algo)
 	withBuffers(t, comms,
 		func(int) int64 { return int64(n) * m.count * es }, func(int) int64 { return m.count * es },
@@ -314,7 +321,7 @@ func testScatterGather(t *testing.T, comms []*hcomm.Comm, m matrixCase, algo col
 }
 
 func testAlltoAll(t *testing.T, comms []*hcomm.Comm, m matrixCase, algo collectives.Algorithm) {
-	n, es, cnt := len(comms), int64(m.dt.Size()), int(m.count)
+	n, es, cnt := comms[0].Size(), int64(m.dt.Size()), int(m.count)
 	desc := fmt.Sprintf("AlltoAll %v %v", m, algo)
 	withBuffers(t, comms,
 		func(int) int64 { return int64(n) * m.count * es }, func(int) int64 { return int64(n) * m.count * es },
@@ -345,7 +352,7 @@ func vCounts(n int, base int64) (counts, displs []int64, total int64) {
 }
 
 func testVCollectives(t *testing.T, comms []*hcomm.Comm, m matrixCase) {
-	n, es := len(comms), int64(m.dt.Size())
+	n, es := comms[0].Size(), int64(m.dt.Size())
 	counts, displs, total := vCounts(n, m.count)
 	// AllGatherV: rank p sends counts[p] elements.
 	withBuffers(t, comms,
@@ -419,7 +426,7 @@ func testVCollectives(t *testing.T, comms []*hcomm.Comm, m matrixCase) {
 // its left, and receives the matching ones, listing its items in an order
 // that would deadlock a naive single-stream schedule.
 func testSendRecv(t *testing.T, comms []*hcomm.Comm, m matrixCase) {
-	n, es, cnt := len(comms), int64(m.dt.Size()), int(m.count)
+	n, es, cnt := comms[0].Size(), int64(m.dt.Size()), int(m.count)
 	if n == 1 {
 		return
 	}
@@ -553,7 +560,7 @@ func TestCollectivesLarge(t *testing.T) {
 }
 
 func allReduceRaw(t *testing.T, comms []*hcomm.Comm, m matrixCase, algo collectives.Algorithm, inPlace bool) {
-	n, es, cnt := len(comms), int64(m.dt.Size()), int(m.count)
+	n, es, cnt := comms[0].Size(), int64(m.dt.Size()), int(m.count)
 	withBuffers(t, comms,
 		func(int) int64 { return m.count * es }, func(int) int64 { return m.count * es },
 		func(r int) []byte { return encodeAll(m.dt, cnt, func(i int) float64 { return input(m.dt, r, i) }) },
