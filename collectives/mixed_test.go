@@ -18,24 +18,6 @@ import (
 // which then runs the communicator's last ranks.
 const mixedEnv = "HCOMM_TEST_MIXED_ROOT"
 
-// lockedBuf is a bytes.Buffer a child process's stdout and stderr share.
-type lockedBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuf) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuf) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // TestMixedLayout: 4 ranks in two processes of two ranks each — this one
 // and a copy of the test binary it starts — joined by InitRootInfo, so that
 // each rank reaches its peer in its own process over inproc and its two
@@ -76,7 +58,7 @@ func TestMixedLayout(t *testing.T) {
 		defer cancel()
 		child := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestMixedLayout$", "-test.count=1", "-test.v", "-test.timeout=4m")
 		child.Env = append(os.Environ(), mixedEnv+"="+root.String())
-		var out lockedBuf
+		var out bytes.Buffer // read once Wait has returned: exec writes it from one goroutine at a time
 		child.Stdout, child.Stderr, child.WaitDelay = &out, &out, 5*time.Second
 		if err := child.Start(); err != nil {
 			t.Fatalf("starting the second process: %v", err)
