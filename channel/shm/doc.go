@@ -61,6 +61,13 @@
 // the channel is gone: Close therefore does not unmap this end's notify
 // page but maps private memory over it — the memory file is let go at once
 // — and the page's addresses are unmapped when its notifies are garbage.
+// A prepared line (PrepareLine: the low-latency protocol's stores into the
+// peer's memory) takes no lock either: its Put checks the channel with two
+// atomic loads, stores, and fences, so that the line leaves the core before
+// the poll that follows. A mapping of the peer's memory that lines store
+// into is retired the same way when the channel closes or the peer leaves,
+// and unmapped when its last line is garbage; one without lines is unmapped
+// at once.
 //
 // # Reading memory the peer lends
 //

@@ -393,3 +393,119 @@ func TestRetire(t *testing.T) {
 		t.Fatal("the retired page was not unmapped after its notifies were collected")
 	}
 }
+
+// TestLineRacingClose: a prepared line's Put takes no lock, so Puts that
+// run while the transport closes never fault — the mapping the line stores
+// into is retired (private memory), not unmapped — and fail with
+// channel.ErrClosed once they see the close. The retired mapping holds no
+// memory file, and its addresses go when the line is collected.
+func TestLineRacingClose(t *testing.T) {
+	for round := 0; round < 20; round++ {
+		a, b := newSide(t, 4096), newSide(t, 4096)
+		pair(t, a, b, 4096)
+		if a.err != nil || b.err != nil {
+			t.Fatal(a.err, b.err)
+		}
+		tr := a.conn.Transport.(*Transport)
+		l, err := tr.PrepareLine(b.buf + channel.LineSize)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Put([]byte{1, 2, 3}, 9); err != nil {
+			t.Fatal(err)
+		}
+		line, _ := b.dev.Bytes(b.buf+channel.LineSize, channel.LineSize)
+		got := make([]byte, 3)
+		if !channel.TakeLine(got, line, 9) || got[0] != 1 || got[2] != 3 {
+			t.Fatalf("the peer's line holds %v, want the flag 9 and 1 2 3", line[:16])
+		}
+		addr := uintptr(unsafe.Pointer(&tr.mems[0].m[0]))
+		var closed error
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			for i := uint32(0); ; i++ {
+				if err := l.Put([]byte{byte(i)}, i); err != nil {
+					closed = err
+					return
+				}
+			}
+		}()
+		time.Sleep(time.Millisecond)
+		if err := tr.Close(); err != nil {
+			t.Fatal(err)
+		}
+		<-done
+		if !errors.Is(closed, channel.ErrClosed) {
+			t.Fatalf("Put after Close = %v, want channel.ErrClosed", closed)
+		}
+		if m := mappingAt(addr); m == "" || strings.Contains(m, "memfd") {
+			t.Fatalf("the closed channel's mapping of the peer's memory is %q, want private memory while a line stores into it", m)
+		}
+		runtime.KeepAlive(l)
+		b.conn.Transport.Close()
+	}
+	// Each round's line is garbage now: its retired mapping goes.
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
+		runtime.GC()
+		time.Sleep(5 * time.Millisecond)
+		if retiredMaps.Load() == 0 {
+			return
+		}
+	}
+	t.Fatalf("%d retired mappings still wait for their lines after they were collected", retiredMaps.Load())
+}
+
+// TestLineUnmapsWithoutLines: a channel whose lines were collected before
+// it closed unmaps the peer's memory at once, as one that never had any.
+func TestLineUnmapsWithoutLines(t *testing.T) {
+	a, b := newSide(t, 4096), newSide(t, 4096)
+	pair(t, a, b, 4096)
+	if a.err != nil || b.err != nil {
+		t.Fatal(a.err, b.err)
+	}
+	tr := a.conn.Transport.(*Transport)
+	h := tr.mems[0].lines
+	func() {
+		l, err := tr.PrepareLine(b.buf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Put(nil, 1); err != nil {
+			t.Fatal(err)
+		}
+	}()
+	for deadline := time.Now().Add(10 * time.Second); lineCount(h) > 0 && time.Now().Before(deadline); {
+		runtime.GC()
+		time.Sleep(5 * time.Millisecond)
+	}
+	if n := lineCount(h); n != 0 {
+		t.Fatalf("%d lines counted after the only one was collected", n)
+	}
+	addr := uintptr(unsafe.Pointer(&tr.mems[0].m[0]))
+	tr.Close()
+	if m := mappingAt(addr); m != "" && !strings.Contains(m, "memfd") {
+		t.Fatalf("the peer's memory was retired (%q) with no line storing into it, want it unmapped", m)
+	}
+	if _, err := tr.PrepareLine(b.buf); !errors.Is(err, channel.ErrClosed) {
+		t.Fatalf("PrepareLine after Close = %v, want channel.ErrClosed", err)
+	}
+}
+
+// mappingAt returns the /proc/self/maps line holding addr ("" if none).
+func mappingAt(addr uintptr) string {
+	raw, _ := os.ReadFile("/proc/self/maps")
+	for _, l := range strings.Split(string(raw), "\n") {
+		var lo, hi uintptr
+		if _, err := fmt.Sscanf(l, "%x-%x", &lo, &hi); err == nil && addr >= lo && addr < hi {
+			return l
+		}
+	}
+	return ""
+}
+
+func lineCount(h *lineHold) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.lines
+}
