@@ -436,6 +436,7 @@ func llWait(stop <-chan struct{}, ch *hcomm.Channel, exec time.Duration, tight b
 		if take() {
 			return nil
 		}
+		spin.Pause() // as pingpong's loop: the peer's store gets the line sooner
 		if i&255 == 255 && time.Since(start) >= llTight {
 			break
 		}
