@@ -509,3 +509,39 @@ func lineCount(h *lineHold) int {
 	defer h.mu.Unlock()
 	return h.lines
 }
+
+// TestLinePutTakesNoLock: a prepared line's Put stores without the
+// mapping lock (the locked instruction before the store was on every
+// hand-off's path): it completes while another goroutine holds the lock
+// for writing, as Close does to unmap.
+func TestLinePutTakesNoLock(t *testing.T) {
+	a, b := newSide(t, 4096), newSide(t, 4096)
+	pair(t, a, b, 4096)
+	if a.err != nil || b.err != nil {
+		t.Fatal(a.err, b.err)
+	}
+	tr := a.conn.Transport.(*Transport)
+	l, err := tr.PrepareLine(b.buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr.mu.Lock()
+	done := make(chan error, 1)
+	go func() { done <- l.Put([]byte{7}, 3) }()
+	select {
+	case err := <-done:
+		tr.mu.Unlock()
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		tr.mu.Unlock()
+		<-done
+		t.Fatal("Put waited for the mapping lock")
+	}
+	line, _ := b.dev.Bytes(b.buf, channel.LineSize)
+	got := make([]byte, 1)
+	if !channel.TakeLine(got, line, 3) || got[0] != 7 {
+		t.Fatalf("the peer's line holds %v, want the flag 3 and 7", line[:9])
+	}
+}
