@@ -356,16 +356,7 @@ func TestRetire(t *testing.T) {
 		t.Fatal(err)
 	}
 	addr := uintptr(unsafe.Pointer(&m[0]))
-	mapping := func() string { // the /proc/self/maps line holding addr
-		raw, _ := os.ReadFile("/proc/self/maps")
-		for _, l := range strings.Split(string(raw), "\n") {
-			var lo, hi uintptr
-			if _, err := fmt.Sscanf(l, "%x-%x", &lo, &hi); err == nil && addr >= lo && addr < hi {
-				return l
-			}
-		}
-		return ""
-	}
+	mapping := func() string { return mappingAt(addr) }
 	if l := mapping(); !strings.Contains(l, "hcomm-retire-test") {
 		t.Fatalf("the page is mapped as %q, want the memory file", l)
 	}
