@@ -272,7 +272,11 @@ func lineChannel(op string, ch *Channel, dst device.Ptr, n int64) (*Comm, channe
 
 // PreparedLine is WriteLineNbi checked once, for a line a protocol stores
 // into call after call (the low-latency hello's). Each Put checks only that
-// the communicator and the channel are usable. An hcomm extension.
+// the communicator and the channel are usable, and takes no lock: over shm
+// the mapping of the peer's memory that it stores into stays addressable
+// while the PreparedLine is reachable — after the channel closes, as
+// private memory that no longer holds the peer's — and goes when it is
+// garbage, so drop a PreparedLine with its channel. An hcomm extension.
 type PreparedLine struct {
 	ch  *Channel
 	put channel.LinePut
