@@ -392,12 +392,7 @@ func TestRetire(t *testing.T) {
 // memory file, and its addresses go when the line is collected.
 func TestLineRacingClose(t *testing.T) {
 	for round := 0; round < 20; round++ {
-		a, b := newSide(t, 4096), newSide(t, 4096)
-		pair(t, a, b, 4096)
-		if a.err != nil || b.err != nil {
-			t.Fatal(a.err, b.err)
-		}
-		tr := a.conn.Transport.(*Transport)
+		tr, b := linePair(t)
 		l, err := tr.PrepareLine(b.buf + channel.LineSize)
 		if err != nil {
 			t.Fatal(err)
@@ -450,12 +445,7 @@ func TestLineRacingClose(t *testing.T) {
 // TestLineUnmapsWithoutLines: a channel whose lines were collected before
 // it closed unmaps the peer's memory at once, as one that never had any.
 func TestLineUnmapsWithoutLines(t *testing.T) {
-	a, b := newSide(t, 4096), newSide(t, 4096)
-	pair(t, a, b, 4096)
-	if a.err != nil || b.err != nil {
-		t.Fatal(a.err, b.err)
-	}
-	tr := a.conn.Transport.(*Transport)
+	tr, b := linePair(t)
 	h := tr.mems[0].lines
 	func() {
 		l, err := tr.PrepareLine(b.buf)
@@ -506,12 +496,7 @@ func lineCount(h *lineHold) int {
 // hand-off's path): it completes while another goroutine holds the lock
 // for writing, as Close does to unmap.
 func TestLinePutTakesNoLock(t *testing.T) {
-	a, b := newSide(t, 4096), newSide(t, 4096)
-	pair(t, a, b, 4096)
-	if a.err != nil || b.err != nil {
-		t.Fatal(a.err, b.err)
-	}
-	tr := a.conn.Transport.(*Transport)
+	tr, b := linePair(t)
 	l, err := tr.PrepareLine(b.buf)
 	if err != nil {
 		t.Fatal(err)
@@ -535,4 +520,16 @@ func TestLinePutTakesNoLock(t *testing.T) {
 	if !channel.TakeLine(got, line, 3) || got[0] != 7 {
 		t.Fatalf("the peer's line holds %v, want the flag 3 and 7", line[:9])
 	}
+}
+
+// linePair connects two ends with 4096-byte buffers and returns the first
+// end's transport and the second end, whose buffer it stores lines into.
+func linePair(t *testing.T) (*Transport, *side) {
+	t.Helper()
+	a, b := newSide(t, 4096), newSide(t, 4096)
+	pair(t, a, b, 4096)
+	if a.err != nil || b.err != nil {
+		t.Fatal(a.err, b.err)
+	}
+	return a.conn.Transport.(*Transport), b
 }
