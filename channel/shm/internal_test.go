@@ -533,3 +533,33 @@ func linePair(t *testing.T) (*Transport, *side) {
 	}
 	return a.conn.Transport.(*Transport), b
 }
+
+// TestLinePeerCloses: when the peer closes its end in order, this end
+// unmaps the peer's memory at once (unmapPeer) — a mapping that a
+// prepared line stores into is retired to private memory instead — and
+// the line's Put fails with channel.ErrPeerClosed.
+func TestLinePeerCloses(t *testing.T) {
+	tr, b := linePair(t)
+	l, err := tr.PrepareLine(b.buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr.mu.RLock() // the watcher clears mems when the peer's goodbye comes
+	addr := uintptr(unsafe.Pointer(&tr.mems[0].m[0]))
+	tr.mu.RUnlock()
+	b.conn.Transport.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for !tr.down.Load() && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if !tr.down.Load() {
+		t.Fatal("the peer's memory was not given up after the peer closed")
+	}
+	if err := l.Put([]byte{1}, 1); !errors.Is(err, channel.ErrPeerClosed) {
+		t.Fatalf("Put after the peer closed = %v, want channel.ErrPeerClosed", err)
+	}
+	if m := mappingAt(addr); m == "" || strings.Contains(m, "memfd") {
+		t.Fatalf("the peer's memory is mapped as %q after it closed, want private memory while a line stores into it", m)
+	}
+	runtime.KeepAlive(l)
+}
