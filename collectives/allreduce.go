@@ -175,14 +175,20 @@ func AllReduce(send, recv device.Ptr, count int64, dt hcomm.DataType, op hcomm.R
 		case AlgoTree:
 			// A reduce up the binomial tree to rank 0 and a broadcast down
 			// it, each pipelined in pieces: 2 log2(n) hops deep, each piece
-			// reduced once per hop.
-			sc.open(h, algo)
+			// reduced once per hop. Where the pairs lend (tcp:
+			// openBroadcast), the broadcast half goes by lent pipes, each
+			// piece written straight to its place in recv, and the copy
+			// out of the inbox is gone; the reduce half stays staged (a
+			// piece reduced as it arrives would still land in a buffer
+			// first, the socket's, and cost the same passes).
 			if c.Size() == 1 {
+				sc.open(h, algo)
 				sc.copy(recv, send, n)
 				break
 			}
+			ln := openBroadcast(sc, h, algo, recv, n, 0)
 			reduceTree(sc, send, recv, count, dt, op, 0)
-			broadcastTree(sc, recv, n, 0, nil)
+			broadcastTree(sc, recv, n, 0, ln)
 		case AlgoDBTree:
 			sc.open(h, algo)
 			allReduceDBTree(sc, send, recv, count, dt, op)

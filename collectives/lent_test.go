@@ -77,8 +77,9 @@ func TestLentOverTCP(t *testing.T) {
 // 8-byte type, 2 to 4 ranks, the tree, the ring and the selector's choice
 // back to back on one set of communicators (the pipes' counters carry from
 // call to call), beside staged calls of the same pipes (the ring
-// all-reduce); pieces are counted, and every loan is taken back once the
-// streams are done. With a buffer whose slot is larger than netPiece,
+// all-reduce) and the tree all-reduce, whose reduce half goes staged and
+// its broadcast half lent, out of place and in place; pieces are counted,
+// and every loan is taken back once the streams are done. With a buffer whose slot is larger than netPiece,
 // the network's pieces (odd ends too).
 func TestLentPipesOverTCP(t *testing.T) {
 	for _, n := range []int{2, 3, 4} {
@@ -97,6 +98,7 @@ func TestLentPipesOverTCP(t *testing.T) {
 							broadcastRaw(t, comms, m, algo)
 						}
 						allReduceRaw(t, comms, m, collectives.AlgoRing, false)
+						allReduceRaw(t, comms, m, collectives.AlgoTree, root == 0)
 					}
 				}
 			}
@@ -511,8 +513,9 @@ func TestAllReduceHDLentOverTCP(t *testing.T) {
 
 // TestLentPipesOverSim: the simulator's network takes lent writes as tcp
 // does (hcomm.Comm.TakesLentTo), so the schedules it times are tcp's: a
-// 2-rank broadcast and halving-doubling all-reduce over the sim transport
-// send their pieces by lent pipes, exact. Before, the simulator timed the
+// 2-rank broadcast, halving-doubling all-reduce and tree all-reduce (its
+// broadcast half) over the sim transport send their pieces by lent pipes,
+// exact. Before, the simulator timed the
 // staged forms that tcp no longer runs.
 func TestLentPipesOverSim(t *testing.T) {
 	w, err := simch.NewWorld(simch.Profile{Intra: simch.Level{AlphaUs: 1, BetaNsPerByte: 0.1}, Hosts: 1, RanksPerHost: 2})
@@ -543,6 +546,13 @@ func TestLentPipesOverSim(t *testing.T) {
 	allReduceRaw(t, comms, m, collectives.AlgoHD, false)
 	if got, want := collectives.LentPipes()-sent, int64(3+3); got != want {
 		t.Fatalf("the all-reduce's all-gather half sent %d pieces by lent pipes, want %d", got, want)
+	}
+	for _, inPlace := range []bool{false, true} {
+		sent = collectives.LentPipes()
+		allReduceRaw(t, comms, m, collectives.AlgoTree, inPlace)
+		if got := collectives.LentPipes() - sent; got != 6 {
+			t.Fatalf("in-place=%v: the tree all-reduce's broadcast half sent %d of its 6 pieces by lent pipes, want 6", inPlace, got)
+		}
 	}
 }
 
