@@ -530,19 +530,23 @@ func (x *laneCall) post(stop <-chan struct{}) error {
 }
 
 // postParts is post for a call whose hello to each peer carries a payload
-// of its own (x.part): the header into this rank's slot with its own part
-// beside it (where finish reads it as it reads the peers': an in-place
-// reduce-scatter's recv is that part of send), and to each peer the header
-// and the peer's part of send, as the schedule's hello sends them
-// (sendHello: a line when they pack into one, else the part and then the
-// header's line).
+// of its own (x.part): the header into this rank's slot — a reduce-scatter's
+// own part beside it (where finish reduces it with the peers': an in-place
+// reduce-scatter's recv is that part of send, which the reduction
+// overwrites), an all-to-all's not (finish copies it from send to its
+// place: one copy, not two) — and to each peer
+// the header and the peer's part of send, as the schedule's hello sends
+// them (sendHello: a line when they pack into one, else the part and then
+// the header's line).
 func (x *laneCall) postParts(stop <-chan struct{}) error {
 	st := x.st
 	me := int(x.h.from)
 	off := st.lay.helloOff(me, 0)
 	b := st.hello.Bytes()[off : off+headerSize+x.n]
 	x.h.encode(b)
-	copy(b[headerSize:], x.in[int64(me)*x.n:])
+	if x.h.kind != kAlltoAll {
+		copy(b[headerSize:], x.in[int64(me)*x.n:])
+	}
 	mine := st.buf.Add(off)
 	for _, p := range st.others {
 		if err := st.sendHello(stop, p, x.par[p], x.flag[p], mine, x.sendPtr.Add(int64(p)*x.n), x.n); err != nil {
@@ -823,8 +827,12 @@ func (x *laneCall) finish() error {
 	}
 	if x.h.kind == kAllGather || x.h.kind == kAlltoAll {
 		// Every rank's input (or block for this rank) to its place, this
-		// rank's from its own hello's copy (an in-place call's input is
-		// its place).
+		// rank's from its own hello's copy (an in-place all-gather's input
+		// is its place) — an all-to-all's (which has no in-place form)
+		// from send, which postParts did not copy into the slot.
+		if x.h.kind == kAlltoAll {
+			x.pay[me] = x.in[int64(me)*x.n : int64(me+1)*x.n]
+		}
 		for r := 0; r < size; r++ {
 			copy(x.out[int64(r)*x.n:], x.pay[r])
 		}

@@ -24,8 +24,9 @@ var laneTransports = []hcommtest.Transport{hcommtest.Inproc, hcommtest.Shm, hcom
 // readLaneTransports are the read lane's (laneread.go): mapped memory only.
 var readLaneTransports = []hcommtest.Transport{hcommtest.Inproc, hcommtest.Shm}
 
-// The lane under every timing: hundreds of all-reduces, all-gathers and
-// broadcasts (from every root), one kind or another at random, whose
+// The lane under every timing: hundreds of all-reduces, all-gathers,
+// all-to-alls and broadcasts (from every root), one kind or another at
+// random, whose
 // sizes fall on both sides of the one-shot limit (so that the lane and the schedules alternate back to
 // back), in place and out of place, on two streams in
 // turn now and then (so that begin orders them and the lane steps aside),
@@ -105,12 +106,16 @@ func stressAllReduce(t testing.TB, c *hcomm.Comm, calls int, lane bool) {
 		if gather {
 			count = min(count, room/n) // n of them in the buffers
 		}
-		// Or a broadcast from root, a reduce to root, a barrier.
+		// Or a broadcast from root, a reduce to root, a barrier, an
+		// all-to-all of count elements a block.
 		other := 0
 		if !gather {
 			other = order.IntN(6)
 		}
-		bcast, reduce, barrier := other == 1, other == 2, other == 3
+		bcast, reduce, barrier, a2a := other == 1, other == 2, other == 3, other == 4
+		if a2a {
+			count = min(count, room/n)
+		}
 		root := order.IntN(n)
 		if order.IntN(8) == 0 {
 			s = ss[order.IntN(2)]
@@ -119,6 +124,12 @@ func stressAllReduce(t testing.TB, c *hcomm.Comm, calls int, lane bool) {
 		in := make([]float32, count)
 		for i := range in {
 			in[i] = float32((i+k)%7 + c.Rank())
+		}
+		if a2a { // block p for rank p
+			in = make([]float32, n*count)
+			for i := range in {
+				in[i] = float32((i%count+k)%7 + 3*(i/count) + c.Rank())
+			}
 		}
 		// An in-place all-gather's input is its own part of the output.
 		at := send
@@ -135,13 +146,15 @@ func stressAllReduce(t testing.TB, c *hcomm.Comm, calls int, lane bool) {
 			time.Sleep(time.Duration(rng.IntN(3)) * time.Millisecond)
 		}
 		out := recv
-		if inPlace {
+		if inPlace && !a2a { // an all-to-all has no in-place form
 			out = send
 		}
 		var err error
 		switch {
 		case gather:
 			err = collectives.AllGather(at, out, int64(count), hcomm.Float32, c, s, nil)
+		case a2a:
+			err = collectives.AlltoAll(send, int64(count), hcomm.Float32, out, int64(count), hcomm.Float32, c, s, nil)
 		case bcast:
 			err = collectives.Broadcast(send, int64(count), hcomm.Float32, root, c, s, nil)
 		case reduce:
@@ -161,6 +174,14 @@ func stressAllReduce(t testing.TB, c *hcomm.Comm, calls int, lane bool) {
 			for i, v := range readFloats(t, c, out, n*count) {
 				if want := float32((i%count+k)%7 + i/count); v != want {
 					t.Fatalf("all-gather %d (%d elements a rank, in place %v): element %d is %v, want %v", k, count, inPlace, i, v, want)
+				}
+			}
+			continue
+		}
+		if a2a {
+			for i, v := range readFloats(t, c, out, n*count) {
+				if want := float32((i%count+k)%7 + 3*c.Rank() + i/count); v != want {
+					t.Fatalf("all-to-all %d (%d elements a block): element %d is %v, want %v", k, count, i, v, want)
 				}
 			}
 			continue
