@@ -618,6 +618,70 @@ func TestAllReduceHDLentPeerGone(t *testing.T) {
 	t.Logf("rank 0: %v (%v)", errs[0], took.Round(time.Millisecond))
 }
 
+// TestAllReduceTreeLentPeerGone: the tree all-reduce over tcp whose child
+// goes away in the broadcast half, its lent pipes: rank 1 aborts and
+// destroys its communicator once the root's lent pieces have begun, and
+// the root, waiting for rank 1's acknowledgements, fails within seconds —
+// not at its 10-minute HCCL_EXEC_TIMEOUT — with an error that names rank 1.
+func TestAllReduceTreeLentPeerGone(t *testing.T) {
+	const per = 4096
+	defer collectives.SetPieceOverride(per)()
+	comms := hcommtest.Options{Config: &hcomm.Config{BufferSize: 1 << 20, ExecTimeout: 10 * time.Minute}}.New(t, 2, hcommtest.TCP)
+	const count = 400 * per // 400 pieces up the tree and 400 down
+	before := collectives.LentPipes()
+	errs := make([]error, 2)
+	var took time.Duration
+	hcommtest.Each(t, comms, func(t testing.TB, c *hcomm.Comm) {
+		s, err := c.Device().CreateStream()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Destroy()
+		buf, err := c.Device().Malloc(count)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Device().Free(buf)
+		start := time.Now()
+		if err := collectives.AllReduce(buf, buf, count, hcomm.Int8, hcomm.Sum, c, s, &collectives.Options{Algorithm: collectives.AlgoTree}); err != nil {
+			t.Fatal(err)
+		}
+		if c.Rank() == 1 {
+			// More pieces than a window went down by lent pipes: the
+			// root waits for rank 1's acknowledgements from here on.
+			deadline := time.Now().Add(time.Minute)
+			for collectives.LentPipes()-before <= collectives.LentWindow+1 && time.Now().Before(deadline) {
+				time.Sleep(20 * time.Microsecond)
+			}
+			switch n := collectives.LentPipes() - before; {
+			case n <= collectives.LentWindow+1:
+				t.Errorf("%d pieces went by lent pipes in a minute: the broadcast half is staged", n)
+			case n >= count/per-2:
+				t.Fatalf("%d of %d pieces were sent before rank 1 could leave", n, count/per)
+			}
+			c.Abort()
+			errs[1] = s.SynchronizeWithTimeout(time.Minute)
+			c.Destroy()
+			return
+		}
+		errs[0] = s.SynchronizeWithTimeout(time.Minute)
+		took = time.Since(start)
+	})
+	if errs[1] == nil {
+		t.Errorf("rank 1's aborted all-reduce reports no failure")
+	}
+	if errs[0] == nil {
+		t.Fatalf("rank 0's all-reduce succeeded without its child's acknowledgements")
+	}
+	if took > 30*time.Second {
+		t.Errorf("rank 0 failed %v after its call: the child's loss did not end its wait", took)
+	}
+	if !strings.Contains(errs[0].Error(), "rank 1") {
+		t.Errorf("rank 0's error does not name rank 1: %v", errs[0])
+	}
+	t.Logf("rank 0: %v (%v)", errs[0], took.Round(time.Millisecond))
+}
+
 // TestAllGatherPushOverShm: between processes of a host (shm pairs that
 // read lent memory), the direct all-gather whose output is at least
 // shmPushMin (lowered here) pushes: every rank writes its input into every
