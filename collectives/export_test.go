@@ -58,8 +58,20 @@ func LentPipes() int64 { return lentPipes.Load() }
 // LentAcks counts the acknowledgements the lent pipes' receivers recorded.
 func LentAcks() int64 { return lentAcks.Load() }
 
-// LentWindow is how many pieces a lent pipe may have unacknowledged.
-const LentWindow = lentWindow
+// LentWindow is how many pieces a lent pipe may have unacknowledged among
+// the ranks of c: lentWindow where some host is crowded, lentWideWindow
+// where none is (-1: c has no collective state).
+func LentWindow(c *hcomm.Comm) int64 {
+	st, err := lockLocal(c)
+	if err != nil {
+		return -1
+	}
+	defer st.mu.Unlock()
+	if st.crowdedComm {
+		return lentWindow
+	}
+	return lentWideWindow
+}
 
 // LentReads counts the lent reads run (shm, through the kernel).
 func LentReads() int64 { return lentReads.Load() }

@@ -90,6 +90,7 @@ const (
 	flagWindow    = 4  // the buffers lie in a window (win, woff): peers read them in place
 	flagInPlace   = 8  // with flagWindow: the call is in place (woff is the output's offset)
 	flagLent      = 16 // the hello carries buffer addresses for lent writes and reads (lent.go)
+	flagWide      = 32 // the lent pipes' window is lentWideWindow: no host is crowded (lent.go)
 )
 
 var headerMagic = [4]byte{'H', 'C', 'O', 'L'}
@@ -171,6 +172,9 @@ func (h header) call() string {
 	}
 	if h.flags&flagLent != 0 {
 		b.WriteString(", lent buffers") // the other rank stages: HCOMM_SHM_CMA_DISABLE differs
+	}
+	if h.flags&flagWide != 0 {
+		b.WriteString(", no host crowded") // the other rank's HCOMM_CROWDED differs
 	}
 	fmt.Fprintf(&b, ", %v)", h.algo)
 	return b.String()

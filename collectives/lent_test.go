@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -127,28 +128,39 @@ func TestLentPipesOverTCP(t *testing.T) {
 }
 
 // TestLentPipesAcknowledgeWhatTheSenderWaitsFor: a lent pipe's receiver
-// acknowledges a piece only when the call has a piece LentWindow further
-// on (the sender waits for that acknowledgement before writing it), never
-// the call's last LentWindow pieces, whose notifies the next call's
-// handshake frees: over tcp, 2 and 3 ranks, the tree and the ring, calls
-// of 1 to 9 pieces back to back in an order that mixes them (a call of
-// many pieces after one of few and the other way), each exact and
-// acknowledged (n−1)·max(0, pieces−LentWindow) times. Acknowledging every
-// piece and draining the last ones, as before, fails the count.
+// acknowledges a piece only when the call has a piece a window further on
+// (LentWindow: 2 pieces where some host is crowded, 8 where none is; the
+// sender waits for that acknowledgement before writing it), never the
+// call's last window of pieces, whose notifies the next call's handshake
+// frees: over tcp, 2 and 3 ranks, crowded and not (HCOMM_CROWDED), the
+// tree and the ring, calls of 1 to 11 pieces back to back in an order that
+// mixes them (a call of many pieces after one of few and the other way),
+// each exact and acknowledged (n−1)·max(0, pieces−window) times.
+// Acknowledging every piece and draining the last ones, as before, fails
+// the count, and so does a window that is not the one the ranks agree on.
 func TestLentPipesAcknowledgeWhatTheSenderWaitsFor(t *testing.T) {
-	for _, n := range []int{2, 3} {
-		t.Run(fmt.Sprintf("ranks=%d", n), func(t *testing.T) {
+	for _, tc := range []struct {
+		n       int
+		crowded string
+		window  int64
+	}{{2, "1", 2}, {3, "1", 2}, {2, "0", 8}, {3, "0", 8}} {
+		t.Run(fmt.Sprintf("ranks=%d/crowded=%s", tc.n, tc.crowded), func(t *testing.T) {
+			t.Setenv("HCOMM_CROWDED", tc.crowded)
+			n := tc.n
 			comms := hcommtest.Options{Config: &hcomm.Config{BufferSize: 8 << 20}}.New(t, n, hcommtest.TCP)
 			if p := collectives.PieceBytes(comms[0]); p <= collectives.NetPiece {
 				t.Fatalf("an 8 MiB buffer's slot is %d bytes, not more than the network's piece %d", p, collectives.NetPiece)
 			}
+			if w := collectives.LentWindow(comms[0]); w != tc.window {
+				t.Fatalf("HCOMM_CROWDED=%s: the lent pipes' window is %d pieces, want %d", tc.crowded, w, tc.window)
+			}
 			sent := collectives.LentPipes()
-			for _, pieces := range []int64{3, 1, 9, 2, 4, 5, 1, 6} {
+			for _, pieces := range []int64{3, 1, 9, 2, 4, 11, 5, 1, 6} {
 				for _, algo := range []collectives.Algorithm{collectives.AlgoRing, collectives.AlgoTree} {
 					m := matrixCase{dt: hcomm.Int8, op: hcomm.Sum, count: pieces*collectives.NetPiece - 5, root: int(pieces) % n, inline: 1 << 40}
 					before := collectives.LentAcks()
 					broadcastRaw(t, comms, m, algo)
-					want := int64(n-1) * max(0, pieces-collectives.LentWindow)
+					want := int64(n-1) * max(0, pieces-tc.window)
 					if got := collectives.LentAcks() - before; got != want {
 						t.Fatalf("%v broadcast of %d pieces over %d ranks: %d acknowledgements, want %d", algo, pieces, n, got, want)
 					}
@@ -504,7 +516,7 @@ func TestAllReduceHDLentOverTCP(t *testing.T) {
 			if got := collectives.LentPipes() - sent; got != p0+p1 {
 				t.Fatalf("count %d in-place=%v: %d pieces went by lent pipes, want %d (%d and %d)", count, inPlace, got, p0+p1, p0, p1)
 			}
-			if got, want := collectives.LentAcks()-acks, max(0, p0-collectives.LentWindow)+max(0, p1-collectives.LentWindow); got != want {
+			if got, want := collectives.LentAcks()-acks, max(0, p0-collectives.LentWindow(comms[0]))+max(0, p1-collectives.LentWindow(comms[0])); got != want {
 				t.Fatalf("count %d in-place=%v: %d acknowledgements, want %d", count, inPlace, got, want)
 			}
 		}
@@ -589,8 +601,8 @@ func TestAllReduceHDLentPeerGone(t *testing.T) {
 			// More pieces than a window went by lent pipes: one of them
 			// needed rank 1's acknowledgement, recorded in its half.
 			deadline := time.Now().Add(time.Minute)
-			for collectives.LentPipes()-before <= collectives.LentWindow+1 && time.Now().Before(deadline) {
-				time.Sleep(20 * time.Microsecond)
+			for collectives.LentPipes()-before <= collectives.LentWindow(c)+1 && time.Now().Before(deadline) {
+				runtime.Gosched() // not a sleep: under -race a timer can outlast the whole call
 			}
 			if n := collectives.LentPipes() - before; n >= 2*count/per-2 {
 				t.Fatalf("%d of %d pieces were sent before rank 1 could leave", n, 2*count/per)
@@ -627,7 +639,7 @@ func TestAllReduceTreeLentPeerGone(t *testing.T) {
 	const per = 4096
 	defer collectives.SetPieceOverride(per)()
 	comms := hcommtest.Options{Config: &hcomm.Config{BufferSize: 1 << 20, ExecTimeout: 10 * time.Minute}}.New(t, 2, hcommtest.TCP)
-	const count = 400 * per // 400 pieces up the tree and 400 down
+	const count = 2000 * per // 2000 pieces up the tree and 2000 down
 	before := collectives.LentPipes()
 	errs := make([]error, 2)
 	var took time.Duration
@@ -650,11 +662,11 @@ func TestAllReduceTreeLentPeerGone(t *testing.T) {
 			// More pieces than a window went down by lent pipes: the
 			// root waits for rank 1's acknowledgements from here on.
 			deadline := time.Now().Add(time.Minute)
-			for collectives.LentPipes()-before <= collectives.LentWindow+1 && time.Now().Before(deadline) {
-				time.Sleep(20 * time.Microsecond)
+			for collectives.LentPipes()-before <= collectives.LentWindow(c)+1 && time.Now().Before(deadline) {
+				runtime.Gosched() // not a sleep: under -race a timer can outlast the whole call
 			}
 			switch n := collectives.LentPipes() - before; {
-			case n <= collectives.LentWindow+1:
+			case n <= collectives.LentWindow(c)+1:
 				t.Errorf("%d pieces went by lent pipes in a minute: the broadcast half is staged", n)
 			case n >= count/per-2:
 				t.Fatalf("%d of %d pieces were sent before rank 1 could leave", n, count/per)

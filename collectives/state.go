@@ -24,10 +24,10 @@ const (
 	nReady = 6 // + slot: "my gather slot holds what you may read now"
 	nDone  = 8 // + slot: "I have read your gather slot"
 	// The lent pipes' own (lent.go): a piece's arrival and its
-	// acknowledgement, lentWindow of each, used in turn.
-	nLentData = 10 // + piece mod lentWindow: "a piece of this call is in your buffer"
-	nLentAck  = nLentData + lentWindow
-	notifyNum = nLentAck + lentWindow
+	// acknowledgement, up to lentWideWindow of each, used in turn.
+	nLentData = 10 // + piece mod the window: "a piece of this call is in your buffer"
+	nLentAck  = nLentData + lentWideWindow
+	notifyNum = nLentAck + lentWideWindow
 	chanTag   = "hcomm/collectives"
 )
 
