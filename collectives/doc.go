@@ -247,11 +247,12 @@
 // The Broadcast's tree and ring over tcp lend every receiver's buffer too,
 // and go by lent pipes: each piece is written straight to its place in the
 // receiver's buffer with a notify of the lent pipes' own, acknowledged only
-// when the sender waits for it (a piece two further on), and forwarded from
-// there — the staged pipes' copy of every piece out of the inbox is gone
-// (2 processes, 1 MiB: 276–326 µs staged against 159–259 lent,
-// interleaved), and so is the wait at a call's end for its last pieces'
-// acknowledgements. The halving-doubling AllReduce of 2 ranks over tcp
+// when the sender waits for it (a piece a window further on: 8 pieces
+// where no host is crowded, so that a call of up to 2 MiB has no
+// acknowledgement, 2 where one is), and forwarded from there — the staged
+// pipes' copy of every piece out of the inbox is gone (2 processes, 1 MiB:
+// 276–326 µs staged against 159–259 lent, interleaved), and so is the wait
+// at a call's end for its last pieces' acknowledgements. The halving-doubling AllReduce of 2 ranks over tcp
 // sends its all-gather half the same way, each rank's reduced half straight
 // to its place in the other's recv (2 processes, 256 KiB: 86–101 µs
 // against 97–105 staged; 1 MiB: 331–404, median 345, against 361–378,

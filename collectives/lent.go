@@ -628,13 +628,14 @@ func (s *sched) lendHello(h header, algo Algorithm, recv device.Ptr, n int64, se
 // Lent pipes (tcp): the sender writes each piece straight to its place in
 // the receiver's lent receive buffer (hcomm.WriteLentWithNotifyNbi)
 // instead of its inbox, with a notify of the lent pipes' own: piece j of
-// the call records nLentData + j mod lentWindow. There is no slot to
+// the call records nLentData + j mod the window (loan.window: lentWindow
+// or lentWideWindow, below). There is no slot to
 // empty, so an acknowledgement only frees a notify for reuse (a notify is a
 // flag: two records of one index with no wait between them would
 // collapse), and paces the sender: the receiver acknowledges piece j, on
-// nLentAck + j mod lentWindow, when the call has a piece j + lentWindow,
-// and the sender waits for that before it writes the piece. The last
-// lentWindow pieces of a call go unacknowledged and nothing drains at its
+// nLentAck + j mod the window, when the call has a piece a window further
+// on, and the sender waits for that before it writes the piece. The last
+// window of pieces of a call go unacknowledged and nothing drains at its
 // end: the next call's handshake is what frees their indices (the
 // collectives of a communicator run one after another on every rank, so
 // the receiver sends its next hello once it has waited for every piece,
@@ -657,10 +658,11 @@ func (s *sched) lendHello(h header, algo Algorithm, recv device.Ptr, n int64, se
 // against 157–193, 512 KiB 78–111 against 86–167, 4 MiB 628–691 against
 // 626–1358; 4 processes 1 MiB 427–673 against 461–749, 4 MiB alike. A
 // window of four pieces, with the same unacknowledged end, was slower
-// (2 processes 4 MiB 916–1307 µs, 4 processes 1 MiB 659–962): with more of
-// a call in the socket at once, each 256 KiB write (whose loopback
+// then (2 processes 4 MiB 916–1307 µs, 4 processes 1 MiB 659–962): with
+// more of a call in the socket at once, each 256 KiB write (whose loopback
 // delivery runs the receiving side of tcp inside the sender's system
-// call) took 45–80 µs instead of 28–39.
+// call) took 45–80 µs instead of 28–39. It still is on a crowded host,
+// but no longer between processes with a core each (lentWideWindow).
 
 // lentWindow is how many pieces a lent pipe may have unacknowledged where
 // some host of the communicator is crowded (its ranks' processes outnumber
