@@ -118,16 +118,12 @@ func allGather(c *hcomm.Comm, name string, h header, send device.Ptr, sendCount 
 			// The input goes from send straight into every peer's hello
 			// slot or line (the same payload for each: blockOf), not
 			// through this rank's own slot first: a copy less per call.
+			// Every block then goes to its place in recv in the hello's
+			// own task (allGatherOneShotOut), not a copy task each.
 			x := helloPool.Get().(*helloCall)
-			x.blockOf = func(int) device.Ptr { return send }
-			hs := sc.helloWith(x, h, sc.others(), send, sendCount*es, nil, nil)
-			for p := 0; p < c.Size(); p++ {
-				if p == me {
-					sc.copy(out(p), send, sendCount*es)
-				} else {
-					sc.copy(out(p), hs.at(p), counts[p]*es)
-				}
-			}
+			x.setBlocks(send, 0)
+			x.red.recv, x.outCounts, x.outDispls, x.blkES = recv, counts, displs, es
+			sc.helloWith(x, h, sc.others(), send, sendCount*es, nil, allGatherOneShotOut)
 		case AlgoRD:
 			allGatherRD(sc, h, send, recv, sendCount*es)
 		case AlgoDirect:
@@ -330,4 +326,42 @@ func allGatherRing(sc *sched, out func(p int) device.Ptr, counts []int64, es int
 			}
 		}
 	}
+}
+
+// allGatherOneShotOut (the one-shot all-gather's then, once every hello has
+// arrived and checked out) copies this rank's input from send and every
+// peer's from its hello into its place in recv (x.red.recv, the counts and
+// displacements x.outCounts and x.outDispls, in elements of x.blkES bytes):
+// in the hello's task, where a copy task each cost the call n launches
+// (and n allocations).
+func allGatherOneShotOut(x *helloCall) error {
+	me, es := int(x.h.from), x.blkES
+	ext := extent(x.outCounts, x.outDispls) * es
+	if ext == 0 {
+		return nil
+	}
+	out, err := x.dev.Map(x.red.recv, ext)
+	if err != nil {
+		return err
+	}
+	defer out.Unmap()
+	dst := out.Bytes()
+	for p := range x.outCounts {
+		n := x.outCounts[p] * es
+		if n == 0 {
+			continue
+		}
+		at := dst[x.outDispls[p]*es:][:n]
+		if p == me {
+			own, err := x.dev.Map(x.blkBase, n)
+			if err != nil {
+				return err
+			}
+			copy(at, own.Bytes())
+			own.Unmap()
+			continue
+		}
+		copy(at, x.payload(p)) // the counts are equal: AllGatherV has no one-shot
+	}
+	return out.Flush(0, ext)
 }

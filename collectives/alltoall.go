@@ -188,30 +188,39 @@ func alltoall(c *hcomm.Comm, name string, h header, send device.Ptr, sc_, sd []i
 // handshake, and a write, a wait and a copy per piece and peer.
 func alltoAllOneShot(sc *sched, h header, send, recv device.Ptr, block int64) {
 	h.algo = AlgoOneShot
-	me, n := sc.st.comm.Rank(), sc.st.comm.Size()
 	x := helloPool.Get().(*helloCall)
-	x.blockOf = func(p int) device.Ptr { return send.Add(int64(p) * block) }
-	sc.helloWith(x, h, sc.others(), 0, block, nil, func(x *helloCall) error {
-		if block == 0 {
-			return nil
-		}
-		out, err := x.dev.Map(recv, int64(n)*block)
-		if err != nil {
-			return err
-		}
-		defer out.Unmap()
-		dst := out.Bytes()
-		own, err := x.dev.Map(send.Add(int64(me)*block), block)
-		if err != nil {
-			return err
-		}
-		copy(dst[int64(me)*block:], own.Bytes())
-		own.Unmap()
-		for _, p := range x.peers {
-			copy(dst[int64(p)*block:], x.payload(p))
-		}
-		return out.Flush(0, int64(n)*block)
-	})
+	x.setBlocks(send, block)
+	x.red.recv = recv
+	sc.helloWith(x, h, sc.others(), 0, block, nil, alltoAllOneShotOut)
+}
+
+// alltoAllOneShotOut (the one-shot all-to-all's then, once every hello has
+// arrived and checked out) copies this rank's own block from send and
+// every peer's from its hello into recv (x.red.recv). A function, not a
+// closure over the call's arguments: those are x's, and a closure would
+// cost every call an allocation.
+func alltoAllOneShotOut(x *helloCall) error {
+	block := x.n
+	if block == 0 {
+		return nil
+	}
+	me, n := int(x.h.from), int64(x.s.st.comm.Size())
+	out, err := x.dev.Map(x.red.recv, n*block)
+	if err != nil {
+		return err
+	}
+	defer out.Unmap()
+	dst := out.Bytes()
+	own, err := x.dev.Map(x.blockOf(me), block)
+	if err != nil {
+		return err
+	}
+	copy(dst[int64(me)*block:], own.Bytes())
+	own.Unmap()
+	for _, p := range x.peers {
+		copy(dst[int64(p)*block:], x.payload(p))
+	}
+	return out.Flush(0, n*block)
 }
 
 // countTable copies counts (one int64 per rank, little-endian), and then

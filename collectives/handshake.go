@@ -531,7 +531,7 @@ func (x *helloCall) send(stop <-chan struct{}) error {
 	}
 	for _, p := range x.peers {
 		payload := x.mine.Add(headerSize)
-		if x.blockOf != nil {
+		if x.blocks {
 			payload = x.blockOf(p)
 		}
 		if err := x.s.sendHello(stop, p, x.par[p], x.flagOf(p), x.mine, payload, x.n); err != nil { // ll.go
@@ -583,10 +583,34 @@ type helloCall struct {
 
 	pooled bool       // from helloPool: released when run ends
 	red    reduceArgs // the one-shot all-reduce's call (reduceInline)
-	// blockOf, when not nil, gives the payload of the hello to each peer
-	// (n bytes of its own: the one-shot all-to-all's block for that peer),
-	// in place of src's, which then is not copied into this rank's slot.
-	blockOf func(p int) device.Ptr
+	// blocks, when set, says that each peer's hello carries a payload of
+	// its own (n bytes: the one-shot all-to-all's block for that peer), in
+	// place of src's, which then is not copied into this rank's slot: peer
+	// p's lies at blkBase + p·blkStep, or blkBase + blkDispl[p]·blkES when
+	// blkDispl is not nil (blockOf). Fields rather than a function value:
+	// a closure would cost every call an allocation.
+	blocks   bool
+	blkBase  device.Ptr
+	blkStep  int64
+	blkDispl []int64
+	blkES    int64
+	// outCounts and outDispls are the one-shot all-gather's output
+	// layout, in elements of blkES bytes (allGatherOneShotOut).
+	outCounts, outDispls []int64
+}
+
+// blockOf returns the payload of the hello to peer p (x.blocks).
+func (x *helloCall) blockOf(p int) device.Ptr {
+	if x.blkDispl != nil {
+		return x.blkBase.Add(x.blkDispl[p] * x.blkES)
+	}
+	return x.blkBase.Add(int64(p) * x.blkStep)
+}
+
+// setBlocks gives each peer p's hello the payload at base + p·step (step
+// 0: the same payload for every peer).
+func (x *helloCall) setBlocks(base device.Ptr, step int64) {
+	x.blocks, x.blkBase, x.blkStep = true, base, step
 }
 
 // reduceArgs is what the one-shot all-reduce's reduction needs.
@@ -665,7 +689,7 @@ func (x *helloCall) prepare() error {
 	me := int(x.h.from)
 	b := x.slot(me)[:headerSize+x.n]
 	x.h.encode(b)
-	if x.n > 0 && x.blockOf == nil {
+	if x.n > 0 && !x.blocks {
 		in, err := x.dev.Map(x.src, x.n)
 		if err != nil {
 			return err

@@ -122,7 +122,7 @@ func reduceScatterOneShot(sc *sched, h header, send, recv device.Ptr, cnt int64,
 	es := int64(dt.Size())
 	me, n := sc.st.comm.Rank(), sc.st.comm.Size()
 	x := helloPool.Get().(*helloCall)
-	x.blockOf = func(p int) device.Ptr { return send.Add(displs[p] * es) }
+	x.blocks, x.blkBase, x.blkDispl, x.blkES = true, send, displs, es
 	sc.helloWith(x, h, sc.others(), 0, cnt*es, nil, func(x *helloCall) error {
 		if cnt == 0 {
 			return nil

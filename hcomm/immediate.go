@@ -2,6 +2,7 @@ package hcomm
 
 import (
 	"math"
+	"sync"
 	"time"
 
 	"github.com/hcomm-dev/hcomm/channel"
@@ -95,6 +96,9 @@ type Segment struct {
 // maxSegments bounds WriteVWithNotifyNbi's pieces.
 const maxSegments = 8
 
+// segPool recycles WriteVWithNotifyNbi's views of its segments.
+var segPool = sync.Pool{New: func() any { return new([maxSegments][]byte) }}
+
 // WriteVWithNotifyNbi writes the segments one after the other into the
 // peer's memory from dst on, and then records the peer's notify remoteIdx,
 // now: WriteWithNotifyNbi for a source in pieces (a header here, a payload
@@ -112,7 +116,12 @@ func WriteVWithNotifyNbi(stop <-chan struct{}, ch *Channel, dst device.Ptr, segs
 	if len(segs) == 0 || len(segs) > maxSegments {
 		return c.errorf(op, ch.RemoteRank(), ErrPara, nil, "%d segments: want 1 to %d", len(segs), maxSegments)
 	}
-	var bufs [maxSegments][]byte
+	// The segments' host views, from a pool: passed to the transport
+	// through an interface, an array on the stack would be moved to the
+	// heap on every call (a small collective's hellos make one a peer).
+	bp := segPool.Get().(*[maxSegments][]byte)
+	defer func() { *bp = [maxSegments][]byte{}; segPool.Put(bp) }()
+	bufs := bp
 	var total int64
 	for i, sg := range segs {
 		if sg.N < 0 || sg.N > 1<<62-total {
