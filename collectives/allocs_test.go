@@ -62,29 +62,10 @@ func smallAllReduceAllocations(t *testing.T, reg prometheus.Registerer, most flo
 		}
 		rs[i] = rank{s, buf}
 	}
-	const calls = 200
-	round := func() {
-		var wg sync.WaitGroup
-		for i, c := range comms {
-			wg.Add(1)
-			go func(i int, c *hcomm.Comm) {
-				defer wg.Done()
-				for k := 0; k < calls; k++ {
-					o := &collectives.Options{Algorithm: collectives.AlgoOneShot}
-					if err := collectives.AllReduce(rs[i].buf, rs[i].buf, 2, hcomm.Float32, hcomm.Sum, c, rs[i].s, o); err != nil {
-						t.Error(err)
-						return
-					}
-				}
-				if err := rs[i].s.SynchronizeWithTimeout(-1); err != nil {
-					t.Error(err)
-				}
-			}(i, c)
-		}
-		wg.Wait()
-	}
-	round() // setup: channels, threads, pools
-	perCall := testing.AllocsPerRun(5, round) / (n * calls)
+	perCall := allocsPerRankCall(t, comms, 200, 5, func(i int, c *hcomm.Comm) error {
+		o := &collectives.Options{Algorithm: collectives.AlgoOneShot}
+		return collectives.AllReduce(rs[i].buf, rs[i].buf, 2, hcomm.Float32, hcomm.Sum, c, rs[i].s, o)
+	}, func(i int) *device.Stream { return rs[i].s })
 	t.Logf("%.2f allocations per rank per call", perCall)
 	if perCall > most {
 		t.Errorf("%.2f allocations per rank per one-shot all-reduce, want at most %v", perCall, most)
@@ -138,30 +119,40 @@ func TestSmallExchangeAllocations(t *testing.T) {
 		},
 	}
 	for name, call := range calls3 {
-		round := func() {
-			var wg sync.WaitGroup
-			for i, c := range comms {
-				wg.Add(1)
-				go func(r rank, c *hcomm.Comm) {
-					defer wg.Done()
-					for range calls {
-						if err := call(r, c); err != nil {
-							t.Error(err)
-							return
-						}
-					}
-					if err := r.s.SynchronizeWithTimeout(-1); err != nil {
-						t.Error(err)
-					}
-				}(rs[i], c)
-			}
-			wg.Wait()
-		}
-		round() // setup: channels, threads, pools
-		perCall := testing.AllocsPerRun(3, round) / (n * calls)
+		perCall := allocsPerRankCall(t, comms, calls, 3, func(i int, c *hcomm.Comm) error { return call(rs[i], c) },
+			func(i int) *device.Stream { return rs[i].s })
 		t.Logf("%s: %.2f allocations per rank per call", name, perCall)
 		if perCall > 5.5 {
 			t.Errorf("%s: %.2f allocations per rank per one-shot call over tcp, want at most 5.5", name, perCall)
 		}
 	}
+}
+
+// allocsPerRankCall runs calls calls of call on every rank of comms at
+// once, each rank then synchronizing its stream (streamOf), once to set
+// up (channels, threads, pools) and then runs times under
+// testing.AllocsPerRun, and returns the allocations per rank and call.
+func allocsPerRankCall(t *testing.T, comms []*hcomm.Comm, calls, runs int, call func(i int, c *hcomm.Comm) error, streamOf func(i int) *device.Stream) float64 {
+	t.Helper()
+	round := func() {
+		var wg sync.WaitGroup
+		for i, c := range comms {
+			wg.Add(1)
+			go func(i int, c *hcomm.Comm) {
+				defer wg.Done()
+				for range calls {
+					if err := call(i, c); err != nil {
+						t.Error(err)
+						return
+					}
+				}
+				if err := streamOf(i).SynchronizeWithTimeout(-1); err != nil {
+					t.Error(err)
+				}
+			}(i, c)
+		}
+		wg.Wait()
+	}
+	round()
+	return testing.AllocsPerRun(runs, round) / float64(len(comms)*calls)
 }
