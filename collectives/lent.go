@@ -454,7 +454,10 @@ const readMin = 16 << 10
 // 16 KiB: all-to-all 1.3–1.5 µs against 3.5–3.6, broadcast of 8 KiB
 // 0.9–1.0 against 2.2–2.4; in process a broadcast of 4 KiB 1.0–1.2
 // against 2.2–2.5), but the all-gather's one-shot lane holds to 8 KiB
-// inputs (4 KiB 1.65–1.74 against 1.9–2.1 read: gatherReadMin).
+// inputs (4 KiB 1.65–1.74 against 1.9–2.1 read: gatherReadMin). Between
+// processes such a read goes through the peer's memory file mapped here
+// only from channel/shm's peerFileMin on (4 KiB since stop 47; below, the
+// kernel's copy, a system call of some 2 µs): keep the two in step.
 const pairReadMin = 4 << 10
 
 // readLeast is the least data a pair that reads lent memory reads so among
@@ -572,19 +575,28 @@ func preferLent(k kind, bytes int64, n int, st *state, a Algorithm) Algorithm {
 // (the read lane) rather than the one-shot lane carrying it in the hellos:
 // 2 ranks, 512-byte blocks 1.17–1.33 µs read against 0.98–1.05 in the
 // hellos, 1 KiB alike (1.27–1.39 against 1.17–1.69), 2 KiB 1.30–1.50
-// against 1.44–1.60, 4 KiB 1.24–1.40 against 1.95–2.38 (stop 25).
-const inprocPairMin = 1 << 10
+// against 1.44–1.60, 4 KiB 1.24–1.40 against 1.95–2.38 (stop 25). Since
+// the lane's one-shot copies its own block once (stop 46) the hellos win
+// to 4 KiB blocks (AMD EPYC VM, stop 47, four launches each: 2 KiB blocks
+// 0.51–0.55 µs against 0.65–0.73 read, 4 KiB 0.61–0.71 against 0.70–0.74,
+// 8 KiB 0.94–0.99 against 0.72–0.79, 16 KiB 1.65–1.81 against 1.03–1.12;
+// Open MPI's 2 processes 0.35–0.36 µs at 2 KiB blocks).
+const inprocPairMin = 8 << 10
 
 // inprocGatherMin is the least input of an all-gather among n ranks of one
 // process that the direct schedule reads where it lies (the read lane,
 // laneread.go) rather than the one-shot lane carrying it in the hellos. 2
 // ranks: 2 KiB inputs 1.0–1.2 µs against 1.1–1.3, 8 KiB 1.2–1.5 against
-// 2.2–2.6; 4 ranks on 2 cores, 1 KiB 9.0–10.0 against 6.9–7.1, 4 KiB
-// 11.7–12.5 against 10.1–10.3, 8 KiB 12.9–13.1 against 14.3–15.7. Every
-// rank of a process sees the same NumCPU, so all choose alike.
+// 2.2–2.6 (stop 25); since the lane's one-shot got leaner the hellos win
+// at 2 KiB (AMD EPYC VM, stop 47, three launches each: 0.31–0.37 µs
+// against 0.48–0.56 read), 4 KiB alike (0.45–0.54 against 0.50–0.52), 8
+// KiB read (0.48–0.57 against 0.80–0.82); 4 ranks on 2 cores, 1 KiB
+// 9.0–10.0 against 6.9–7.1, 4 KiB 11.7–12.5 against 10.1–10.3, 8 KiB
+// 12.9–13.1 against 14.3–15.7. Every rank of a process sees the same
+// NumCPU, so all choose alike.
 func inprocGatherMin(n int) int64 {
 	if n <= runtime.NumCPU() {
-		return 2 << 10
+		return 4 << 10
 	}
 	return 8 << 10
 }

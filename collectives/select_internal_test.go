@@ -337,6 +337,10 @@ func TestPreferLent(t *testing.T) {
 		{"in process, all-to-all of a rank a core", proc, kAlltoAll, 2, 2 * inprocPairMin, AlgoOneShot, map[bool]Algorithm{true: AlgoPairwise, false: AlgoOneShot}[runtime.NumCPU() >= 2]},
 		{"in process, all-to-all of a rank a core, small blocks", proc, kAlltoAll, 2, 2*inprocPairMin - 1, AlgoOneShot, AlgoOneShot},
 		{"in process, all-to-all of more ranks than cores", proc, kAlltoAll, runtime.NumCPU() + 1, 64, AlgoOneShot, AlgoOneShot},
+		// Stop 47: between 2 ranks the hellos win to 4 KiB blocks and 2 KiB
+		// all-gather inputs (the read lane took them from 1 and 2 KiB on).
+		{"in process, 2 ranks, all-to-all of 4 KiB blocks", proc, kAlltoAll, 2, 2 * 4096, AlgoOneShot, AlgoOneShot},
+		{"in process, 2 ranks, all-gather of 2 KiB inputs", proc, kAllGather, 2, 2048, AlgoOneShot, AlgoOneShot},
 		{"in process, 9 ranks", proc, kAllGather, 9, 64 << 20, AlgoRing, AlgoRing},
 		{"in process, broadcast at pairReadMin", proc, kBroadcast, 4, pairReadMin, AlgoOneShot, AlgoDirect},
 		{"in process, broadcast below pairReadMin", proc, kBroadcast, 4, pairReadMin - 1, AlgoOneShot, AlgoOneShot},

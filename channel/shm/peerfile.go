@@ -50,8 +50,13 @@ const (
 	// the kernel's copy. A mapped read is a copy and no system call: from
 	// 16 KiB to 1 MiB it measured as fast as the kernel's copy or faster
 	// (4 processes, 1 MiB all-gather 131–189 µs against 261–279 with the
-	// kernel's; broadcast 121–125 against 143–159).
-	peerFileMin = 8 << 10
+	// kernel's; broadcast 121–125 against 143–159), and at 4 KiB, the
+	// least the collectives read (their pairReadMin), the kernel's copy is
+	// a system call that costs more than the copy: 2 processes, broadcast
+	// of 4 KiB 2.28–2.31 µs through the kernel against 0.40–0.41 mapped,
+	// all-to-all of 4 KiB blocks 2.39–2.46 against 0.60–0.65 (stop 47; it
+	// was 8 KiB, and those calls took the kernel's copy).
+	peerFileMin = 4 << 10
 )
 
 // peerFiles is the cache of the peer's memory files mapped here.
