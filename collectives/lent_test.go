@@ -4,8 +4,8 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"runtime"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -570,64 +570,16 @@ func TestLentPipesOverSim(t *testing.T) {
 
 // TestAllReduceHDLentPeerGone: a 2-rank all-reduce over tcp whose peer goes
 // away in the all-gather half, its lent pipes: rank 1 aborts and destroys
-// its communicator once it has acknowledged a lent piece (it is receiving
-// rank 0's half), and rank 0, waiting for rank 1's pieces or their
-// acknowledgements, fails within seconds — not at its 10-minute
-// HCCL_EXEC_TIMEOUT — with an error that names rank 1.
+// its communicator once more lent pieces than a window went (one of them
+// needed its acknowledgement), and rank 0, waiting for rank 1's pieces or
+// their acknowledgements, fails within seconds — not at its 10-minute
+// HCCL_EXEC_TIMEOUT — with an error that names rank 1 (peerGone).
 func TestAllReduceHDLentPeerGone(t *testing.T) {
 	const per = 4096
 	defer collectives.SetPieceOverride(per)()
 	comms := hcommtest.Options{Config: &hcomm.Config{BufferSize: 1 << 20, ExecTimeout: 10 * time.Minute}}.New(t, 2, hcommtest.TCP)
 	const count = 2 * 400 * per // 400 pieces a half
-	before := collectives.LentPipes()
-	errs := make([]error, 2)
-	var took time.Duration
-	hcommtest.Each(t, comms, func(t testing.TB, c *hcomm.Comm) {
-		s, err := c.Device().CreateStream()
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer s.Destroy()
-		buf, err := c.Device().Malloc(count)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Device().Free(buf)
-		start := time.Now()
-		if err := collectives.AllReduce(buf, buf, count, hcomm.Int8, hcomm.Sum, c, s, &collectives.Options{Algorithm: collectives.AlgoHD}); err != nil {
-			t.Fatal(err)
-		}
-		if c.Rank() == 1 {
-			// More pieces than a window went by lent pipes: one of them
-			// needed rank 1's acknowledgement, recorded in its half.
-			deadline := time.Now().Add(time.Minute)
-			for collectives.LentPipes()-before <= collectives.LentWindow(c)+1 && time.Now().Before(deadline) {
-				runtime.Gosched() // not a sleep: under -race a timer can outlast the whole call
-			}
-			if n := collectives.LentPipes() - before; n >= 2*count/per-2 {
-				t.Fatalf("%d of %d pieces were sent before rank 1 could leave", n, 2*count/per)
-			}
-			c.Abort()
-			errs[1] = s.SynchronizeWithTimeout(time.Minute)
-			c.Destroy()
-			return
-		}
-		errs[0] = s.SynchronizeWithTimeout(time.Minute)
-		took = time.Since(start)
-	})
-	if errs[1] == nil {
-		t.Errorf("rank 1's aborted all-reduce reports no failure")
-	}
-	if errs[0] == nil {
-		t.Fatalf("rank 0's all-reduce succeeded without its peer's half")
-	}
-	if took > 30*time.Second {
-		t.Errorf("rank 0 failed %v after its call: the peer's loss did not end its wait", took)
-	}
-	if !strings.Contains(errs[0].Error(), "rank 1") {
-		t.Errorf("rank 0's error does not name rank 1: %v", errs[0])
-	}
-	t.Logf("rank 0: %v (%v)", errs[0], took.Round(time.Millisecond))
+	lentPeerGone(t, comms, collectives.AlgoHD, count, 2*count/per)
 }
 
 // TestAllReduceTreeLentPeerGone: the tree all-reduce over tcp whose child
@@ -640,58 +592,36 @@ func TestAllReduceTreeLentPeerGone(t *testing.T) {
 	defer collectives.SetPieceOverride(per)()
 	comms := hcommtest.Options{Config: &hcomm.Config{BufferSize: 1 << 20, ExecTimeout: 10 * time.Minute}}.New(t, 2, hcommtest.TCP)
 	const count = 2000 * per // 2000 pieces up the tree and 2000 down
+	lentPeerGone(t, comms, collectives.AlgoTree, count, count/per)
+}
+
+// lentPeerGone runs an in-place all-reduce of count int8s by algo between
+// the 2 tcp ranks of comms whose rank 1 leaves (peerGone) once more lent
+// pieces than a window have gone, and checks that it left in the middle:
+// some pieces went by lent pipes (none: the lent half is staged), and not
+// all but the last of the call's pieces lent pieces (rank 1 left too late).
+// The watcher yields rather than sleeps: under -race a timer can outlast the
+// whole call.
+func lentPeerGone(t *testing.T, comms []*hcomm.Comm, algo collectives.Algorithm, count, lentPieces int64) {
+	t.Helper()
 	before := collectives.LentPipes()
-	errs := make([]error, 2)
-	var took time.Duration
-	hcommtest.Each(t, comms, func(t testing.TB, c *hcomm.Comm) {
-		s, err := c.Device().CreateStream()
-		if err != nil {
-			t.Fatal(err)
+	var window atomic.Int64
+	window.Store(1 << 62)
+	begun := func() bool { return collectives.LentPipes()-before > window.Load()+1 }
+	peerGone(t, comms, "all-reduce", true, begun, count, 1, func(c *hcomm.Comm, s *device.Stream, send, _ device.Ptr, small bool) error {
+		if small {
+			err := collectives.AllReduce(send, send, 1, hcomm.Int8, hcomm.Sum, c, s, nil)
+			window.Store(collectives.LentWindow(c))
+			return err
 		}
-		defer s.Destroy()
-		buf, err := c.Device().Malloc(count)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Device().Free(buf)
-		start := time.Now()
-		if err := collectives.AllReduce(buf, buf, count, hcomm.Int8, hcomm.Sum, c, s, &collectives.Options{Algorithm: collectives.AlgoTree}); err != nil {
-			t.Fatal(err)
-		}
-		if c.Rank() == 1 {
-			// More pieces than a window went down by lent pipes: the
-			// root waits for rank 1's acknowledgements from here on.
-			deadline := time.Now().Add(time.Minute)
-			for collectives.LentPipes()-before <= collectives.LentWindow(c)+1 && time.Now().Before(deadline) {
-				runtime.Gosched() // not a sleep: under -race a timer can outlast the whole call
-			}
-			switch n := collectives.LentPipes() - before; {
-			case n <= collectives.LentWindow(c)+1:
-				t.Errorf("%d pieces went by lent pipes in a minute: the broadcast half is staged", n)
-			case n >= count/per-2:
-				t.Fatalf("%d of %d pieces were sent before rank 1 could leave", n, count/per)
-			}
-			c.Abort()
-			errs[1] = s.SynchronizeWithTimeout(time.Minute)
-			c.Destroy()
-			return
-		}
-		errs[0] = s.SynchronizeWithTimeout(time.Minute)
-		took = time.Since(start)
+		return collectives.AllReduce(send, send, count, hcomm.Int8, hcomm.Sum, c, s, &collectives.Options{Algorithm: algo})
 	})
-	if errs[1] == nil {
-		t.Errorf("rank 1's aborted all-reduce reports no failure")
+	switch n := collectives.LentPipes() - before; {
+	case n <= window.Load()+1:
+		t.Errorf("%d pieces went by lent pipes: the lent half is staged", n)
+	case n >= lentPieces-2:
+		t.Errorf("%d of %d pieces were sent before rank 1 could leave", n, lentPieces)
 	}
-	if errs[0] == nil {
-		t.Fatalf("rank 0's all-reduce succeeded without its child's acknowledgements")
-	}
-	if took > 30*time.Second {
-		t.Errorf("rank 0 failed %v after its call: the child's loss did not end its wait", took)
-	}
-	if !strings.Contains(errs[0].Error(), "rank 1") {
-		t.Errorf("rank 0's error does not name rank 1: %v", errs[0])
-	}
-	t.Logf("rank 0: %v (%v)", errs[0], took.Round(time.Millisecond))
 }
 
 // TestAllGatherPushOverShm: between processes of a host (shm pairs that
