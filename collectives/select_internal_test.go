@@ -149,9 +149,10 @@ func TestChooseAllGatherWindowed(t *testing.T) {
 	}
 }
 
-// A small all-reduce is one-shot, but over the network among 4 or 8 ranks
-// it is recursive doubling (fewer messages a rank); with a fold (3 ranks),
-// 2 ranks, mapped memory or other collectives the one-shot stays.
+// A small all-reduce or broadcast is one-shot, but over the network among
+// 3 ranks or more it is recursive doubling (fewer messages a rank, a fold
+// or not); with 2 ranks, mapped memory or other collectives the one-shot
+// stays.
 func TestChooseSmallAllReduce(t *testing.T) {
 	for _, tc := range []struct {
 		k      kind
@@ -161,10 +162,16 @@ func TestChooseSmallAllReduce(t *testing.T) {
 	}{
 		{kAllReduce, 4, false, AlgoRD},
 		{kAllReduce, 8, false, AlgoRD},
-		{kAllReduce, 3, false, AlgoOneShot},
+		{kAllReduce, 3, false, AlgoRD},
+		{kAllReduce, 6, false, AlgoRD},
 		{kAllReduce, 2, false, AlgoOneShot},
 		{kAllReduce, 4, true, AlgoOneShot},
-		{kBroadcast, 4, false, AlgoOneShot},
+		{kBroadcast, 3, false, AlgoRD},
+		{kBroadcast, 4, false, AlgoRD},
+		{kBroadcast, 7, false, AlgoRD},
+		{kBroadcast, 2, false, AlgoOneShot},
+		{kBroadcast, 4, true, AlgoOneShot},
+		{kReduce, 4, false, AlgoOneShot},
 	} {
 		l, err := newLayout(tc.n, 1<<20)
 		if err != nil {
@@ -211,10 +218,16 @@ func TestChooseMappedAllReduce(t *testing.T) {
 
 // Over a network an all-gather or a reduce-scatter among 4 or 8 ranks
 // whose hellos fit takes recursive doubling (the all-gather's rounds carry
-// only the blocks held so far, the reduce-scatter halves); 2 and 3 ranks,
-// mapped memory and data past a hello stay as they were.
+// only the blocks held so far, the reduce-scatter halves), and so does the
+// all-gather among 3 or 6 (a fold); 2 ranks, the reduce-scatter among 3
+// (it halves only among a power of two), mapped memory and data past a
+// hello stay as they were.
 func TestChooseNetworkRD(t *testing.T) {
 	for _, k := range []kind{kAllGather, kReduceScatter} {
+		folded := AlgoOneShot
+		if k == kAllGather {
+			folded = AlgoRD
+		}
 		for _, tc := range []struct {
 			n      int
 			bytes  int64 // the selector's: per rank (all-gather), in all (reduce-scatter)
@@ -225,7 +238,8 @@ func TestChooseNetworkRD(t *testing.T) {
 			{8, 1 << 10, false, AlgoRD},
 			{4, 16, false, AlgoRD},
 			{2, 16 << 10, false, AlgoOneShot},
-			{3, 16 << 10, false, AlgoOneShot},
+			{3, 16 << 10, false, folded},
+			{6, 1 << 10, false, folded},
 			{4, 16 << 10, true, AlgoOneShot},
 		} {
 			l, err := newLayout(tc.n, 256<<20)
