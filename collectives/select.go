@@ -90,6 +90,11 @@ func has(k kind, a Algorithm) bool {
 // doubling over the one-shot among 4 or 8 ranks of one host.
 const mappedRDMin = 48 << 10
 
+// rsFoldRDMax is the largest reduce-scatter (its input in all) that choose
+// gives recursive doubling over a network among a rank count that is not
+// a power of two (where it cannot halve).
+const rsFoldRDMax = 16 << 10
+
 // choose is the selector: the algorithm for a collective of kind k moving
 // bytes per rank (the size the one-shot path would carry inline) among n
 // ranks, given the layout, the cost model, and whether every peer's memory
@@ -104,7 +109,8 @@ const mappedRDMin = 48 << 10
 //   - up to helloFullMax ranks, what fits a hello slot goes one-shot —
 //     but over a network an all-reduce, a broadcast and an all-gather
 //     among 3 ranks or more take recursive doubling, and so does a
-//     reduce-scatter among 4 or 8; in mapped memory an all-reduce among
+//     reduce-scatter among 4 or 8 (among 3, 5, 6 or 7 up to
+//     rsFoldRDMax); in mapped memory an all-reduce among
 //     4 or 8 ranks above mappedRDMin — and
 //     the rest is the tuning table's (tuning.go), whose rows cite their
 //     measurements (made at 2 to 8 ranks); preferLent (lent.go) then turns
@@ -171,6 +177,17 @@ func choose(k kind, bytes int64, n int, l layout, cm CostModel, mapped, multiHos
 			// bytes (stop 24, tcp, 4 processes, two launches each: 4 KiB
 			// in all 32.5–33.0 µs against 45.9–52.0, 64 KiB 49.2–51.8
 			// against 62.7–67.9).
+			return AlgoRD
+		}
+		if k == kReduceScatter && !mapped && n >= 3 && bytes <= min(l.inline(), rsFoldRDMax) {
+			// Among other rank counts it cannot halve: each round
+			// carries the whole input, which the fewer messages outweigh
+			// only while it is small (stop 48, tcp, two launches each,
+			// µs, oneshot against rd, input in all: 3 processes 1.5 KiB
+			// 29 / 26–27, 12 KiB 28–30 / 27, 24 KiB 33 / 32–33, 60 KiB
+			// 39–40 / 41–43; 6 processes 1.5 KiB 97 / 64–65, 24 KiB
+			// 105–106 / 84, 60 KiB 120–135 / 117–118; 48 KiB 5
+			// processes 92–96 / 97–105, 7 179–181 / 157–164).
 			return AlgoRD
 		}
 		if k == kAllReduce && mapped && n >= 4 && n&(n-1) == 0 && bytes > mappedRDMin && bytes <= l.inline() {

@@ -218,10 +218,10 @@ func TestChooseMappedAllReduce(t *testing.T) {
 
 // Over a network an all-gather or a reduce-scatter among 4 or 8 ranks
 // whose hellos fit takes recursive doubling (the all-gather's rounds carry
-// only the blocks held so far, the reduce-scatter halves), and so does the
-// all-gather among 3 or 6 (a fold); 2 ranks, the reduce-scatter among 3
-// (it halves only among a power of two), mapped memory and data past a
-// hello stay as they were.
+// only the blocks held so far, the reduce-scatter halves), and so do the
+// all-gather among 3 or 6 (a fold) and the reduce-scatter there up to
+// rsFoldRDMax (it halves only among a power of two); 2 ranks, mapped
+// memory and data past a hello stay as they were.
 func TestChooseNetworkRD(t *testing.T) {
 	for _, k := range []kind{kAllGather, kReduceScatter} {
 		folded := AlgoOneShot
@@ -238,8 +238,9 @@ func TestChooseNetworkRD(t *testing.T) {
 			{8, 1 << 10, false, AlgoRD},
 			{4, 16, false, AlgoRD},
 			{2, 16 << 10, false, AlgoOneShot},
-			{3, 16 << 10, false, folded},
-			{6, 1 << 10, false, folded},
+			{3, 16<<10 + 4, false, folded},
+			{6, 1 << 10, false, AlgoRD},
+			{3, 16 << 10, false, AlgoRD},
 			{4, 16 << 10, true, AlgoOneShot},
 		} {
 			l, err := newLayout(tc.n, 256<<20)
