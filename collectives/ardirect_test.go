@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"runtime"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -162,17 +164,37 @@ func TestDirectAllReducePeerGone(t *testing.T) {
 // peerGone runs a collective between the 2 ranks of comms, named what,
 // whose rank 1 goes away: before its call (mid false: it destroys its
 // communicator), or once begun reports that the call is under way (mid
-// true: it aborts, unless the caller's own hook aborted it sooner, while
-// its call was still being issued). call issues the collective on send (sendBytes) and recv
-// (recvBytes); small, a small call first, which sets up the channels (a
-// peer gone before its channels exist is found by HCCL_CONNECT_TIMEOUT).
-// Rank 0's call must fail within 20 s, not at its HCCL_EXEC_TIMEOUT, with
-// an error naming rank 1.
+// true: it aborts). call issues the collective on send (sendBytes) and
+// recv (recvBytes); small, a small call first, which sets up the channels
+// (a peer gone before its channels exist is found by
+// HCCL_CONNECT_TIMEOUT). Mid-call, rank 1 aborts at its own stream's first
+// step once begun holds (testJitter; its call may then fail while still
+// being issued), and its goroutine watches begun too, for a schedule with
+// no step left by then: the watcher alone could wait for a core until the
+// whole call had run (under -race on 2 cores it did, and rank 0's call
+// succeeded). Rank 0's call must fail within 20 s, not at its
+// HCCL_EXEC_TIMEOUT, with an error naming rank 1.
 func peerGone(t *testing.T, comms []*hcomm.Comm, what string, mid bool, begun func() bool, sendBytes, recvBytes int64,
 	call func(c *hcomm.Comm, s *device.Stream, send, recv device.Ptr, small bool) error) {
 	t.Helper()
 	errs := make([]error, 2)
 	var took time.Duration
+	if mid {
+		var aborting atomic.Bool
+		var wg sync.WaitGroup
+		defer wg.Wait()
+		collectives.SetTestJitter(func(rank int) {
+			if rank != 1 || !begun() || aborting.Swap(true) {
+				return
+			}
+			wg.Add(1)
+			go func() { defer wg.Done(); comms[1].Abort() }()
+			for deadline := time.Now().Add(time.Minute); comms[1].GetStatus() == hcomm.StatusReady && time.Now().Before(deadline); {
+				time.Sleep(100 * time.Microsecond)
+			}
+		})
+		defer collectives.SetTestJitter(nil)
+	}
 	hcommtest.Each(t, comms, func(t testing.TB, c *hcomm.Comm) {
 		s, err := c.Device().CreateStream()
 		if err != nil {
@@ -205,7 +227,7 @@ func peerGone(t *testing.T, comms []*hcomm.Comm, what string, mid bool, begun fu
 				if !errors.Is(err, hcomm.ErrAborted) && !errors.Is(err, hcomm.ErrUnavail) {
 					t.Fatal(err)
 				}
-				errs[1] = err // the caller's hook aborted rank 1 while it issued the call
+				errs[1] = err // aborted by the hook above while it issued the call
 				c.Destroy()
 				return
 			}
