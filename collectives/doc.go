@@ -101,9 +101,8 @@
 //   - rd: recursive doubling, the data inline in the butterfly handshake:
 //     log2(n) hand-offs for the whole collective (all-reduce, broadcast,
 //     reduce, reduce-scatter, all-gather of small messages among many
-//     ranks, and over a network the all-reduce, broadcast and all-gather
-//     among 3 ranks or more, the reduce-scatter among 4 or 8, and among
-//     3, 5, 6 or 7 up to rsFoldRDMax). The input is sent and reduced where it lies
+//     ranks, and the all-reduce, broadcast, all-gather and reduce-scatter
+//     among 4 or 8 ranks over a network). The input is sent and reduced where it lies
 //     and the last round reduces straight into the output; an all-gather's
 //     round carries only the blocks its sender holds so far, and the
 //     reduce-scatter among a power-of-two count of ranks halves (each

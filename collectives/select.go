@@ -90,11 +90,6 @@ func has(k kind, a Algorithm) bool {
 // doubling over the one-shot among 4 or 8 ranks of one host.
 const mappedRDMin = 48 << 10
 
-// rsFoldRDMax is the largest reduce-scatter (its input in all) that choose
-// gives recursive doubling over a network among a rank count that is not
-// a power of two (where it cannot halve).
-const rsFoldRDMax = 16 << 10
-
 // choose is the selector: the algorithm for a collective of kind k moving
 // bytes per rank (the size the one-shot path would carry inline) among n
 // ranks, given the layout, the cost model, and whether every peer's memory
@@ -107,11 +102,9 @@ const rsFoldRDMax = 16 << 10
 //   - where memory is mapped, an all-gather from a window reads in place
 //     (direct);
 //   - up to helloFullMax ranks, what fits a hello slot goes one-shot —
-//     but over a network an all-reduce, a broadcast and an all-gather
-//     among 3 ranks or more take recursive doubling, and so does a
-//     reduce-scatter among 4 or 8 (among 3, 5, 6 or 7 up to
-//     rsFoldRDMax); in mapped memory an all-reduce among
-//     4 or 8 ranks above mappedRDMin — and
+//     but among 4 or 8 ranks over a network an all-reduce, a broadcast,
+//     an all-gather and a reduce-scatter take recursive doubling, and in
+//     mapped memory an all-reduce above mappedRDMin — and
 //     the rest is the tuning table's (tuning.go), whose rows cite their
 //     measurements (made at 2 to 8 ranks); preferLent (lent.go) then turns
 //     the choice into a schedule that writes or reads the peers' buffers
@@ -141,34 +134,32 @@ func choose(k kind, bytes int64, n int, l layout, cm CostModel, mapped, multiHos
 		return AlgoDirect
 	}
 	if n <= helloFullMax {
-		if (k == kAllReduce || k == kBroadcast) && !mapped && n >= 3 && bytes <= l.inline() {
+		if (k == kAllReduce || k == kBroadcast) && !mapped && n >= 4 && n&(n-1) == 0 && bytes <= l.inline() {
 			// Over the network a message costs each end a system call and
 			// a wake-up: recursive doubling's log2(n) messages a rank
 			// beat the one-shot's n-1 (stop 14, tcp, 4 processes: 16 B
 			// rd 79–132 µs against oneshot 82–183; 1 KiB 74–121 against
 			// 131–200; 64 KiB 254–494 against 364–421). So for the
 			// broadcast, whose root's data rides the butterfly from the
-			// ranks that hold it, and with a fold (n not a power of
-			// two: two steps more, still fewer messages from 3 ranks
-			// on). Stop 48, tcp, 400 calls a launch, two launches
-			// each, µs, oneshot against rd: broadcast 16 B 3
-			// processes 33–34 / 30, 4 42–58 / 35–38, 5 79–83 / 55–56,
-			// 6 101–103 / 66–68, 7 160–161 / 94–98, 8 183–221 / 95–99;
-			// 4 KiB 4 processes 43–45 / 36–39, 8 186–194 / 100–108; 64
-			// KiB 3 processes 49–62 / 49, 4 61–63 / 51–55, 6 147–156 /
-			// 117–119; all-reduce 16 B 3 processes 29–30 / 26–27, 5
-			// 78–79 / 53–55, 6 100–111 / 65–71, 7 159–160 / 95; 64 KiB
-			// 3 processes 75–77 / 66, 6 278–317 / 196–201.
+			// ranks that hold it (stop 48, tcp, 200–400 calls a launch,
+			// two launches each, µs, oneshot against rd: 4 processes 16
+			// B 42–58 / 35–38, 4 KiB 43–45 / 36–39, 64 KiB 61–63 /
+			// 51–55; 8 processes 16 B 183–221 / 95–99, 4 KiB 186–194 /
+			// 100–108). With a fold (n not a power of two) rd takes two
+			// rounds more: on this project's crowded loopback it still
+			// won (stop 48: 3 processes 10 %, 5–7 processes 30–40 %),
+			// but those rounds cost a network's latency each where the
+			// one-shot's messages go at once (hcomm sim, 3 ranks, α 20
+			// µs on 2 cores: 122 µs against 67), and the selector does
+			// not know the latency here: the one-shot stays.
 			return AlgoRD
 		}
-		if k == kAllGather && !mapped && n >= 3 && rdPayload(k, bytes, n) <= l.inline() {
+		if k == kAllGather && !mapped && n >= 4 && n&(n-1) == 0 && rdPayload(k, bytes, n) <= l.inline() {
 			// The same over the network for the all-gather, whose
 			// rounds carry only the blocks a rank holds so far (stop 24,
 			// tcp, 4 processes, two launches each: 4 KiB of output rd
 			// 34–36 µs against oneshot 42–44, 16 KiB 39–42 against 46–57,
-			// 64 KiB 61–63 against 72–75; stop 48, 3 and 6 processes,
-			// 1.5 and 12 KiB of output: 31–35 against 27, 97–104
-			// against 67–68).
+			// 64 KiB 61–63 against 72–75).
 			return AlgoRD
 		}
 		if k == kReduceScatter && !mapped && n >= 4 && n&(n-1) == 0 && bytes <= l.inline() {
@@ -177,17 +168,6 @@ func choose(k kind, bytes int64, n int, l layout, cm CostModel, mapped, multiHos
 			// bytes (stop 24, tcp, 4 processes, two launches each: 4 KiB
 			// in all 32.5–33.0 µs against 45.9–52.0, 64 KiB 49.2–51.8
 			// against 62.7–67.9).
-			return AlgoRD
-		}
-		if k == kReduceScatter && !mapped && n >= 3 && bytes <= min(l.inline(), rsFoldRDMax) {
-			// Among other rank counts it cannot halve: each round
-			// carries the whole input, which the fewer messages outweigh
-			// only while it is small (stop 48, tcp, two launches each,
-			// µs, oneshot against rd, input in all: 3 processes 1.5 KiB
-			// 29 / 26–27, 12 KiB 28–30 / 27, 24 KiB 33 / 32–33, 60 KiB
-			// 39–40 / 41–43; 6 processes 1.5 KiB 97 / 64–65, 24 KiB
-			// 105–106 / 84, 60 KiB 120–135 / 117–118; 48 KiB 5
-			// processes 92–96 / 97–105, 7 179–181 / 157–164).
 			return AlgoRD
 		}
 		if k == kAllReduce && mapped && n >= 4 && n&(n-1) == 0 && bytes > mappedRDMin && bytes <= l.inline() {

@@ -150,9 +150,9 @@ func TestChooseAllGatherWindowed(t *testing.T) {
 }
 
 // A small all-reduce or broadcast is one-shot, but over the network among
-// 3 ranks or more it is recursive doubling (fewer messages a rank, a fold
-// or not); with 2 ranks, mapped memory or other collectives the one-shot
-// stays.
+// 4 or 8 ranks it is recursive doubling (fewer messages a rank); with a
+// fold (3, 5, 6 ranks), 2 ranks, mapped memory or other collectives the
+// one-shot stays.
 func TestChooseSmallAllReduce(t *testing.T) {
 	for _, tc := range []struct {
 		k      kind
@@ -162,13 +162,14 @@ func TestChooseSmallAllReduce(t *testing.T) {
 	}{
 		{kAllReduce, 4, false, AlgoRD},
 		{kAllReduce, 8, false, AlgoRD},
-		{kAllReduce, 3, false, AlgoRD},
-		{kAllReduce, 6, false, AlgoRD},
+		{kAllReduce, 3, false, AlgoOneShot},
+		{kAllReduce, 6, false, AlgoOneShot},
 		{kAllReduce, 2, false, AlgoOneShot},
 		{kAllReduce, 4, true, AlgoOneShot},
-		{kBroadcast, 3, false, AlgoRD},
 		{kBroadcast, 4, false, AlgoRD},
-		{kBroadcast, 7, false, AlgoRD},
+		{kBroadcast, 8, false, AlgoRD},
+		{kBroadcast, 3, false, AlgoOneShot},
+		{kBroadcast, 5, false, AlgoOneShot},
 		{kBroadcast, 2, false, AlgoOneShot},
 		{kBroadcast, 4, true, AlgoOneShot},
 		{kReduce, 4, false, AlgoOneShot},
@@ -218,16 +219,10 @@ func TestChooseMappedAllReduce(t *testing.T) {
 
 // Over a network an all-gather or a reduce-scatter among 4 or 8 ranks
 // whose hellos fit takes recursive doubling (the all-gather's rounds carry
-// only the blocks held so far, the reduce-scatter halves), and so do the
-// all-gather among 3 or 6 (a fold) and the reduce-scatter there up to
-// rsFoldRDMax (it halves only among a power of two); 2 ranks, mapped
-// memory and data past a hello stay as they were.
+// only the blocks held so far, the reduce-scatter halves); 2 and 3 ranks,
+// mapped memory and data past a hello stay as they were.
 func TestChooseNetworkRD(t *testing.T) {
 	for _, k := range []kind{kAllGather, kReduceScatter} {
-		folded := AlgoOneShot
-		if k == kAllGather {
-			folded = AlgoRD
-		}
 		for _, tc := range []struct {
 			n      int
 			bytes  int64 // the selector's: per rank (all-gather), in all (reduce-scatter)
@@ -238,9 +233,7 @@ func TestChooseNetworkRD(t *testing.T) {
 			{8, 1 << 10, false, AlgoRD},
 			{4, 16, false, AlgoRD},
 			{2, 16 << 10, false, AlgoOneShot},
-			{3, 16<<10 + 4, false, folded},
-			{6, 1 << 10, false, AlgoRD},
-			{3, 16 << 10, false, AlgoRD},
+			{3, 16 << 10, false, AlgoOneShot},
 			{4, 16 << 10, true, AlgoOneShot},
 		} {
 			l, err := newLayout(tc.n, 256<<20)

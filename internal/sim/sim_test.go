@@ -222,12 +222,15 @@ func TestReplayIsDeterministic(t *testing.T) {
 func TestAutoNamesTheSelectorsChoice(t *testing.T) {
 	cl := flat(t, 4)
 	// Simulated links are not mapped memory: 4 ranks' small all-reduce
-	// goes rd (select.go), a broadcast one-shot.
+	// and broadcast go rd (select.go), an all-to-all one-shot.
 	if r := run(t, cl, Case{"allreduce", collectives.AlgoAuto, 64}); r.Algo != "rd" {
 		t.Errorf("64-byte all-reduce: algorithm %q, want the selector's rd", r.Algo)
 	}
-	if r := run(t, cl, Case{"broadcast", collectives.AlgoAuto, 64}); r.Algo != "oneshot" {
-		t.Errorf("64-byte broadcast: algorithm %q, want the selector's oneshot", r.Algo)
+	if r := run(t, cl, Case{"broadcast", collectives.AlgoAuto, 64}); r.Algo != "rd" {
+		t.Errorf("64-byte broadcast: algorithm %q, want the selector's rd", r.Algo)
+	}
+	if r := run(t, cl, Case{"alltoall", collectives.AlgoAuto, 256}); r.Algo != "oneshot" {
+		t.Errorf("256-byte all-to-all: algorithm %q, want the selector's oneshot", r.Algo)
 	}
 	if r := run(t, cl, Case{"allreduce", collectives.AlgoHD, 1 << 20}); r.Algo != "hd" {
 		t.Errorf("forced hd: algorithm %q", r.Algo)
