@@ -156,3 +156,81 @@ func allocsPerRankCall(t *testing.T, comms []*hcomm.Comm, calls, runs int, call 
 	round()
 	return testing.AllocsPerRun(runs, round) / float64(len(comms)*calls)
 }
+
+// TestLaneExchangeAllocations: the all-to-all, all-gather and
+// reduce-scatter that run in their caller (the lane) between 2 ranks of one
+// process, 4 KiB a rank, allocate at most half a time a rank and call.
+// Measured 0.02 each (stop 48), where the all-to-all made 4.0 — each call
+// built its count and displacement tables before it looked at the lane,
+// which needs neither, and moved its header and its hello's packed line
+// to the heap — and the reduce-scatter 1.0 (the line): the all-to-all's
+// call took 0.38 µs where it took 0.55.
+func TestLaneExchangeAllocations(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	const n, calls, count = 2, 200, 512
+	comms, err := hcomm.InitAll(n, &hcomm.Config{BufferSize: 1 << 20, Name: "lane-allocs"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		for _, c := range comms {
+			c.Destroy()
+		}
+	}()
+	type rank struct {
+		s         *device.Stream
+		send, out device.Ptr
+	}
+	rs := make([]rank, n)
+	for i, c := range comms {
+		s, err := c.Device().CreateStream()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Destroy()
+		send, err := c.Device().Malloc(n * count * 4)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := c.Device().Malloc(n * count * 4)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rs[i] = rank{s, send, out}
+	}
+	calls3 := map[string]func(r rank, c *hcomm.Comm) error{
+		"AlltoAll": func(r rank, c *hcomm.Comm) error {
+			return collectives.AlltoAll(r.send, count, hcomm.Float32, r.out, count, hcomm.Float32, c, r.s, nil)
+		},
+		"AllGather": func(r rank, c *hcomm.Comm) error {
+			return collectives.AllGather(r.send, r.out, count, hcomm.Float32, c, r.s, nil)
+		},
+		"ReduceScatter": func(r rank, c *hcomm.Comm) error {
+			return collectives.ReduceScatter(r.send, r.out, count, hcomm.Float32, hcomm.Sum, c, r.s, nil)
+		},
+	}
+	for name, call := range calls3 {
+		before := laneRunsOf(comms)
+		perCall := allocsPerRankCall(t, comms, calls, 3, func(i int, c *hcomm.Comm) error { return call(rs[i], c) },
+			func(i int) *device.Stream { return rs[i].s })
+		if laneRunsOf(comms) == before {
+			t.Fatalf("%s: no call took the lane: the test measures another path", name)
+		}
+		t.Logf("%s: %.2f allocations per rank per call", name, perCall)
+		if perCall > 0.5 {
+			t.Errorf("%s: %.2f allocations per rank per call in the lane, want at most 0.5", name, perCall)
+		}
+	}
+}
+
+// laneRunsOf sums the lane's runs over comms (LaneRuns).
+func laneRunsOf(comms []*hcomm.Comm) int {
+	sum := 0
+	for _, c := range comms {
+		a, b, q := collectives.LaneRuns(c)
+		sum += a + b + q
+	}
+	return sum
+}

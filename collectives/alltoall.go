@@ -21,6 +21,23 @@ func AlltoAll(send device.Ptr, sendCount int64, sendType hcomm.DataType, recv de
 		return collErr(c, name, hcomm.ErrPara, nil, "send is %d x %v, recv %d x %v: they must be equal", sendCount, sendType, recvCount, recvType)
 	}
 	n := c.Size()
+	if !grouping(c) {
+		// The lane first (laneread.go), before the count tables, which
+		// it does not need: its calls then allocate nothing here. The
+		// buffers are checked as alltoall checks them.
+		bytes := int64(n) * sendCount * int64(sendType.Size())
+		if err := checkBuf(c, name, "send", send, bytes); err != nil {
+			return err
+		}
+		if err := checkBuf(c, name, "recv", recv, bytes); err != nil {
+			return err
+		}
+		if bytes == 0 || send >= recv.Add(bytes) || recv >= send.Add(bytes) {
+			if done, err := laneAlltoAll(c, s, o, send, recv, sendCount, sendType); done {
+				return err
+			}
+		}
+	}
 	counts, displs := make([]int64, n), make([]int64, n)
 	for p := range counts {
 		counts[p], displs[p] = sendCount, int64(p)*sendCount
@@ -79,6 +96,7 @@ func alltoall(c *hcomm.Comm, name string, h header, send device.Ptr, sc_, sd []i
 		}
 	}
 	return issue(c, name, h.kind, s, o, extent(sc_, sd)*es, func(sched *sched, algo Algorithm) error {
+		h := h // the call's own: h, never written out here, stays off the heap
 		switch {
 		case algo == AlgoOneShot && h.kind == kAlltoAll:
 			alltoAllOneShot(sched, h, send, recv, sc_[0]*es)

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/hcomm-dev/hcomm/channel"
 	"github.com/hcomm-dev/hcomm/device"
 	"github.com/hcomm-dev/hcomm/hcomm"
 	"github.com/hcomm-dev/hcomm/internal/reduce"
@@ -214,6 +215,7 @@ type bfCall struct {
 	// stepBuf holds steps up to bfInlineSteps rounds (2^22 ranks): one
 	// allocation a call, the call's own.
 	stepBuf [bfInlineSteps]bfStep
+	line    [channel.LineData]byte // sendHello's room for a line
 }
 
 // bfInlineSteps is how many rounds a bfCall holds without a slice of its
@@ -474,7 +476,7 @@ func (x *bfCall) exchange(stop <-chan struct{}) error {
 			if err := st.hello.Flush(own(cur), flushed); err != nil {
 				return err
 			}
-			if err := s.sendHello(stop, p, stp.par, stp.flag, s.mySlot(own(cur)), payload, length-headerSize); err != nil {
+			if err := s.sendHello(stop, p, stp.par, stp.flag, s.mySlot(own(cur)), payload, length-headerSize, &x.line); err != nil {
 				return err
 			}
 		}

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/hcomm-dev/hcomm/channel"
 	"github.com/hcomm-dev/hcomm/device"
 	"github.com/hcomm-dev/hcomm/hcomm"
 	"github.com/hcomm-dev/hcomm/internal/spin"
@@ -534,7 +535,7 @@ func (x *helloCall) send(stop <-chan struct{}) error {
 		if x.blocks {
 			payload = x.blockOf(p)
 		}
-		if err := x.s.sendHello(stop, p, x.par[p], x.flagOf(p), x.mine, payload, x.n); err != nil { // ll.go
+		if err := x.s.sendHello(stop, p, x.par[p], x.flagOf(p), x.mine, payload, x.n, &x.line); err != nil { // ll.go
 			return err
 		}
 	}
@@ -597,6 +598,7 @@ type helloCall struct {
 	// outCounts and outDispls are the one-shot all-gather's output
 	// layout, in elements of blkES bytes (allGatherOneShotOut).
 	outCounts, outDispls []int64
+	line                 [channel.LineData]byte // sendHello's room for a line
 }
 
 // blockOf returns the payload of the hello to peer p (x.blocks).

@@ -90,8 +90,9 @@ type laneCall struct {
 	// of send from n times the peer's rank on (the one-shot all-to-all's
 	// block for it, the one-shot reduce-scatter's part), as helloCall's
 	// blockOf does; sendPtr is send.
-	part    bool
-	sendPtr device.Ptr
+	part     bool
+	sendPtr  device.Ptr
+	sendLine [channel.LineData]byte // sendHello's room for a line
 	// net: every peer is over the network (tcp), where hellos are writes
 	// with a notify record and a look for a peer's hello receives what
 	// its sockets hold (ChannelNotifyTryWait).
@@ -549,7 +550,7 @@ func (x *laneCall) postParts(stop <-chan struct{}) error {
 	}
 	mine := st.buf.Add(off)
 	for _, p := range st.others {
-		if err := st.sendHello(stop, p, x.par[p], x.flag[p], mine, x.sendPtr.Add(int64(p)*x.n), x.n); err != nil {
+		if err := st.sendHello(stop, p, x.par[p], x.flag[p], mine, x.sendPtr.Add(int64(p)*x.n), x.n, &x.sendLine); err != nil {
 			return err
 		}
 	}

@@ -227,13 +227,15 @@ func (st *state) wakeIfAsked(stop <-chan struct{}, p int, par uint64, flag uint3
 // payload at payload (src+headerSize when it follows the header, another
 // place for a payload of its own per peer) — into peer's slot of parity par:
 // as a line (flag) when the pair's hellos are lines, else as a write with
-// the hello notify.
-func (s *sched) sendHello(stop <-chan struct{}, p int, par uint64, flag uint32, src, payload device.Ptr, n int64) error {
-	return s.st.sendHello(stop, p, par, flag, src, payload, n)
+// the hello notify. line is the caller's room to pack a line in (a field
+// of its call: on the stack it would be moved to the heap, the channel's
+// line putter being an interface).
+func (s *sched) sendHello(stop <-chan struct{}, p int, par uint64, flag uint32, src, payload device.Ptr, n int64, line *[channel.LineData]byte) error {
+	return s.st.sendHello(stop, p, par, flag, src, payload, n, line)
 }
 
 // sendHello is sched.sendHello, for the lane (lane.go), which has no sched.
-func (st *state) sendHello(stop <-chan struct{}, p int, par uint64, flag uint32, src, payload device.Ptr, n int64) error {
+func (st *state) sendHello(stop <-chan struct{}, p int, par uint64, flag uint32, src, payload device.Ptr, n int64, line *[channel.LineData]byte) error {
 	dst := st.peerBuf[p].Add(st.lay.helloOff(st.comm.Rank(), par))
 	if flag == 0 && (n == 0 || payload == src.Add(headerSize)) {
 		return hcomm.WriteWithNotifyNbi(stop, st.chans[p], dst, src, headerSize+n, nHello+int(par))
@@ -247,7 +249,7 @@ func (st *state) sendHello(stop <-chan struct{}, p int, par uint64, flag uint32,
 	hb := st.hello.Bytes()
 	off := int64(src - st.buf)
 	hdr := hb[off : off+headerSize]
-	var line [channel.LineData]byte
+	*line = [channel.LineData]byte{}
 	packed := false
 	if n <= lineInline {
 		in := hb[off+headerSize : off+headerSize+n]
