@@ -21,6 +21,7 @@ func AlltoAll(send device.Ptr, sendCount int64, sendType hcomm.DataType, recv de
 		return collErr(c, name, hcomm.ErrPara, nil, "send is %d x %v, recv %d x %v: they must be equal", sendCount, sendType, recvCount, recvType)
 	}
 	n := c.Size()
+	laneTried := false
 	if !grouping(c) {
 		// The lane first (laneread.go), before the count tables, which
 		// it does not need: its calls then allocate nothing here. The
@@ -36,6 +37,7 @@ func AlltoAll(send device.Ptr, sendCount int64, sendType hcomm.DataType, recv de
 			if done, err := laneAlltoAll(c, s, o, send, recv, sendCount, sendType); done {
 				return err
 			}
+			laneTried = true
 		}
 	}
 	counts, displs := make([]int64, n), make([]int64, n)
@@ -43,7 +45,7 @@ func AlltoAll(send device.Ptr, sendCount int64, sendType hcomm.DataType, recv de
 		counts[p], displs[p] = sendCount, int64(p)*sendCount
 	}
 	h := header{kind: kAlltoAll, dt: sendType, count: sendCount}
-	return alltoall(c, name, h, send, counts, displs, recv, counts, displs, sendType, s, o)
+	return alltoall(c, name, h, send, counts, displs, recv, counts, displs, sendType, s, o, laneTried)
 }
 
 // AlltoAllV is AlltoAll with counts and displacements per peer: rank r sends
@@ -66,10 +68,12 @@ func AlltoAllV(send device.Ptr, sendCounts, sdispls []int64, sendType hcomm.Data
 		return err
 	}
 	h := header{kind: kAlltoAllV, dt: sendType}
-	return alltoall(c, name, h, send, sendCounts, sdispls, recv, recvCounts, rdispls, sendType, s, o)
+	return alltoall(c, name, h, send, sendCounts, sdispls, recv, recvCounts, rdispls, sendType, s, o, false)
 }
 
-func alltoall(c *hcomm.Comm, name string, h header, send device.Ptr, sc_, sd []int64, recv device.Ptr, rc, rd []int64, dt hcomm.DataType, s *device.Stream, o *Options) error {
+// alltoall issues AlltoAll (h.kind kAlltoAll) or AlltoAllV; laneTried: the
+// caller has offered the call to the lane already, which declined.
+func alltoall(c *hcomm.Comm, name string, h header, send device.Ptr, sc_, sd []int64, recv device.Ptr, rc, rd []int64, dt hcomm.DataType, s *device.Stream, o *Options, laneTried bool) error {
 	es := int64(dt.Size())
 	if err := checkBuf(c, name, "send", send, extent(sc_, sd)*es); err != nil {
 		return err
@@ -86,11 +90,11 @@ func alltoall(c *hcomm.Comm, name string, h header, send device.Ptr, sc_, sd []i
 	me, n := c.Rank(), c.Size()
 	if grouping(c) {
 		o := o.copy() // the call as it was made, whatever the caller does to *o before GroupEnd
-		if recordCall(c, name, func() error { return alltoall(c, name, h, send, sc_, sd, recv, rc, rd, dt, s, o) }) {
+		if recordCall(c, name, func() error { return alltoall(c, name, h, send, sc_, sd, recv, rc, rd, dt, s, o, false) }) {
 			return nil // group.go: GroupEnd issues it
 		}
 	}
-	if h.kind == kAlltoAll {
+	if h.kind == kAlltoAll && !laneTried {
 		if done, err := laneAlltoAll(c, s, o, send, recv, h.count, dt); done { // laneread.go
 			return err
 		}
