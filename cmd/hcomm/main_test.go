@@ -15,7 +15,14 @@ import (
 	"github.com/hcomm-dev/hcomm/internal/leakcheck"
 )
 
-func TestMain(m *testing.M) { leakcheck.Main(m) }
+// TestMain removes the programs binaries built, once every test has run.
+func TestMain(m *testing.M) {
+	leakcheck.Main(m, func() {
+		if binDir != "" {
+			os.RemoveAll(binDir)
+		}
+	})
+}
 
 // rankProg is the program the launcher tests start: what each rank does is
 // chosen by its first argument.
@@ -82,6 +89,7 @@ func main() {
 var (
 	buildOnce         sync.Once
 	hcommBin, rankBin string
+	binDir            string // where they are built; TestMain removes it
 	buildErr          error
 )
 
@@ -94,9 +102,9 @@ func binaries(t *testing.T) (string, string) {
 			buildErr = err
 			return
 		}
+		binDir = dir
 		hcommBin, rankBin = filepath.Join(dir, "hcomm"), filepath.Join(dir, "rank")
 		if out, err := exec.Command("go", "build", "-o", hcommBin, ".").CombinedOutput(); err != nil {
-			buildErr = err
 			buildErr = &buildError{"hcomm", out, err}
 			return
 		}

@@ -15,8 +15,20 @@ import (
 )
 
 // Main runs the tests, then waits up to five seconds for the goroutines the
-// tests started to end, and fails the binary listing those that did not.
-func Main(m *testing.M) {
+// tests started to end, and fails the binary listing those that did not. The
+// after functions run last, whatever the outcome: a test binary removes there
+// what it made for all its tests (built programs, temporary directories).
+func Main(m *testing.M, after ...func()) {
+	os.Exit(run(m, after...))
+}
+
+// run is Main without the exit.
+func run(m interface{ Run() int }, after ...func()) int {
+	defer func() {
+		for _, f := range after {
+			f()
+		}
+	}()
 	code := m.Run()
 	if code == 0 {
 		if leaked := Leaked(5 * time.Second); leaked != "" {
@@ -24,7 +36,7 @@ func Main(m *testing.M) {
 			code = 1
 		}
 	}
-	os.Exit(code)
+	return code
 }
 
 // Leaked waits up to d for the goroutines outside the testing framework and the
