@@ -2,8 +2,11 @@ package device_test
 
 import (
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -195,4 +198,48 @@ func TestHeldPinsAgainstFree(t *testing.T) {
 	if _, err := d.Hold(p, 8); err == nil {
 		t.Fatal("Hold of freed memory succeeded")
 	}
+}
+
+// TestPinsRaceFree: goroutines pin one allocation and store into it for as
+// long as their pins succeed, while it is freed. A Free that unmapped under
+// a live pin would fault the process at a store; a pin that succeeded
+// after the Free returned would too, or store into memory given back.
+func TestPinsRaceFree(t *testing.T) {
+	d, p := deviceWith(t, 1<<20)
+	h, err := d.Hold(p, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	var pinned atomic.Int64
+	var after atomic.Bool // the Free returned
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				b, ok := h.Pin()
+				if !ok {
+					return
+				}
+				if after.Load() {
+					t.Error("Pin succeeded after Free returned")
+				}
+				pinned.Add(1)
+				for j := 0; j < len(b); j += 4096 {
+					b[j]++
+				}
+				h.Unpin()
+				runtime.Gosched()
+			}
+		}()
+	}
+	for pinned.Load() < 100 {
+		runtime.Gosched()
+	}
+	if err := d.Free(p); err != nil {
+		t.Fatal(err)
+	}
+	after.Store(true)
+	wg.Wait()
 }

@@ -250,18 +250,28 @@ func TestPeerFreesMemoryInUse(t *testing.T) {
 	}
 }
 
-// TestLineIntoFreedHCCLBuffer: a prepared line into the peer's HCCL buffer
-// is not pinned, and a Put that passed its check just as the peer closed
-// and freed the buffer stores into memory this end keeps mapped until its
-// own Close, instead of faulting the process. The test holds that instant
-// open: rank 1 frees the buffer with the channel still open. (Without the
-// keep, the Put faults: SIGSEGV, the test binary gone.)
-func TestLineIntoFreedHCCLBuffer(t *testing.T) {
+// TestCopiesIntoFreedHCCLBuffer: copies into and out of the peer's HCCL
+// buffer — lines, writes, reads, posts — are not pinned, and a copy that
+// passed its check just as the peer closed and freed the buffer touches
+// memory this end keeps mapped until its own Close, instead of faulting
+// the process. The test holds that instant open: rank 1 frees the buffer
+// with the channel still open, and every copy still succeeds. (Without the
+// keep, they fault: SIGSEGV, the test binary gone; pinned, as writes were
+// before keptBytes, they fail.) Memory outside the buffer is pinned as
+// ever: a range that runs past its end is checked against the registry.
+func TestCopiesIntoFreedHCCLBuffer(t *testing.T) {
 	_, e1, conns := connected(t)
 	tr := conns[0].Transport.(*Transport)
 	line, err := tr.PrepareLine(e1.buf.Add(64))
 	if err != nil {
 		t.Fatal(err)
+	}
+	post, err := tr.PreparePost(e1.buf.Add(128), 64, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tr.Write(nil, e1.buf.Add(4090), make([]byte, 8)); err == nil || !strings.Contains(err.Error(), "rank 1") {
+		t.Errorf("a write running past the end of rank 1's HCCL buffer: %v, want an error naming rank 1", err)
 	}
 	if err := e1.dev.Free(e1.buf); err != nil {
 		t.Fatal(err)
@@ -269,12 +279,28 @@ func TestLineIntoFreedHCCLBuffer(t *testing.T) {
 	if err := line.Put([]byte{1, 2, 3}, 1); err != nil {
 		t.Fatal(err)
 	}
-	// The copies that pin the memory find it freed, as for any memory.
-	if err := tr.Write(nil, e1.buf, make([]byte, 8)); err == nil || !strings.Contains(err.Error(), "rank 1") {
-		t.Errorf("a write into the HCCL buffer rank 1 freed: %v, want an error naming rank 1", err)
+	want := []byte{9, 8, 7, 6, 5, 4, 3, 2}
+	if err := tr.Write(nil, e1.buf.Add(256), want); err != nil {
+		t.Errorf("a write into the HCCL buffer rank 1 freed, channel open: %v", err)
+	}
+	got := make([]byte, 8)
+	if err := tr.Read(nil, got, e1.buf.Add(256)); err != nil || string(got) != string(want) {
+		t.Errorf("a read of it: %v, %v (want %v)", got, err, want)
+	}
+	if err := tr.WriteFlagged(nil, e1.buf.Add(512), want, 3); err != nil {
+		t.Errorf("a flagged write into it: %v", err)
+	}
+	if err := post.Post(want); err != nil {
+		t.Errorf("a post into it: %v", err)
 	}
 	conns[0].Transport.Close() // the keep's end: the buffer is unmapped now
 	if err := line.Put([]byte{4}, 2); !errors.Is(err, channel.ErrClosed) {
 		t.Errorf("a line after this end closed: %v, want channel.ErrClosed", err)
+	}
+	if err := tr.Write(nil, e1.buf.Add(256), want); !errors.Is(err, channel.ErrClosed) {
+		t.Errorf("a write after this end closed: %v, want channel.ErrClosed", err)
+	}
+	if err := post.Post(want); !errors.Is(err, channel.ErrClosed) {
+		t.Errorf("a post after this end closed: %v, want channel.ErrClosed", err)
 	}
 }
