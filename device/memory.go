@@ -391,7 +391,7 @@ func (h Held) Pin() ([]byte, bool) {
 // or mapped past its Free (Keep).
 func (h Held) Bytes() ([]byte, bool) { return h.r.mem, h.r.a != nil }
 
-// Unpin ends a successful Pin.
+// Unpin ends a successful Pin; on the zero Held it does nothing.
 func (h Held) Unpin() { unpin(h.r) }
 
 // Keep holds the mapping of h's allocation past its Free until Release:

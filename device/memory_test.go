@@ -243,3 +243,14 @@ func TestPinsRaceFree(t *testing.T) {
 	after.Store(true)
 	wg.Wait()
 }
+
+// TestZeroHeldUnpin: the zero Held holds nothing, and its Unpin does
+// nothing — callers hand it out for memory they need not pin (the
+// in-process channel's copies into the peer's HCCL buffer).
+func TestZeroHeldUnpin(t *testing.T) {
+	var h device.Held
+	h.Unpin()
+	if b, ok := h.Bytes(); ok || b != nil {
+		t.Fatalf("the zero Held's Bytes: %d bytes, %v", len(b), ok)
+	}
+}
