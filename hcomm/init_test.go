@@ -282,14 +282,17 @@ func TestInitErrors(t *testing.T) {
 	}
 }
 
+// freePort is a loopback TCP port free at the time of the call, outside
+// the kernel's ephemeral range (bootstrap.FreePort): a port that a
+// connection of another test can take before the store binds it fails
+// that test with "address in use".
 func freePort(t *testing.T) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := bootstrap.FreePort("127.0.0.1")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	return p
 }
 
 func TestInitClusterInfo(t *testing.T) {

@@ -14,18 +14,19 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hcomm-dev/hcomm/internal/bootstrap"
 	"github.com/hcomm-dev/hcomm/internal/procs"
 )
 
-// freePort returns a TCP port on 127.0.0.1 that was free a moment ago.
+// freePort returns a TCP port on 127.0.0.1 that was free a moment ago,
+// outside the kernel's ephemeral range (bootstrap.FreePort).
 func freePort(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := bootstrap.FreePort("127.0.0.1")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	return strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
+	return strconv.Itoa(p)
 }
 
 // launchRanks joins one communicator per environment, concurrently, each

@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"strconv"
@@ -269,19 +270,45 @@ func waitAll(t *testing.T, procs []*rankProc) {
 	}
 }
 
-// waitLine waits for a marker line from p.
+// waitLine waits for a marker line from p; it fails the test when d passes
+// or p exits without one.
 func waitLine(t *testing.T, p *rankProc, prefix string, d time.Duration) markLine {
 	t.Helper()
+	l, err := awaitLine(p, prefix, d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// awaitLine is waitLine's wait: the line, or an error when d passes or p
+// exits without one (an exited rank fails at once: rank 0 whose store
+// could not start must not cost the test a minute).
+func awaitLine(p *rankProc, prefix string, d time.Duration) (markLine, error) {
 	timer := time.NewTimer(d)
 	defer timer.Stop()
 	for {
 		select {
 		case l := <-p.log.lines:
 			if strings.HasPrefix(l.text, prefix) {
-				return l
+				return l, nil
+			}
+		case err := <-p.done:
+			p.done <- err // for whoever waits next
+			// Wait has returned, so the output is all in: the lines left
+			// are in the channel.
+			for {
+				select {
+				case l := <-p.log.lines:
+					if strings.HasPrefix(l.text, prefix) {
+						return l, nil
+					}
+				default:
+					return markLine{}, fmt.Errorf("rank %d exited (%v) with no %s line; output:\n%s", p.rank, err, prefix, p.log)
+				}
 			}
 		case <-timer.C:
-			t.Fatalf("rank %d: no %s line within %v; output:\n%s", p.rank, prefix, d, p.log)
+			return markLine{}, fmt.Errorf("rank %d: no %s line within %v; output:\n%s", p.rank, prefix, d, p.log)
 		}
 	}
 }
@@ -295,14 +322,31 @@ func masterEnv(t *testing.T, host string) []string {
 // port of this host, and waits until every rank says READY.
 func launchReady(t *testing.T, ctx context.Context, n int, role, tr string, env ...string) []*rankProc {
 	t.Helper()
-	master := masterEnv(t, "127.0.0.1")
-	procs := launchRanks(t, ctx, n, role, nil, func(int) []string {
-		return append(append([]string{"HCOMM_TRANSPORT=" + tr}, env...), master...)
-	})
-	for _, p := range procs {
-		waitLine(t, p, "READY", 60*time.Second)
+	for attempt := 1; ; attempt++ {
+		master := masterEnv(t, "127.0.0.1")
+		procs := launchRanks(t, ctx, n, role, nil, func(int) []string {
+			return append(append([]string{"HCOMM_TRANSPORT=" + tr}, env...), master...)
+		})
+		var err error
+		for _, p := range procs {
+			if _, err = awaitLine(p, "READY", 60*time.Second); err != nil {
+				break
+			}
+		}
+		if err == nil {
+			return procs
+		}
+		// The port was free when freePort looked; something may have
+		// bound it since. Another port, twice at most.
+		if attempt == 3 || !strings.Contains(err.Error(), "in use") {
+			t.Fatal(err)
+		}
+		t.Logf("launch %d: %s is taken; again on another port", attempt, master[1])
+		for _, p := range procs {
+			p.cmd.Process.Kill()
+			p.done <- <-p.done // for the cleanup
+		}
 	}
-	return procs
 }
 
 // crossProcessTransports are the transports that connect processes in this build.
@@ -613,4 +657,40 @@ func lastLine(out, sub string) string {
 		l = l[:300] + "…"
 	}
 	return l
+}
+
+// A rank that exits without its line fails the wait at once, with its
+// output (here rank 0, whose store port is taken: the launch retries on
+// that text), not when the wait's minute is up.
+func TestAwaitLineExitedRank(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short")
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	port := strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
+	procs := launchRanks(t, context.Background(), 2, "loop", nil, func(r int) []string {
+		if r != 0 {
+			return nil
+		}
+		return []string{"HCOMM_TRANSPORT=tcp", "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + port}
+	})
+	start := time.Now()
+	_, err = awaitLine(procs[0], "READY", 60*time.Second)
+	took := time.Since(start)
+	if err == nil {
+		t.Fatal("READY from a rank whose store port is taken")
+	}
+	t.Logf("%v after the start: %v", took, err)
+	if took > 20*time.Second {
+		t.Errorf("the wait ended %v after the start; the rank exits at once", took)
+	}
+	for _, want := range []string{"rank 0 exited", "in use"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error does not say %q: %v", want, err)
+		}
+	}
 }

@@ -1,6 +1,7 @@
 package hcommtest
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -529,7 +531,9 @@ func TestProcessesEnv(t *testing.T) {
 }
 
 // With ranks as processes, a hang is bounded by the timeout: the rank is
-// named, with the goroutines SIGQUIT made its process print.
+// named, with the goroutines SIGQUIT made its process print. The rank that
+// returned is not blamed, also when the parent is late to its deadline
+// (stopped from 1 s to 7 s: the returned rank's own wait must outlast it).
 func TestProcessesHangIsBounded(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short")
@@ -538,26 +542,41 @@ func TestProcessesHangIsBounded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	start := time.Now()
-	cmd := exec.CommandContext(ctx, bin, "-test.run=^TestHelperFailingProcesses$", "-test.v")
-	cmd.Env = append(os.Environ(), selfTestEnv+"=hang")
-	out, err := cmd.CombinedOutput()
-	s := string(out)
-	if err == nil || !strings.Contains(s, "--- FAIL: TestHelperFailingProcesses") {
-		t.Fatalf("the helper did not fail: %v\n%s", err, s)
-	}
-	for _, want := range []string{"hcommtest: rank 1 (pid ", "still running after 5s", "SIGQUIT", "hcommtest_test.go"} {
-		if !strings.Contains(s, want) {
-			t.Errorf("output lacks %q:\n%s", want, s)
-		}
-	}
-	if strings.Contains(s, "hcommtest: rank 0 (pid ") {
-		t.Errorf("rank 0, which returned, is reported:\n%s", s)
-	}
-	if d := time.Since(start); d > time.Minute {
-		t.Errorf("the run took %v; its timeout is 5s", d)
+	for _, late := range []bool{false, true} {
+		t.Run(map[bool]string{false: "prompt", true: "late-parent"}[late], func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+			defer cancel()
+			start := time.Now()
+			cmd := exec.CommandContext(ctx, bin, "-test.run=^TestHelperFailingProcesses$", "-test.v")
+			cmd.Env = append(os.Environ(), selfTestEnv+"=hang")
+			var out bytes.Buffer
+			cmd.Stdout, cmd.Stderr = &out, &out
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			if late {
+				time.Sleep(time.Second)
+				cmd.Process.Signal(syscall.SIGSTOP)
+				time.Sleep(6 * time.Second)
+				cmd.Process.Signal(syscall.SIGCONT)
+			}
+			err := cmd.Wait()
+			s := out.String()
+			if err == nil || !strings.Contains(s, "--- FAIL: TestHelperFailingProcesses") {
+				t.Fatalf("the helper did not fail: %v\n%s", err, s)
+			}
+			for _, want := range []string{"hcommtest: rank 1 (pid ", "still running after 5s", "SIGQUIT", "hcommtest_test.go"} {
+				if !strings.Contains(s, want) {
+					t.Errorf("output lacks %q:\n%s", want, s)
+				}
+			}
+			if strings.Contains(s, "hcommtest: rank 0 (pid ") {
+				t.Errorf("rank 0, which returned, is reported:\n%s", s)
+			}
+			if d := time.Since(start); d > time.Minute {
+				t.Errorf("the run took %v; its timeout is 5s", d)
+			}
+		})
 	}
 }
 

@@ -55,7 +55,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"runtime"
@@ -407,15 +406,10 @@ func exitCode(err error) int {
 	return 1
 }
 
-// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
-func FreePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
+// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago,
+// drawn from outside the kernel's ephemeral range (bootstrap.FreePort) so
+// that no connection takes it before rank 0's store binds it.
+func FreePort() (int, error) { return bootstrap.FreePort("127.0.0.1") }
 
 // gomaxprocs is the GOMAXPROCS a rank gets when the caller did not set one:
 // the processors of this process shared out among the n ranks, at least one
