@@ -87,7 +87,7 @@ type Options struct {
 	Grace time.Duration
 	// Signals, when not nil, delivers signals to forward to every rank.
 	Signals <-chan os.Signal
-	// Port is MASTER_PORT; 0 picks a free port on 127.0.0.1.
+	// Port is MASTER_PORT; 0 picks a free port on 127.0.0.1 (FreePort).
 	Port int
 	// Elastic makes the job survive failed ranks (see the package doc).
 	Elastic bool
