@@ -30,7 +30,7 @@ type sock struct {
 	wmu  sync.Mutex           // serialises frames on the socket
 	hdr  [headerLen]byte      // under wmu
 	hdr2 [headerLen]byte      // under wmu: the second frame of writePair
-	vec  [maxParts + 4][]byte // under wmu
+	vec  [maxParts + 5][]byte // under wmu
 	ovec []byte               // under wmu: writePair's ordering vector
 	sent atomic.Uint64        // frames written; changes under wmu
 

@@ -13,7 +13,7 @@ import (
 const (
 	// protoVersion is the version byte of every frame header and of the
 	// handshake. A receiver refuses any other value.
-	protoVersion = 2
+	protoVersion = 3
 	// headerLen is the size of a frame header.
 	headerLen = 32
 	// maxPayload bounds the payload of one frame. A sender splits larger
@@ -25,7 +25,34 @@ const (
 	maxStreams = 64
 	// maxReadLen bounds the total length one READ request may ask for.
 	maxReadLen = 1 << 40
+	// maxPad bounds the padding a WRITE puts between its ordering vector
+	// and its data (the header's fourth byte, spec.md §2).
+	maxPad = 63
+	// padMin is the least data a WRITE pads for (dataPad).
+	padMin = 4 << 10
 )
+
+// dataPad is the padding a WRITE of n data bytes after an ordering vector
+// of vlen bytes carries, so that its data begins a multiple of 64 bytes
+// after the frame's first byte: none below padMin.
+//
+// Why: the kernel copies a frame into the socket's buffer pages in one
+// stream, from wherever the last frame left off, and at the receiver out of
+// them into the destination. A frame that starts at the top of a buffer
+// page — the usual case, a page whose earlier frames the receiver has read
+// is reused from its start — puts data that follows a bare 32-byte header
+// 32 bytes past the boundary, while the memory it is copied from and to
+// starts on one: a copy whose source and destination lie a few dozen bytes
+// apart modulo the 4 KiB page (16–48 ahead, or 16 behind) runs slower,
+// loads and stores aliasing (BENCHMARKS.md, stop 50). Data that begins a
+// cache line in keeps its distance from the page boundary that of its
+// memory's, or far enough from it.
+func dataPad(vlen, n int) int {
+	if n < padMin {
+		return 0
+	}
+	return (64 - (headerLen+vlen)%64) % 64
+}
 
 // frameType is the type byte of a frame header.
 type frameType uint8
@@ -63,7 +90,7 @@ func (t frameType) String() string {
 //	0      1    version  protoVersion
 //	1      1    type     frameType
 //	2      1    dtype    reduce.DataType (WRITE_REDUCE), else 0
-//	3      1    op       reduce.Op (WRITE_REDUCE), else 0
+//	3      1    op       reduce.Op (WRITE_REDUCE); pad (WRITE: bytes between the ordering vector and the data, dataPad); else 0
 //	4      4    length   payload bytes that follow the header
 //	8      8    id       request id (READ, READ_RESP, FENCE, FENCE_ACK), notify index (NOTIFY)
 //	16     8    addr     dst (WRITE, WRITE_REDUCE), src (READ), offset (READ_RESP)
@@ -80,6 +107,15 @@ func (h header) length() uint32         { return binary.BigEndian.Uint32(h[4:8])
 func (h header) id() uint64             { return binary.BigEndian.Uint64(h[8:16]) }
 func (h header) addr() uint64           { return binary.BigEndian.Uint64(h[16:24]) }
 func (h header) size() uint64           { return binary.BigEndian.Uint64(h[24:32]) }
+
+// pad is a WRITE's padding between its ordering vector and its data (the
+// byte a WRITE_REDUCE gives its op); 0 for every other type.
+func (h header) pad() uint64 {
+	if h.typ() != frameWrite {
+		return 0
+	}
+	return uint64(h[3])
+}
 
 // encode fills h (headerLen bytes).
 func (h header) encode(t frameType, dt reduce.DataType, op reduce.Op, length uint32, id, addr, size uint64) {
@@ -129,18 +165,23 @@ func (h header) check(streams int) error {
 	}
 	n := uint64(h.length())
 	// dataVector checks the ordering vector a WRITE or WRITE_REDUCE may
-	// carry at the head of its payload, and leaves n the data's length.
+	// carry at the head of its payload, and a WRITE's padding after it, and
+	// leaves n the data's length.
 	dataVector := func() error {
 		if v := h.size(); v != 0 && (v != 8*uint64(streams) || v > n) {
 			return fmt.Errorf("%v frame carries %d bytes of ordering vector in a payload of %d, want 0 or %d (%d sockets)", t, v, n, 8*streams, streams)
 		}
 		n -= h.size()
+		if p := h.pad(); p > maxPad || p > n {
+			return fmt.Errorf("%v frame pads its data by %d bytes in a payload of %d after its ordering vector, want at most %d", t, p, n, min(n, maxPad))
+		}
+		n -= h.pad()
 		return nil
 	}
 	var err error
 	switch t {
 	case frameWrite:
-		err = firstErr(noReduce(), zero("id", h.id()), dataVector())
+		err = firstErr(zero("dtype", uint64(h[2])), zero("id", h.id()), dataVector())
 		if err == nil && n > maxPayload {
 			err = fmt.Errorf("WRITE payload %d exceeds %d", n, maxPayload)
 		}

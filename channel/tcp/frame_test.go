@@ -68,6 +68,8 @@ func FuzzFrame(f *testing.F) {
 	f.Add(frameBytes(frameWrite, 0, 0, 0, 8, 16, append(make([]byte, 16), "hello"...)))        // ordered write, nothing before
 	f.Add(frameBytes(frameWrite, 0, 0, 0, 8, 16, append(append(make([]byte, 15), 1), 'x')))    // waits for socket 1
 	f.Add(frameBytes(frameWriteReduce, reduce.Float32, reduce.Sum, 0, 0, 8, make([]byte, 16))) // vector of one socket
+	f.Add(frameBytes(frameWrite, 0, 16, 0, 8, 16, append(make([]byte, 32), "hello"...)))       // ordered and padded
+	f.Add(frameBytes(frameWrite, 0, 9, 0, 8, 0, []byte("hello")))                              // padded past its end
 	f.Add([]byte{1, 1, 0})                                                                     // truncated header
 
 	dev, err := device.Open(0)
@@ -172,6 +174,43 @@ func TestHeaderRoundTrip(t *testing.T) {
 	if err := h.check(2); err == nil {
 		t.Fatal("an oversized WRITE passed")
 	}
+	// A WRITE's fourth byte is its padding: at most maxPad, and within the
+	// payload after the ordering vector.
+	for _, c := range []struct {
+		pad, length, size uint64
+		ok                bool
+	}{
+		{16, 16 + 16 + 100, 16, true},
+		{maxPad, maxPad, 0, true},
+		{maxPad + 1, 1000, 0, false},
+		{17, 16 + 16, 16, false},
+	} {
+		h.encode(frameWrite, 0, reduce.Op(c.pad), uint32(c.length), 0, 0, c.size)
+		if err := h.check(2); (err == nil) != c.ok {
+			t.Errorf("WRITE padded %d, length %d, vector %d: %v", c.pad, c.length, c.size, err)
+		}
+		if h.pad() != c.pad {
+			t.Errorf("pad() = %d, want %d", h.pad(), c.pad)
+		}
+	}
+	h.encode(frameWriteReduce, reduce.Float32, reduce.Max, 64, 0, 0, 0)
+	if h.pad() != 0 {
+		t.Errorf("a WRITE_REDUCE's op read as padding: %d", h.pad())
+	}
+}
+
+// dataPad puts a WRITE's data a multiple of 64 bytes after the frame's
+// start, from padMin bytes of data up.
+func TestDataPad(t *testing.T) {
+	for _, vlen := range []int{0, 8, 16, 24, 32, 64, 8 * maxStreams} {
+		if p := dataPad(vlen, padMin-1); p != 0 {
+			t.Errorf("%d bytes of data after a vector of %d are padded by %d", padMin-1, vlen, p)
+		}
+		p := dataPad(vlen, padMin)
+		if p < 0 || p > maxPad || (headerLen+vlen+p)%64 != 0 {
+			t.Errorf("a vector of %d: padding %d puts the data at %d", vlen, p, headerLen+vlen+p)
+		}
+	}
 }
 
 // FuzzHello checks the Exchange message decoder: no panic, and whatever it
@@ -182,7 +221,7 @@ func FuzzHello(f *testing.F) {
 	f.Add(h.marshal())                    // valid
 	f.Add(h.marshal()[:20])               // truncated
 	f.Add(append(h.marshal(), 0))         // trailing byte
-	f.Add([]byte("HCTP\x02\x00\x00\x01")) // future version
+	f.Add([]byte("HCTP\x09\x00\x00\x01")) // future version
 	f.Fuzz(func(t *testing.T, b []byte) {
 		m, err := parseHello(b)
 		if err != nil {

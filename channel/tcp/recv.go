@@ -108,8 +108,8 @@ func (c *conn) protocolErr(s *sock, h header, format string, args ...any) error 
 	switch h.typ() {
 	case frameWrite, frameWriteReduce:
 		addr, size = h.addr(), int64(h.length())
-		if h.size() <= uint64(h.length()) {
-			size -= int64(h.size()) // the ordering vector
+		if v := h.size() + h.pad(); v <= uint64(h.length()) {
+			size -= int64(v) // the ordering vector and a WRITE's padding
 		}
 	case frameRead:
 		addr, size = h.addr(), int64(min(h.size(), 1<<62))

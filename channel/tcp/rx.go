@@ -44,9 +44,9 @@ type rx struct {
 	phase rxPhase
 	h     [headerLen]byte
 	hn    int // header bytes received
-	vec   [8 * maxStreams]byte
-	vn    int // vector bytes received
-	vlen  int // vector bytes expected
+	vec   [8*maxStreams + maxPad]byte
+	vn    int // vector (and padding) bytes received
+	vlen  int // vector and padding bytes expected
 
 	sink []byte       // where the payload goes: memory, a read's buffer, or scratch (nil: discard)
 	need int          // payload bytes expected
@@ -123,7 +123,7 @@ func (c *conn) begin(s *sock) error {
 	n := int(h.length())
 	switch h.typ() {
 	case frameWrite, frameWriteReduce:
-		if v := int(h.size()); v > 0 {
+		if v := int(h.size() + h.pad()); v > 0 {
 			r.phase, r.vn, r.vlen = rxVector, 0, v
 			return nil
 		}
@@ -136,20 +136,22 @@ func (c *conn) begin(s *sock) error {
 
 // vectorIn acts on the ordering vector of a data frame (order.go): the frame
 // is applied only once every frame the vector counts is, and the reader
-// waits for that here.
+// waits for that here. A WRITE's padding, read with it, is dropped.
 func (c *conn) vectorIn(s *sock) error {
 	r := &s.rx
 	h := header(r.h[:])
-	var vec [maxStreams]uint64
-	v := vec[:len(c.socks)]
-	for i := range v {
-		v[i] = binary.BigEndian.Uint64(r.vec[8*i:])
-	}
-	if v[s.idx] > s.applied.Load() {
-		return c.protocolErr(s, h, "claims %d earlier frames on socket %d, only %d arrived", v[s.idx], s.idx, s.applied.Load())
-	}
-	if !c.awaitApplied(v) {
-		return c.failure()
+	if h.size() > 0 {
+		var vec [maxStreams]uint64
+		v := vec[:len(c.socks)]
+		for i := range v {
+			v[i] = binary.BigEndian.Uint64(r.vec[8*i:])
+		}
+		if v[s.idx] > s.applied.Load() {
+			return c.protocolErr(s, h, "claims %d earlier frames on socket %d, only %d arrived", v[s.idx], s.idx, s.applied.Load())
+		}
+		if !c.awaitApplied(v) {
+			return c.failure()
+		}
 	}
 	return c.beginData(s, int(h.length())-r.vlen)
 }

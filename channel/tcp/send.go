@@ -27,11 +27,18 @@ func (s *sock) writeFrame(t frameType, dt reduce.DataType, op reduce.Op, id, add
 // WRITE or WRITE_REDUCE with its ordering vector (size is then len(vec)),
 // or any frame with vec nil. The caller holds s.wmu.
 func (s *sock) writeVec(t frameType, dt reduce.DataType, op reduce.Op, id, addr, size uint64, vec, payload []byte) error {
+	pad := 0
+	if t == frameWrite {
+		pad = dataPad(len(vec), len(payload))
+	}
 	h := header(s.hdr[:])
-	h.encode(t, dt, op, uint32(len(vec)+len(payload)), id, addr, size)
+	h.encode(t, dt, op, uint32(len(vec)+pad+len(payload)), id, addr, size)
+	if pad > 0 {
+		h[3] = byte(pad)
+	}
 	s.wseq.Add(1)
 	k := 0
-	for _, b := range [3][]byte{h, vec, payload} {
+	for _, b := range [4][]byte{h, vec, zeroPad[:pad], payload} {
 		if len(b) > 0 {
 			s.vec[k] = b
 			k++
@@ -61,12 +68,14 @@ func (s *sock) writePair(c *conn, addr uint64, wvec []byte, parts [][]byte, idx 
 		}
 		binary.BigEndian.PutUint64(s.ovec[8*i:], n)
 	}
-	size := len(wvec)
+	n := 0
 	for _, p := range parts {
-		size += len(p)
+		n += len(p)
 	}
+	pad := dataPad(len(wvec), n)
 	h := header(s.hdr[:])
-	h.encode(frameWrite, 0, 0, uint32(size), 0, addr, uint64(len(wvec)))
+	h.encode(frameWrite, 0, 0, uint32(len(wvec)+pad+n), 0, addr, uint64(len(wvec)))
+	h[3] = byte(pad)
 	h2 := header(s.hdr2[:])
 	h2.encode(frameNotify, 0, 0, uint32(len(s.ovec)), idx, 0, 0)
 	s.wseq.Add(1)
@@ -74,6 +83,9 @@ func (s *sock) writePair(c *conn, addr uint64, wvec []byte, parts [][]byte, idx 
 	s.vec[k], k = h, k+1
 	if wvec != nil {
 		s.vec[k], k = wvec, k+1
+	}
+	if pad > 0 {
+		s.vec[k], k = zeroPad[:pad], k+1
 	}
 	for _, p := range parts {
 		s.vec[k], k = p, k+1
@@ -86,10 +98,13 @@ func (s *sock) writePair(c *conn, addr uint64, wvec []byte, parts [][]byte, idx 
 	return err
 }
 
-// maxParts is how many pieces of payload writePair takes: its frames' four
-// buffers (header, ordering vector; the notify's header and vector) and the
-// parts fill sock.vec.
+// maxParts is how many pieces of payload writePair takes: its frames' five
+// buffers (header, ordering vector, padding; the notify's header and
+// vector) and the parts fill sock.vec.
 const maxParts = 4
+
+// zeroPad is the padding a WRITE puts before its data (dataPad).
+var zeroPad [maxPad]byte
 
 // writeOut writes bufs, in order, as one stream of bytes; the caller holds
 // s.wmu. Where it can, with raw writev system calls (rawsys_linux.go), and

@@ -409,6 +409,12 @@ func TestBadFramesAreRefused(t *testing.T) {
 		{"response to a read never sent", func(rp *rawPeer, v device.Ptr) (frameType, reduce.DataType, reduce.Op, uint64, uint64, uint64, []byte) {
 			return frameReadResp, 0, 0, 42, 0, 0, []byte{1, 2, 3}
 		}, "never sent"},
+		{"write padded past its payload", func(rp *rawPeer, v device.Ptr) (frameType, reduce.DataType, reduce.Op, uint64, uint64, uint64, []byte) {
+			return frameWrite, 0, 9, 0, uint64(rp.r1.buf.Addr), 0, []byte("hello")
+		}, "pads its data by 9 bytes"},
+		{"write padded by more than a cache line", func(rp *rawPeer, v device.Ptr) (frameType, reduce.DataType, reduce.Op, uint64, uint64, uint64, []byte) {
+			return frameWrite, 0, 64, 0, uint64(rp.r1.buf.Addr), 0, make([]byte, 200)
+		}, "pads its data by 64 bytes"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -498,10 +504,62 @@ func TestRawPeerFrames(t *testing.T) {
 	if string(mine[100:105]) != "hello" {
 		t.Fatalf("memory holds %q", mine[100:105])
 	}
+	// A padded write: its padding is skipped, whatever it holds.
+	rp.send(t, frameWrite, 0, 3, 0, uint64(rp.r1.buf.Addr)+200, 0, []byte("xyzworld"))
+	rp.send(t, frameNotify, 0, 0, 1, 0, 0, []byte{0, 0, 0, 0, 0, 0, 0, 3})
+	if err := rp.c1.Notifies[1].WaitNow(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if string(mine[200:205]) != "world" || mine[205] != 0 {
+		t.Fatalf("memory holds %q after a padded write", mine[200:206])
+	}
 	// A notify that claims an earlier frame on its socket that never came.
 	rp.send(t, frameNotify, 0, 0, 1, 0, 0, []byte{0, 0, 0, 0, 0, 0, 0, 99})
 	if h, text := rp.readFrame(t); h.typ() != frameError || !strings.Contains(string(text), "earlier frames") {
 		t.Fatalf("got %v %q", h, text)
+	}
+}
+
+// The transport pads a WRITE of padMin bytes and more so that its data
+// starts a multiple of 64 bytes into the frame (dataPad), and no smaller
+// one; with its NOTIFY (writePair) alike.
+func TestWritesPadTheirData(t *testing.T) {
+	rp := connectRaw(t, Options{})
+	at := device.Ptr(4096) // the fake peer's memory (connectRaw): 4096 bytes at 4096
+	for _, c := range []struct {
+		n      int
+		notify bool
+	}{{100, false}, {padMin, false}, {padMin - 1, true}, {padMin, true}} {
+		data := make([]byte, c.n)
+		fill(data, uint64(c.n))
+		var err error
+		if c.notify {
+			err = rp.c1.Transport.(*conn).WriteWithNotify(nil, at, data, 0)
+		} else {
+			err = rp.c1.Transport.Write(nil, at, data)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		h, p := rp.readFrame(t)
+		if h.typ() != frameWrite || h.addr() != uint64(at) {
+			t.Fatalf("%d bytes: got %v", c.n, h)
+		}
+		start := headerLen + int(h.size()) + int(h.pad())
+		if c.n >= padMin && start%64 != 0 {
+			t.Errorf("%d bytes: the data starts %d bytes into the frame (vector %d, pad %d)", c.n, start, h.size(), h.pad())
+		}
+		if c.n < padMin && h.pad() != 0 {
+			t.Errorf("%d bytes: padded by %d", c.n, h.pad())
+		}
+		if !bytes.Equal(p[start-headerLen:], data) {
+			t.Errorf("%d bytes: the frame's data differs from what was written", c.n)
+		}
+		if c.notify {
+			if h, _ := rp.readFrame(t); h.typ() != frameNotify {
+				t.Fatalf("%d bytes: after the write, %v", c.n, h)
+			}
+		}
 	}
 }
 
