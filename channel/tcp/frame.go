@@ -45,8 +45,8 @@ const (
 // starts on one: a copy whose source and destination lie a few dozen bytes
 // apart modulo the 4 KiB page (16–48 ahead, or 16 behind) runs slower,
 // loads and stores aliasing (BENCHMARKS.md, stop 50). Data that begins a
-// cache line in keeps its distance from the page boundary that of its
-// memory's, or far enough from it.
+// whole number of cache lines into the frame lies as far from a page
+// boundary as its memory does, or far enough from it.
 func dataPad(vlen, n int) int {
 	if n < padMin {
 		return 0
