@@ -259,8 +259,8 @@
 // median 373). The tree AllReduce, which a crowded host's tcp ranks run
 // (4 processes and more), sends its broadcast half the same way, its reduce
 // half staged (4 processes on 2 cores, 1 MiB: 734–900 µs against 797–952
-// staged, interleaved). Over a network the pipes move pieces of at most 256 KiB
-// (netPiece, tuning.go), lent or staged.
+// staged, interleaved). Over a network the pipes move pieces of at most 256 KiB,
+// 512 KiB between 2 ranks (netPiece, netPiece2, tuning.go), lent or staged.
 // An AlltoAll or AlltoAllV
 // whose send and receive buffers overlap is refused (ErrPara): there is no
 // in-place form. lent.go has the protocol.

@@ -52,6 +52,9 @@ func LentWrites() (writes, open int64) { return lentWrites.Load(), openLoans.Loa
 // NetPiece bounds the pipes' piece where some peer is behind a network.
 const NetPiece = netPiece
 
+// NetPiece2 is NetPiece between 2 ranks.
+const NetPiece2 = netPiece2
+
 // LentPipes counts the pieces sent by lent pipes (tcp).
 func LentPipes() int64 { return lentPipes.Load() }
 

@@ -103,15 +103,17 @@ func TestLentPipesOverTCP(t *testing.T) {
 					}
 				}
 			}
-			// A buffer whose slot is larger than the network's piece:
-			// pieces of netPiece, and odd ends.
+			// A buffer whose slot is as large as the network's piece or
+			// larger: pieces of netPiece (netPiece2, the largest slot,
+			// between 2 ranks), and odd ends.
 			big := hcommtest.Options{Config: &hcomm.Config{BufferSize: 8 << 20}}.New(t, n, hcommtest.TCP)
-			if p := collectives.PieceBytes(big[0]); p <= collectives.NetPiece {
-				t.Fatalf("an 8 MiB buffer's slot is %d bytes, not more than the network's piece %d", p, collectives.NetPiece)
+			np := netPieceOf(n)
+			if p := collectives.PieceBytes(big[0]); p < np {
+				t.Fatalf("an 8 MiB buffer's slot is %d bytes, less than the network's piece %d", p, np)
 			}
 			for _, m := range []matrixCase{
-				{dt: hcomm.Int8, op: hcomm.Sum, count: 2*collectives.NetPiece + 7, root: n - 1, inline: 1 << 40},
-				{dt: hcomm.Float64, op: hcomm.Sum, count: (4*collectives.NetPiece + 24) / 8, root: 0, inline: 1 << 40},
+				{dt: hcomm.Int8, op: hcomm.Sum, count: 2*np + 7, root: n - 1, inline: 1 << 40},
+				{dt: hcomm.Float64, op: hcomm.Sum, count: (4*np + 24) / 8, root: 0, inline: 1 << 40},
 			} {
 				for _, algo := range []collectives.Algorithm{collectives.AlgoTree, collectives.AlgoRing, collectives.AlgoAuto} {
 					broadcastRaw(t, big, m, algo)
@@ -138,6 +140,15 @@ func TestLentPipesOverTCP(t *testing.T) {
 // each exact and acknowledged (n−1)·max(0, pieces−window) times.
 // Acknowledging every piece and draining the last ones, as before, fails
 // the count, and so does a window that is not the one the ranks agree on.
+// netPieceOf is the pipes' piece over tcp among n ranks, where the slot
+// allows it.
+func netPieceOf(n int) int64 {
+	if n == 2 {
+		return collectives.NetPiece2
+	}
+	return collectives.NetPiece
+}
+
 func TestLentPipesAcknowledgeWhatTheSenderWaitsFor(t *testing.T) {
 	for _, tc := range []struct {
 		n       int
@@ -148,8 +159,9 @@ func TestLentPipesAcknowledgeWhatTheSenderWaitsFor(t *testing.T) {
 			t.Setenv("HCOMM_CROWDED", tc.crowded)
 			n := tc.n
 			comms := hcommtest.Options{Config: &hcomm.Config{BufferSize: 8 << 20}}.New(t, n, hcommtest.TCP)
-			if p := collectives.PieceBytes(comms[0]); p <= collectives.NetPiece {
-				t.Fatalf("an 8 MiB buffer's slot is %d bytes, not more than the network's piece %d", p, collectives.NetPiece)
+			np := netPieceOf(n)
+			if p := collectives.PieceBytes(comms[0]); p < np {
+				t.Fatalf("an 8 MiB buffer's slot is %d bytes, less than the network's piece %d", p, np)
 			}
 			if w := collectives.LentWindow(comms[0]); w != tc.window {
 				t.Fatalf("HCOMM_CROWDED=%s: the lent pipes' window is %d pieces, want %d", tc.crowded, w, tc.window)
@@ -157,7 +169,7 @@ func TestLentPipesAcknowledgeWhatTheSenderWaitsFor(t *testing.T) {
 			sent := collectives.LentPipes()
 			for _, pieces := range []int64{3, 1, 9, 2, 4, 11, 5, 1, 6} {
 				for _, algo := range []collectives.Algorithm{collectives.AlgoRing, collectives.AlgoTree} {
-					m := matrixCase{dt: hcomm.Int8, op: hcomm.Sum, count: pieces*collectives.NetPiece - 5, root: int(pieces) % n, inline: 1 << 40}
+					m := matrixCase{dt: hcomm.Int8, op: hcomm.Sum, count: pieces*np - 5, root: int(pieces) % n, inline: 1 << 40}
 					before := collectives.LentAcks()
 					broadcastRaw(t, comms, m, algo)
 					want := int64(n-1) * max(0, pieces-tc.window)
@@ -182,7 +194,7 @@ func TestLentPipesAcknowledgeWhatTheSenderWaitsFor(t *testing.T) {
 // — the receiver's broadcast completes with the root's data and no error,
 // five times.
 func TestLentPipesSenderDestroysAtOnce(t *testing.T) {
-	const size = 5*collectives.NetPiece - 3
+	const size = 5*collectives.NetPiece2 - 3
 	for round := range 5 {
 		comms := hcommtest.Options{Config: &hcomm.Config{BufferSize: 8 << 20}}.New(t, 2, hcommtest.TCP)
 		want := make([]byte, size)

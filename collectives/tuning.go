@@ -136,7 +136,8 @@ func tunedAlgo(k kind, bytes int64, n int, mapped bool) (Algorithm, bool) {
 // pieceFor returns the pipeline piece, in bytes, for a call of collective k
 // running algo on bytes per rank among n ranks: the first matching row's
 // piece for that algorithm, bounded by the layout's slot, or the slot
-// (where some peer is behind a network, at most netPiece). The
+// (where some peer is behind a network, at most netPiece, or netPiece2
+// between 2 ranks). The
 // result is a multiple of 64 bytes (every element size divides it), and at
 // least 64. AlltoAllV's bytes per rank differ between ranks, so its piece
 // does not depend on them: only rows without a size bound apply to it.
@@ -156,6 +157,9 @@ func pieceFor(k kind, algo Algorithm, bytes int64, n int, mapped bool, slot int6
 		return max(64, min(slot, r.piece)&^63)
 	}
 	if !mapped {
+		if n == 2 {
+			return min(slot, netPiece2)
+		}
 		return min(slot, netPiece)
 	}
 	return slot
@@ -174,6 +178,20 @@ func pieceFor(k kind, algo Algorithm, bytes int64, n int, mapped bool, slot int6
 // pieces against 183–199, 4 processes 4 MiB 2.09–2.89 ms against
 // 1.60–2.13.
 const netPiece = 256 << 10
+
+// netPiece2 is netPiece for 2 ranks. Where both are on one host, hcomm
+// gives their sockets cubic (hcomm's tcpLocalCongestion), and under it the
+// larger pieces win: 2 processes on 2 cores over tcp loopback, µs, medians
+// of four launches interleaved, 256 KiB against 512 KiB pieces (stop 51):
+// 1 MiB broadcast 110.4 against 99.4, all-reduce 241 against 219,
+// reduce-scatter 145 against 128, all-gather and all-to-all alike; 4 MiB
+// broadcast 594 against 498, all-reduce 1009 against 920; 64 MiB
+// broadcast 12.4 ms against 11.2, all-gather 10.5 against 9.4,
+// reduce-scatter 11.6 against 10.6, all-reduce 16.6 against 15.4 (16.7
+// against 17.5 in another three). Under bbr, the host's default there,
+// 512 KiB pieces lose (1 MiB broadcast 178 µs against 135): that, or an
+// older kernel, may be what stop 21 measured.
+const netPiece2 = 512 << 10
 
 // pieceOverride, when positive, replaces every row's piece and the slot's
 // default (bounded by the slot all the same): BenchmarkTuning sweeps piece

@@ -90,8 +90,8 @@ func TestChooseReadsTable(t *testing.T) {
 
 // TestPieceFor: a row's piece is bounded by the slot and rounded to 64
 // bytes, applies only to its algorithm, and the override wins; without a
-// row, a network's piece is netPiece (or the slot, when smaller), memory's
-// the slot.
+// row, a network's piece is netPiece (netPiece2 between 2 ranks; the slot,
+// when smaller), memory's the slot.
 func TestPieceFor(t *testing.T) {
 	saved := tuning
 	defer func() { tuning = saved }()
@@ -118,6 +118,16 @@ func TestPieceFor(t *testing.T) {
 	for _, c := range cases {
 		if got := pieceFor(kBroadcast, c.algo, c.bytes, 4, c.mapped, c.slot); got != c.want {
 			t.Errorf("pieceFor(broadcast, %v, %d bytes, mapped=%v, slot %d) = %d, want %d", c.algo, c.bytes, c.mapped, c.slot, got, c.want)
+		}
+	}
+	// Between 2 ranks over a network, netPiece2 (bounded by the slot);
+	// mapped, the slot.
+	for _, c := range []struct {
+		mapped     bool
+		slot, want int64
+	}{{false, 8 << 20, netPiece2}, {false, 300 << 10, 300 << 10}, {true, 8 << 20, 8 << 20}} {
+		if got := pieceFor(kBroadcast, AlgoTree, 1<<20, 2, c.mapped, c.slot); got != c.want {
+			t.Errorf("pieceFor(broadcast, tree, 2 ranks, mapped=%v, slot %d) = %d, want %d", c.mapped, c.slot, got, c.want)
 		}
 	}
 	restore := SetPieceOverride(4 << 10)

@@ -77,6 +77,18 @@ type Config struct {
 	// that runs in its caller (package collectives' lane) polls its peers'
 	// sockets as long there. Negative turns polling off.
 	TCPSpin time.Duration
+	// TCPCongestion chooses the congestion control of tcp channels'
+	// sockets (HCOMM_TCP_CONGESTION; linux). "" or "auto": in a
+	// communicator of 2 ranks, a socket whose peer is on this host uses
+	// cubic where the host lets this process choose it (tcpLocalCongestion
+	// has the measurements; the collectives' 512 KiB pieces between 2
+	// ranks over tcp are measured with it); every other socket keeps the
+	// host's default. "system": every socket keeps
+	// the host's default (net.ipv4.tcp_congestion_control). Any other value
+	// names the algorithm every socket uses ("cubic", "reno", "bbr", ...):
+	// one the host refuses this process fails the communicator's making,
+	// naming it and what the host allows.
+	TCPCongestion string
 
 	// Deterministic is how reproducible the reducing collectives are
 	// (HCCL_DETERMINISTIC, HcclCommConfig's hcclDeterministic). The zero
@@ -156,6 +168,12 @@ func (c Config) resolve() (Config, error) {
 		}
 		c.TCPSpin = d
 	}
+	if c.TCPCongestion == "" {
+		c.TCPCongestion = os.Getenv("HCOMM_TCP_CONGESTION")
+	}
+	if !validCongestion(c.TCPCongestion) {
+		return c, fmt.Errorf("Config.TCPCongestion (HCOMM_TCP_CONGESTION) %q: want auto, system or an algorithm's name such as cubic", c.TCPCongestion)
+	}
 	if c.Deterministic == DeterministicDefault {
 		d, err := envDeterministic()
 		if err != nil {
@@ -187,6 +205,21 @@ func envScaled(name string, def, min, unit, limit int64, what string) (int64, er
 		return 0, fmt.Errorf("environment variable %s=%q: %d %s overflows (at most %d)", name, v, n, what, limit/unit)
 	}
 	return n, nil
+}
+
+// validCongestion says whether v is a TCPCongestion: empty, or a name of at
+// most 15 lower-case letters, digits and underscores (the kernel's names
+// are at most 15 bytes).
+func validCongestion(v string) bool {
+	if len(v) > 15 {
+		return false
+	}
+	for _, r := range v {
+		if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '_') {
+			return false
+		}
+	}
+	return true
 }
 
 // envSpin reads HCOMM_TCP_SPIN: a duration ("200us", "1ms"), or 0 for no

@@ -1,6 +1,7 @@
 package hcomm
 
 import (
+	"fmt"
 	"math"
 	"strconv"
 	"strings"
@@ -94,5 +95,47 @@ func TestTCPSpinSetting(t *testing.T) {
 	t.Setenv("HCOMM_TCP_SPIN", "1ms")
 	if c, err := (Config{TCPSpin: 5 * time.Microsecond}).resolve(); err != nil || c.TCPSpin != 5*time.Microsecond {
 		t.Errorf("Config.TCPSpin 5µs under HCOMM_TCP_SPIN=1ms: %v, %v", c.TCPSpin, err)
+	}
+}
+
+// HCOMM_TCP_CONGESTION: auto gives a 2-rank communicator's local sockets
+// cubic, where the host allows it, and nothing else; system gives nothing;
+// a name goes to every socket; a malformed value is refused naming the
+// variable; code wins over it.
+func TestTCPCongestionSetting(t *testing.T) {
+	allow := func(string) error { return nil }
+	refuse := func(name string) error { return fmt.Errorf("%s refused", name) }
+	for _, c := range []struct {
+		v             string
+		n             int
+		check         func(string) error
+		remote, local string
+	}{
+		{"", 2, allow, "", "cubic"},
+		{"auto", 2, allow, "", "cubic"},
+		{"", 2, refuse, "", ""},
+		{"", 3, allow, "", ""},
+		{"auto", 64, allow, "", ""},
+		{"system", 2, allow, "", ""},
+		{"reno", 2, allow, "reno", "reno"},
+		{"bbr", 8, allow, "bbr", "bbr"},
+	} {
+		remote, local := tcpCongestion(c.v, c.n, c.check)
+		if remote != c.remote || local != c.local {
+			t.Errorf("tcpCongestion(%q, %d ranks) = %q, %q; want %q, %q", c.v, c.n, remote, local, c.remote, c.local)
+		}
+	}
+	for _, v := range []string{"Cubic", "bbr;rm", "a_name_longer_than_15", " cubic"} {
+		t.Setenv("HCOMM_TCP_CONGESTION", v)
+		if _, err := (Config{}).resolve(); err == nil || !strings.Contains(err.Error(), "HCOMM_TCP_CONGESTION") || !strings.Contains(err.Error(), fmt.Sprintf("%q", v)) {
+			t.Errorf("HCOMM_TCP_CONGESTION=%q: resolve = %v; want an error naming it", v, err)
+		}
+	}
+	t.Setenv("HCOMM_TCP_CONGESTION", "reno")
+	if c, err := (Config{}).resolve(); err != nil || c.TCPCongestion != "reno" {
+		t.Errorf("HCOMM_TCP_CONGESTION=reno: %q, %v", c.TCPCongestion, err)
+	}
+	if c, err := (Config{TCPCongestion: "system"}).resolve(); err != nil || c.TCPCongestion != "system" {
+		t.Errorf("Config.TCPCongestion system under HCOMM_TCP_CONGESTION=reno: %q, %v", c.TCPCongestion, err)
 	}
 }

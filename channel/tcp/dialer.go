@@ -119,6 +119,23 @@ type Options struct {
 	// for its notify waits: where the host holds at most two of the
 	// communicator's processes a processor.
 	Nap bool
+	// Congestion names the congestion control algorithm of the sockets
+	// whose peer is on another host, as the host lists them in
+	// net.ipv4.tcp_available_congestion_control ("cubic", "bbr", "reno",
+	// ...; TCP_CONGESTION, linux only). "" leaves the host's default
+	// (net.ipv4.tcp_congestion_control). NewDialer refuses a name this
+	// process may not give a socket — one the kernel lacks, or, without
+	// CAP_NET_ADMIN, one missing from net.ipv4.tcp_allowed_congestion_control.
+	Congestion string
+	// LocalCongestion is Congestion for the sockets whose peer is on this
+	// host (its address is a loopback address or the socket's own); ""
+	// leaves the host's default. A pacing algorithm such as bbr releases
+	// a socket's segments on a timer even where there is no link to
+	// spare, and how fast it lets them go is its estimate of a link that
+	// loopback does not have, made anew for each connection: hcomm's
+	// package documentation has what that costs and where hcomm chooses
+	// otherwise (Config.TCPCongestion).
+	LocalCongestion string
 }
 
 // Dialer makes tcp channels (channel.Dialer). It owns one listener shared by
@@ -174,6 +191,14 @@ func NewDialer(opts Options) (*Dialer, error) {
 	opts.ChunkSize = (opts.ChunkSize + 7) &^ 7 // whole elements of every data type
 	if opts.SocketBuffer == 0 {
 		opts.SocketBuffer = defaultBuffer(readCap("/proc/sys/net/core/rmem_max"), readCap("/proc/sys/net/core/wmem_max"))
+	}
+	for _, cc := range []string{opts.Congestion, opts.LocalCongestion} {
+		if cc == "" {
+			continue
+		}
+		if err := CheckCongestion(cc); err != nil {
+			return nil, fmt.Errorf("tcp: congestion control %q: %w", cc, err)
+		}
 	}
 	if len(opts.Advertise) > maxAddrs {
 		return nil, fmt.Errorf("tcp: %d Advertise addresses, at most %d", len(opts.Advertise), maxAddrs)
@@ -473,7 +498,12 @@ func (d *Dialer) Connect(ctx context.Context, local *channel.Local, ex channel.E
 		}
 	}
 	for _, s := range socks {
-		tune(s, d.opts)
+		if err := tune(s, d.opts); err != nil {
+			for _, s := range socks {
+				s.Close()
+			}
+			return fail(err, "socket to rank %d", local.Peer)
+		}
 	}
 	notifies := make([]*notify.Notify, local.NotifyNum)
 	name := local.Name
@@ -525,10 +555,12 @@ func readCap(path string) int {
 	return n
 }
 
-func tune(c net.Conn, o Options) {
+// tune sets a channel's socket up: no Nagle delay, the buffers, keepalives
+// and the congestion control Options give it.
+func tune(c net.Conn, o Options) error {
 	tc, ok := c.(*net.TCPConn)
 	if !ok {
-		return
+		return nil
 	}
 	tc.SetNoDelay(true)
 	if o.SocketBuffer > 0 {
@@ -537,6 +569,33 @@ func tune(c net.Conn, o Options) {
 	}
 	idle := max(o.PeerTimeout/2, time.Second)
 	tc.SetKeepAliveConfig(net.KeepAliveConfig{Enable: true, Idle: idle, Interval: idle / 3, Count: 3})
+	cc := o.Congestion
+	if sameHost(tc) {
+		cc = o.LocalCongestion
+	}
+	if cc == "" {
+		return nil
+	}
+	rc, err := tc.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	if err := rc.Control(func(fd uintptr) { serr = setCongestion(int(fd), cc) }); err != nil {
+		return err
+	}
+	if serr != nil {
+		return fmt.Errorf("congestion control %q: %w", cc, serr)
+	}
+	return nil
+}
+
+// sameHost says whether c's peer is on this host: its address is a
+// loopback address or c's own.
+func sameHost(c net.Conn) bool {
+	l, ok := c.LocalAddr().(*net.TCPAddr)
+	r, ok2 := c.RemoteAddr().(*net.TCPAddr)
+	return ok && ok2 && (r.IP.IsLoopback() || r.IP.Equal(l.IP))
 }
 
 // acceptAll waits until the peer dialed every socket of the channel.
