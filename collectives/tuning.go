@@ -81,6 +81,9 @@ var tuning = []tuneRow{
 	// bimodal launch to launch on this VM, 1 MiB in 327–336 µs or
 	// 419–447 (lent: 296–304 or 454–492), against 361–378 in 256 KiB
 	// pieces (lent: 331–404, median 345), six launches each, interleaved.
+	// Stop 51 found the bimodality bbr's, the host's congestion control:
+	// under the cubic that hcomm now gives a 2-rank communicator's
+	// same-host sockets, 512 KiB pieces won again (netPiece2).
 	{k: kAllReduce, class: linkNetwork, minRanks: 2, maxRanks: 2, upTo: hdMax, algo: AlgoHD, measured: "stop 12, AllReduce tcp 2 ranks: hd 0.33 / 0.42 / 0.31, ring 0.21 / 0.38 / 0.28 at 256 KiB / 1 MiB / 4 MiB"},
 	{k: kAllReduce, class: linkNetwork, minRanks: 2, algo: AlgoRing, measured: "sitting 5, AllReduce 4 ranks (mapped figures; not re-measured over tcp)"},
 

@@ -80,14 +80,17 @@ type Config struct {
 	// TCPCongestion chooses the congestion control of tcp channels'
 	// sockets (HCOMM_TCP_CONGESTION; linux). "" or "auto": in a
 	// communicator of 2 ranks, a socket whose peer is on this host uses
-	// cubic where the host lets this process choose it (tcpLocalCongestion
-	// has the measurements; the collectives' 512 KiB pieces between 2
-	// ranks over tcp are measured with it); every other socket keeps the
-	// host's default. "system": every socket keeps
-	// the host's default (net.ipv4.tcp_congestion_control). Any other value
-	// names the algorithm every socket uses ("cubic", "reno", "bbr", ...):
-	// one the host refuses this process fails the communicator's making,
-	// naming it and what the host allows.
+	// cubic where the host lets this process choose it, and every other
+	// socket keeps the host's default — bbr, which paces even loopback,
+	// held the 2-process 1 MiB broadcast to 114–170 µs launch by launch
+	// where cubic ran it in 102–109, and the collectives' 512 KiB pieces
+	// between 2 ranks over tcp are measured under cubic; with 4 processes
+	// on 2 cores bbr measured faster (the README's transport settings and
+	// BENCHMARKS.md, stop 51). "system": every socket keeps the host's
+	// default (net.ipv4.tcp_congestion_control). Any other value names the
+	// algorithm every socket uses ("cubic", "reno", "bbr", ...): one the
+	// host refuses this process fails the communicator's making, naming it
+	// and what the host allows.
 	TCPCongestion string
 
 	// Deterministic is how reproducible the reducing collectives are

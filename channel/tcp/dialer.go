@@ -132,9 +132,9 @@ type Options struct {
 	// leaves the host's default. A pacing algorithm such as bbr releases
 	// a socket's segments on a timer even where there is no link to
 	// spare, and how fast it lets them go is its estimate of a link that
-	// loopback does not have, made anew for each connection: hcomm's
-	// package documentation has what that costs and where hcomm chooses
-	// otherwise (Config.TCPCongestion).
+	// loopback does not have, made anew for each connection. hcomm's
+	// Config.TCPCongestion chooses this for its communicators (its README
+	// and BENCHMARKS.md, stop 51, have what bbr cost there).
 	LocalCongestion string
 }
 
