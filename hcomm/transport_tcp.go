@@ -74,13 +74,18 @@ func tcpCongestion(v string, n int, check func(string) error) (remote, local str
 // under cubic, stop 50). The other 2-process rows at 64 KiB, 1 MiB and 64
 // MiB measured the same under either in 256 KiB pieces; with the two
 // processes on one core, cubic in 512 KiB pieces took 152 µs, bbr 179 in
-// 256 KiB and 211 in 512. Those pieces are collectives' netPiece2. 4
-// processes on 2 cores are another matter: at 1 MiB, bbr against cubic,
-// medians of five, all-to-all 346 against 468 µs, all-gather 342 against
-// 467, all-reduce 766 against 909, broadcast 385 against 408,
-// reduce-scatter 421 against 391 — there, and in larger communicators,
-// which no measurement here separates from a crowded host, the host's
-// choice stays.
+// 256 KiB and 211 in 512. Those pieces are collectives' netPiece2. reno
+// measured as cubic (1 MiB, four launches: broadcast 101.8 against 102.2,
+// all-reduce 166.0 against 166.7). 4 processes on 2 cores are another
+// matter: at 1 MiB, bbr against cubic, medians of five, all-to-all 346
+// against 468 µs, all-gather 342 against 467, all-reduce 766 against 909,
+// broadcast 385 against 408, reduce-scatter 421 against 391. That loss is
+// cubic's HyStart, which ends slow start when round trips grow, as they
+// do on a crowded host's loopback: with it off (the tcp_cubic module's
+// hystart=0, for the test) the all-gather took 293 µs against bbr's 278.
+// reno, which has none, measured level with bbr there (five launches: 64
+// KiB rows 1–2 % faster, 1 MiB all-gather and all-to-all 5 and 3 % slower,
+// the rest level), so larger communicators keep the host's choice.
 const tcpLocalCongestion = "cubic"
 
 // defaultStreams is the sockets per tcp channel when HCOMM_TCP_STREAMS is
