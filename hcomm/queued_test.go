@@ -131,6 +131,25 @@ func TestTCPStreamsVariable(t *testing.T) {
 	}
 }
 
+// A congestion control the host refuses (HCOMM_TCP_CONGESTION,
+// Config.TCPCongestion) is an error naming it, at the first tcp channel.
+func TestTCPCongestionRefused(t *testing.T) {
+	comms, err := hcomm.InitAll(2, &hcomm.Config{Transport: "tcp", BufferSize: 32 << 10, ConnectTimeout: 5 * time.Second, TCPCongestion: "no_such_cc"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		for _, c := range comms {
+			c.Destroy()
+		}
+	}()
+	d := hcomm.ChannelDescInit(1)
+	d[0].RemoteRank = 1
+	if _, err := comms[0].ChannelAcquire(hcomm.EngineCPUTS, d); err == nil || !strings.Contains(err.Error(), `"no_such_cc"`) {
+		t.Fatalf("TCPCongestion no_such_cc: %v, want an error naming it", err)
+	}
+}
+
 // Memory registered after a channel was acquired is outside what that
 // channel knows of the peer (a write into it is refused at the call); a
 // channel acquired afterwards reaches it.
