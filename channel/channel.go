@@ -21,6 +21,7 @@ package channel
 
 import (
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -259,6 +260,58 @@ type Poller interface {
 	// single look (hcomm.ChannelNotifyTryWait), with none of Poll's clock
 	// and no closure. Safe for concurrent use.
 	PollOnce() bool
+}
+
+// Steerer is implemented by a transport whose receiving end places the
+// peer's writes itself (tcp). A receiver that expects one write of a known
+// range of its memory — a collective's hello: a header, then a block that
+// the call would copy on into its receive buffer — may ask that the write's
+// bytes past the header go straight to that buffer, saving the copy.
+type Steerer interface {
+	// Steer arms the steer: the next write of exactly n bytes at at (this
+	// end's memory) that arrives stores its first keep bytes at at and the
+	// other n-keep into to, which must be n-keep bytes long. false: the
+	// transport cannot now (no room, a failed channel, a range it would
+	// refuse); every write lands where it is addressed, as always. While
+	// the steer is armed the transport may also use to as room for a read
+	// (tcp guesses that the next frame is the steered write, and reads its
+	// payload there): what to holds is undefined until End, and after End
+	// reports SteerUnused the caller fills it itself.
+	Steer(at device.Ptr, n, keep int64, to []byte) (Steered, bool)
+}
+
+// Steered is an armed steer (Steerer.Steer). The caller must End it, and
+// may not touch to until it has.
+type Steered interface {
+	// End withdraws the steer and reports what became of the write. After
+	// the caller's wait for the record that follows the write returned, it
+	// is SteerUnused (the write arrived before the steer was armed, or
+	// another way: its bytes are at at) or SteerLanded (past keep, in to).
+	// SteerCut, a write half in when End gave up on it or its socket
+	// failed, leaves neither place whole. Nothing is stored into to once
+	// End has returned.
+	End() SteerResult
+}
+
+// SteerResult is what Steered.End reports.
+type SteerResult uint8
+
+const (
+	SteerUnused SteerResult = iota // no write took the steer
+	SteerLanded                    // a write took it and is all in
+	SteerCut                       // a write took it and was cut short
+)
+
+func (r SteerResult) String() string {
+	switch r {
+	case SteerUnused:
+		return "unused"
+	case SteerLanded:
+		return "landed"
+	case SteerCut:
+		return "cut"
+	}
+	return fmt.Sprintf("SteerResult(%d)", uint8(r))
 }
 
 // Clocked is implemented by a transport that keeps virtual time (channel/sim,

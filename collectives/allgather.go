@@ -123,6 +123,7 @@ func allGather(c *hcomm.Comm, name string, h header, send device.Ptr, sendCount 
 			x := helloPool.Get().(*helloCall)
 			x.setBlocks(send, 0)
 			x.red.recv, x.outCounts, x.outDispls, x.blkES = recv, counts, displs, es
+			x.outAt = allGatherAt
 			sc.helloWith(x, h, sc.others(), send, sendCount*es, nil, allGatherOneShotOut)
 		case AlgoRD:
 			allGatherRD(sc, h, send, recv, sendCount*es)
@@ -361,7 +362,9 @@ func allGatherOneShotOut(x *helloCall) error {
 			own.Unmap()
 			continue
 		}
-		copy(at, x.payload(p)) // the counts are equal: AllGatherV has no one-shot
+		if !x.inPlace(p) { // steered there as it arrived (steer.go)
+			copy(at, x.payload(p)) // the counts are equal: AllGatherV has no one-shot
+		}
 	}
 	return out.Flush(0, ext)
 }

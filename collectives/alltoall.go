@@ -212,13 +212,14 @@ func alltoAllOneShot(sc *sched, h header, send, recv device.Ptr, block int64) {
 	h.algo = AlgoOneShot
 	x := helloPool.Get().(*helloCall)
 	x.setBlocks(send, block)
-	x.red.recv = recv
+	x.red.recv, x.outAt = recv, alltoAllAt
 	sc.helloWith(x, h, sc.others(), 0, block, nil, alltoAllOneShotOut)
 }
 
 // alltoAllOneShotOut (the one-shot all-to-all's then, once every hello has
 // arrived and checked out) copies this rank's own block from send and
-// every peer's from its hello into recv (x.red.recv). A function, not a
+// every peer's from its hello into recv (x.red.recv), but for those steered
+// there as they arrived. A function, not a
 // closure over the call's arguments: those are x's, and a closure would
 // cost every call an allocation.
 func alltoAllOneShotOut(x *helloCall) error {
@@ -240,7 +241,9 @@ func alltoAllOneShotOut(x *helloCall) error {
 	copy(dst[int64(me)*block:], own.Bytes())
 	own.Unmap()
 	for _, p := range x.peers {
-		copy(dst[int64(p)*block:], x.payload(p))
+		if !x.inPlace(p) { // steered there as it arrived (steer.go)
+			copy(dst[int64(p)*block:], x.payload(p))
+		}
 	}
 	return out.Flush(0, n*block)
 }

@@ -49,6 +49,12 @@ func PieceBytes(c *hcomm.Comm) int64 {
 // loans are still registered.
 func LentWrites() (writes, open int64) { return lentWrites.Load(), openLoans.Load() }
 
+// SteersLanded counts the hello payloads steered into place (steer.go).
+func SteersLanded() int64 { return steersLanded.Load() }
+
+// SteerMin is the smallest hello payload steered.
+const SteerMin = steerMin
+
 // NetPiece bounds the pipes' piece where some peer is behind a network.
 const NetPiece = netPiece
 

@@ -246,6 +246,7 @@ func init() {
 
 // release returns a pooled helloCall once its task is done with it.
 func (x *helloCall) release() {
+	x.endSteers() // a call that failed: its error is reported already
 	if !x.pooled {
 		return
 	}
@@ -530,6 +531,9 @@ func (x *helloCall) send(stop <-chan struct{}) error {
 	if err := x.prepare(); err != nil {
 		return err
 	}
+	if x.outAt != nil && x.n >= steerMin {
+		x.steer() // steer.go
+	}
 	for _, p := range x.peers {
 		payload := x.mine.Add(headerSize)
 		if x.blocks {
@@ -598,7 +602,16 @@ type helloCall struct {
 	// outCounts and outDispls are the one-shot all-gather's output
 	// layout, in elements of blkES bytes (allGatherOneShotOut).
 	outCounts, outDispls []int64
-	line                 [channel.LineData]byte // sendHello's room for a line
+	// outAt, when set, says where then copies peer p's payload: send
+	// steers each peer's there as it arrives, where the channel can
+	// (hcomm.ChannelSteer: tcp), and landed tells then which are in place
+	// already (steer.go). Not with extra, which reads the payload from the
+	// slot.
+	outAt   func(x *helloCall, p int) device.Ptr
+	steers  [helloFullMax]hcomm.Steer
+	steered uint16                 // bit p: steers[p] is armed
+	landed  uint16                 // bit p: peer p's payload is at outAt(x, p)
+	line    [channel.LineData]byte // sendHello's room for a line
 }
 
 // blockOf returns the payload of the hello to peer p (x.blocks).
@@ -706,6 +719,9 @@ func (x *helloCall) prepare() error {
 // peers' headers against this rank's, then runs then.
 func (x *helloCall) verify() error {
 	st := x.s.st
+	if err := x.endSteers(); err != nil { // steer.go
+		return err
+	}
 	mine := x.slot(int(x.h.from))[:headerSize]
 	for _, p := range x.peers {
 		if err := st.checkHello(x.h, mine, x.slot(p), p, x.extra, x.n); err != nil {

@@ -53,15 +53,18 @@ type sock struct {
 
 	// The receiving side (rx.go, progress.go). rtok is the receive token:
 	// its holder alone reads the socket and uses rx, rp, rn and rerr.
-	rtok   sync.Mutex
-	rx     rx
-	rc     syscall.RawConn       // the descriptor, read without the network poller (nil: read nc, blocking)
-	readFn func(fd uintptr)      // rawRead of rp into rn, rerr: made once, so a read allocates nothing
-	peekFn func(fd uintptr) bool // rawReadable: the background reader's wait
-	rp     []byte
-	rn     int
-	rerr   error
-	got    atomic.Uint64 // reads that brought bytes: a poller's sign of progress (progress.go), the monitor's of life
+	rtok    sync.Mutex
+	rx      rx
+	rc      syscall.RawConn       // the descriptor, read without the network poller (nil: read nc, blocking)
+	readFn  func(fd uintptr)      // rawRead of rp into rn, rerr: made once, so a read allocates nothing
+	peekFn  func(fd uintptr) bool // rawReadable: the background reader's wait
+	rp      []byte
+	readvFn func(fd uintptr) // rawReadv of rv into rn, rerr (readSomeV)
+	rv      [3][]byte
+	riov    riovecs
+	rn      int
+	rerr    error
+	got     atomic.Uint64 // reads that brought bytes: a poller's sign of progress (progress.go), the monitor's of life
 
 	// The sending side's raw writes (rawsys_linux.go), under wmu: what is
 	// left to write, the writev vector, the error, and the function given
@@ -130,6 +133,9 @@ type conn struct {
 	queue []task
 	qsig  chan struct{}
 
+	steers [maxSteers]steer // steer.go
+	nsteer atomic.Int32     // steers armed (the receive engine looks only when some are)
+
 	readers   sync.WaitGroup
 	wg        sync.WaitGroup
 	closeOnce sync.Once
@@ -141,6 +147,9 @@ func newConn(d *Dialer, local *channel.Local, name string, notifies []*notify.No
 		dead: make(chan struct{}), reads: make(map[uint64]*pendingRead), fences: make(map[uint64]chan struct{}),
 		qsig: make(chan struct{}, 1)}
 	c.pcond = sync.NewCond(&c.amu)
+	for i := range c.steers {
+		c.steers[i].owner = c
+	}
 	c.drecs, c.dover, c.dsync = make([][]drec, len(ncs)), make([]drec, len(ncs)), make([][]uint64, len(ncs))
 	for i := range c.dsync {
 		c.dsync[i] = make([]uint64, len(ncs))
@@ -149,6 +158,7 @@ func newConn(d *Dialer, local *channel.Local, name string, notifies []*notify.No
 		s := &sock{idx: i, nc: nc, rc: rawConn(nc)}
 		s.rx.buf = make([]byte, rxBufSize)
 		s.readFn = func(fd uintptr) { s.rn, s.rerr = rawRead(int(fd), s.rp) }
+		s.readvFn = func(fd uintptr) { s.rn, s.rerr = rawReadv(int(fd), &s.riov, &s.rv) }
 		s.peekFn = func(fd uintptr) bool { return rawReadable(int(fd)) }
 		s.writeFn = func(fd uintptr) bool { return s.writeRaw(int(fd)) }
 		s.tryFn = func(fd uintptr) { s.wdone = s.writeRaw(int(fd)) }

@@ -88,6 +88,22 @@
 // unless the last full look found bytes on them: a waiter's idle looks
 // then cost one read, not one a socket.
 //
+// A receiver that knows where an expected write's payload goes next may
+// have it put there (Steer, channel.Steerer; hcomm.ChannelSteer): the
+// one-shot all-to-all's and all-gather's hellos, a header that stays in
+// the hello slot and a block that the call would copy from there into its
+// receive buffer. A read that starts a frame into an empty buffer while a
+// steer is armed guesses that the frame is the steered write: one readv
+// puts the bytes before the payload into the buffer, the payload into the
+// steer's memory and what follows into the buffer; a guess that misses
+// moves the bytes back, as one read would have left them. A steered write
+// found in the buffer instead is copied there from it, once. Either way the
+// block is copied once on this side, by the kernel or by the engine, where
+// it was copied twice (4 tcp processes on 2 cores, 64 KiB all-to-all, seven
+// launches interleaved: 52.9 µs against 63.2 as before, Open MPI 54.3; the
+// steer is taken by three hellos in four, the rest having been read before
+// their call armed it). The wire protocol does not change.
+//
 // A write that a stop may end (hcomm's stream tasks) is watched: once it
 // has waited watchDelay for the kernel to take its bytes, a watchdog looks
 // at the stop and kills the channel when it closes, since half a frame

@@ -49,6 +49,18 @@ func (s *sock) readSome(p []byte) (int, error) {
 	return s.rn, s.rerr
 }
 
+// readSomeV is readSome into the buffers a, b and c in turn (readv), for
+// readSteered; s.rc is not nil.
+func (s *sock) readSomeV(a, b, c []byte) (int, error) {
+	s.rv = [3][]byte{a, b, c}
+	err := s.rc.Control(s.readvFn)
+	s.rv = [3][]byte{}
+	if err != nil {
+		return 0, err
+	}
+	return s.rn, s.rerr
+}
+
 // readLoop is the background reader of socket s: it parks in the network
 // poller until the socket is readable, then takes the receive token and
 // drains the socket, until the socket ends. It fails the channel on a

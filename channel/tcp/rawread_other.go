@@ -26,3 +26,7 @@ func (s *sock) writeRaw(int) bool {
 	s.werr = errors.ErrUnsupported
 	return true
 }
+
+type riovecs = [3]struct{}
+
+func rawReadv(int, *riovecs, *[3][]byte) (int, error) { return 0, errors.ErrUnsupported }

@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"syscall"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -57,3 +58,32 @@ func rawReadable(fd int) bool {
 
 // iovecs is a sender's vector of buffers for writev (rawsys_linux.go).
 type iovecs = [maxParts + 4]unix.Iovec
+
+// riovecs is the receive engine's vector of buffers for readv (rawReadv).
+type riovecs = [3]unix.Iovec
+
+// rawReadv reads what the socket fd holds now into the non-empty buffers of
+// bufs in turn, as rawRead does into one.
+func rawReadv(fd int, iov *riovecs, bufs *[3][]byte) (int, error) {
+	k := 0
+	for _, b := range bufs {
+		if len(b) > 0 {
+			iov[k].Base = &b[0]
+			iov[k].SetLen(len(b))
+			k++
+		}
+	}
+	defer func() { *iov = riovecs{} }()
+	for {
+		n, _, e := unix.RawSyscall(unix.SYS_READV, uintptr(fd), uintptr(unsafe.Pointer(&iov[0])), uintptr(k))
+		switch e {
+		case 0:
+			return int(n), nil
+		case unix.EINTR:
+			continue
+		case unix.EAGAIN:
+			return 0, errWouldBlock
+		}
+		return 0, os.NewSyscallError("readv", e)
+	}
+}

@@ -48,11 +48,13 @@ type rx struct {
 	vn    int // vector (and padding) bytes received
 	vlen  int // vector and padding bytes expected
 
-	sink []byte       // where the payload goes: memory, a read's buffer, or scratch (nil: discard)
-	need int          // payload bytes expected
-	got  int          // payload bytes received
-	dst  []byte       // WRITE_REDUCE and read-reduce: the memory the payload is reduced into
-	pr   *pendingRead // READ_RESP: the read (its mu held shared until the chunk is in)
+	sink  []byte       // where the payload goes: memory, a read's buffer, or scratch (nil: discard)
+	steer *steer       // a WRITE the caller steered (steer.go): its bytes past keep go to steer.to
+	pre   *steer       // the steer whose write readSteered found next: the next WRITE takes it
+	need  int          // payload bytes expected
+	got   int          // payload bytes received
+	dst   []byte       // WRITE_REDUCE and read-reduce: the memory the payload is reduced into
+	pr    *pendingRead // READ_RESP: the read (its mu held shared until the chunk is in)
 
 	scratch []byte
 	ord     ordered            // the ordered frame being applied (apply), unless parked
@@ -85,9 +87,7 @@ func (c *conn) consume(s *sock) (bool, error) {
 			}
 		case rxBody:
 			k := min(r.need-r.got, len(in))
-			if r.sink != nil {
-				copy(r.sink[r.got:], in[:k])
-			}
+			r.put(in[:k]) // steer.go
 			r.got += k
 			r.pos += k
 			if r.got == r.need {
@@ -165,6 +165,12 @@ func (c *conn) beginData(s *sock, n int) error {
 		return c.protocolErr(s, h, "refused: %v", err)
 	}
 	if h.typ() == frameWrite {
+		if t := r.pre; t != nil {
+			r.pre = nil
+			r.steer = t // readSteered checked that this is its write
+		} else {
+			r.steer = c.take(h.addr(), n) // steer.go
+		}
 		return c.body(s, b, n)
 	}
 	r.dst = b
@@ -211,6 +217,10 @@ func (c *conn) beginReadResp(s *sock, h header) error {
 // lets the frames parked behind it go.
 func (c *conn) finish(s *sock) error {
 	r := &s.rx
+	if r.steer != nil {
+		r.steer.landed()
+		r.steer = nil
+	}
 	err := c.apply(s, header(r.h[:]))
 	r.phase, r.sink, r.need, r.got, r.dst = rxHeader, nil, 0, 0, nil
 	if err != nil {
@@ -328,6 +338,10 @@ func (c *conn) readRespIn(s *sock, h header) error {
 // rxAbandon gives back what a frame cut short holds: the read whose chunk
 // was coming in. The caller holds s.rtok; the socket receives nothing more.
 func (s *sock) rxAbandon() {
+	if t := s.rx.steer; t != nil {
+		s.rx.steer = nil
+		t.cut()
+	}
 	if pr := s.rx.pr; pr != nil {
 		s.rx.pr = nil
 		pr.mu.RUnlock()
@@ -376,9 +390,20 @@ func (c *conn) drain(s *sock) (bool, error) {
 		// The buffer is empty: read more, straight into a long payload's
 		// destination when it has one.
 		p, direct := r.buf, false
+		var held *steer
 		if r.phase == rxBody && r.sink != nil && r.need-r.got >= directRead {
-			p, direct = r.sink[r.got:r.need], true
-		} else {
+			switch t := r.steer; {
+			case t == nil:
+				p, direct = r.sink[r.got:r.need], true
+			case r.got >= t.keep && s.rc != nil: // a read that does not block
+				if !t.hold() {
+					r.steer, r.sink = nil, nil // given up on: dropped
+					continue
+				}
+				p, direct, held = t.to[r.got-t.keep:r.need-t.keep], true, t
+			}
+		}
+		if !direct {
 			// What the frame in hand still lacks and one more frame of
 			// a payload below directRead, at most: a long payload whose
 			// header this read brings then lands mostly where it goes,
@@ -391,7 +416,30 @@ func (c *conn) drain(s *sock) (bool, error) {
 			p = p[:min(len(p), want)]
 		}
 		r.pos, r.end = 0, 0
+		if t := c.peekable(s, direct); t != nil { // steer.go
+			n, asked, err := c.readSteered(s, t)
+			if n > 0 {
+				s.got.Add(1)
+				if err != nil {
+					r.err = err
+					return false, err
+				}
+				short = n < asked && s.rc != nil
+				continue
+			}
+			if err == errWouldBlock {
+				return false, nil
+			}
+			if err == nil {
+				err = io.EOF
+			}
+			r.err = err
+			return false, err
+		}
 		n, err := s.readSome(p)
+		if held != nil {
+			held.let()
+		}
 		if n > 0 {
 			s.got.Add(1)
 		}
