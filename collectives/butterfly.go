@@ -431,6 +431,14 @@ func (x *bfCall) exchange(stop <-chan struct{}) error {
 		bad    *bfFailure
 		result []byte // a folded rank's result, in its folder's hello
 	)
+	// An all-gather's partners' blocks, steered over tcp straight to their
+	// places in this rank's slot (steer.go): every round's armed before the
+	// first is sent, since a partner may be rounds ahead.
+	var steers bfSteers
+	defer steers.end()
+	if x.mode == bfGather && x.n > 0 && !x.tree() {
+		x.steerGather(&steers, own(cur))
+	}
 	plo, phi := int64(0), int64(size) // halve: the parts this rank's partial result covers
 	for i, stp := range x.steps {
 		p := stp.peer
@@ -550,6 +558,9 @@ func (x *bfCall) exchange(stop <-chan struct{}) error {
 			copy(mine, theirs)
 			have = true
 		case bfGather:
+			if steers.landed(i) {
+				break // the partner's blocks are in place already
+			}
 			for q := 0; q < size; q++ {
 				if q != me && partnerHas(q) {
 					copy(mine[int64(q)*x.block:int64(q+1)*x.block], theirs[int64(q-from)*x.block:])

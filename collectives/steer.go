@@ -85,3 +85,86 @@ func alltoAllAt(x *helloCall, p int) device.Ptr { return x.red.recv.Add(int64(p)
 
 // allGatherAt is the one-shot all-gather's outAt.
 func allGatherAt(x *helloCall, p int) device.Ptr { return x.red.recv.Add(x.outDispls[p] * x.blkES) }
+
+// bfSteers are a butterfly all-gather's steers, one a round (the first
+// bfSteerMax rounds: 2^8 ranks).
+type bfSteers struct {
+	t       [bfSteerMax]hcomm.Steer
+	armed   uint8
+	settled uint8 // bit i: round i's steer ended, landed or not
+	in      uint8 // bit i: round i's blocks landed in place
+}
+
+const bfSteerMax = 8
+
+// landed ends round i's steer, if armed, and reports whether the
+// partner's blocks landed in place. A write cut short cannot have been
+// waited for: it reports false, and the blocks are copied from the slot,
+// which the check of the hello will have found wanting first.
+func (b *bfSteers) landed(i int) bool {
+	if i >= bfSteerMax || b.armed&(1<<i) == 0 {
+		return false
+	}
+	b.armed &^= 1 << i
+	if b.t[i].End() == hcomm.SteerLanded {
+		b.in |= 1 << i
+		steersLanded.Add(1)
+	}
+	return b.in&(1<<i) != 0
+}
+
+// end ends the steers still armed (a butterfly that failed or skipped a
+// copy: a mismatch).
+func (b *bfSteers) end() {
+	for b.armed != 0 {
+		i := bits.TrailingZeros8(b.armed)
+		b.armed &^= 1 << i
+		b.t[i].End()
+	}
+}
+
+// steerGather arms, for each round of x (a butterfly all-gather, not the
+// tree's) in which the partner's hello over tcp carries blocks of other
+// ranks than this one, enough of them to be worth it, a steer of the
+// hello's blocks to their places in this rank's hello slot at off, which
+// the round would copy them to.
+func (x *bfCall) steerGather(b *bfSteers, off int64) {
+	st := x.s.st
+	me, size := int(x.h.from), st.comm.Size()
+	r := foldR(size)
+	for i, stp := range x.steps {
+		if i >= bfSteerMax {
+			break
+		}
+		p := stp.peer
+		if !stp.recv || stp.final || stp.flag != 0 || st.chans[p].Transport() != hcomm.TransportTCP {
+			continue
+		}
+		lo, hi := x.partnerSpan(stp, r)
+		got := int64(hi-lo) * x.block
+		if got < steerMin || lo <= me && me < hi {
+			continue
+		}
+		at := x.s.mySlot(st.lay.helloOff(p, stp.par))
+		to := x.s.mySlot(off + headerSize + int64(lo)*x.block)
+		if t, ok, err := hcomm.ChannelSteer(st.chans[p], at, headerSize+got, headerSize, to); err == nil && ok {
+			b.t[i] = t
+			b.armed |= 1 << i
+		}
+	}
+}
+
+// partnerSpan returns the ranks whose blocks the partner of a butterfly
+// all-gather's round stp (not final, not the tree's) sends, [lo, hi): its
+// own or its folded partner's (a fold in), or those of its half of the
+// round, as exchange's partnerHas says.
+func (x *bfCall) partnerSpan(stp bfStep, r int) (lo, hi int) {
+	me, p := int(x.h.from), stp.peer
+	bit := bitOf(me, p, r)
+	return rankSpan(x.s.st.comm.Size(), func(q int) bool {
+		if bit == 0 {
+			return q == p
+		}
+		return virt(q, r)&^(bit-1) == virt(p, r)&^(bit-1)
+	})
+}

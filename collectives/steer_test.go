@@ -13,17 +13,18 @@ import (
 
 // TestSteeredHellosOverTCP: over tcp the one-shot all-to-all's and
 // all-gather's hellos have their blocks steered straight into recv as they
-// arrive (steer.go), and the calls stay exact: blocks below, at and above
-// the smallest steered payload, odd ones, every data type's width, in place
+// arrive, and the recursive-doubling all-gather's into the rank's own slot
+// (steer.go); the calls stay exact: blocks below, at and above the
+// smallest steered payload, odd ones, every data type's width, in place
 // and out, back to back with each other and with calls that steer nothing,
-// 2 and 4 ranks. Steering is counted: a run in which no block landed in
-// place does not test it.
+// 2 to 5 ranks (3 and 5: the butterfly's folds). Steering is counted: a
+// run in which no block landed in place does not test it.
 func TestSteeredHellosOverTCP(t *testing.T) {
-	for _, n := range []int{2, 4} {
+	for _, n := range []int{2, 3, 4, 5} {
 		t.Run(fmt.Sprintf("ranks=%d", n), func(t *testing.T) {
 			comms := hcommtest.Options{}.New(t, n, hcommtest.TCP)
 			inline := collectives.InlineBytes(comms[0])
-			before := collectives.SteersLanded()
+			before, rdLanded := collectives.SteersLanded(), int64(0)
 			for _, dt := range []hcomm.DataType{hcomm.Int8, hcomm.Float16, hcomm.Float32, hcomm.Float64} {
 				es := int64(dt.Size())
 				for _, bytes := range []int64{collectives.SteerMin - es, collectives.SteerMin, collectives.SteerMin + 7*es, 3*collectives.SteerMin + 5*es, inline} {
@@ -32,11 +33,18 @@ func TestSteeredHellosOverTCP(t *testing.T) {
 					testAllGather(t, comms, m, collectives.AlgoOneShot, false)
 					testAllGather(t, comms, m, collectives.AlgoOneShot, true)
 					testAlltoAll(t, comms, m, collectives.AlgoAuto)
+					rd := collectives.SteersLanded()
+					testAllGather(t, comms, m, collectives.AlgoRD, false)
+					testAllGather(t, comms, m, collectives.AlgoRD, true)
+					rdLanded += collectives.SteersLanded() - rd
 				}
 			}
 			t.Logf("%d payloads steered into place (inline %d)", collectives.SteersLanded()-before, inline)
 			if collectives.SteersLanded() == before {
 				t.Fatal("no hello's payload was steered into place")
+			}
+			if rdLanded == 0 {
+				t.Fatal("no recursive-doubling all-gather's blocks were steered into place")
 			}
 		})
 	}
