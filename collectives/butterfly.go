@@ -208,6 +208,7 @@ type bfCall struct {
 	failed chan struct{} // closed when the task fails
 	ended  chan struct{} // closed when the task ends, failed or not
 	outLo  int64         // the part of the payload that goes there
+	acc    device.View   // a butterfly all-gather's output, mapped, where it gathers (exchange)
 	outN   int64
 	halve  bool  // bfReduce: recursive halving (a power-of-two rank count): each round sends the half of its range the partner keeps
 	part   int64 // halve: the bytes of one rank's part
@@ -399,10 +400,30 @@ func (x *bfCall) exchange(stop <-chan struct{}) error {
 	b := view[own(cur) : own(cur)+lay.helloSlot]
 	x.h.encode(b)
 	have := true // bfBcast: this rank holds the root's data
+	// A butterfly all-gather (not the tree's) gathers straight into its
+	// output: its own block copied there first, every partner's blocks
+	// copied (or steered) there as they come, its hellos' blocks sent from
+	// there — no slot to copy out of at the end.
+	var acc []byte
+	if x.mode == bfGather && x.n > 0 && !x.tree() {
+		ov, err := st.comm.Device().Map(x.out, x.n)
+		if err != nil {
+			return err
+		}
+		defer ov.Unmap()
+		acc = ov.Bytes()
+		in, err := st.comm.Device().Map(x.src, x.block)
+		if err != nil {
+			return err
+		}
+		copy(acc[int64(me)*x.block:], in.Bytes()) // nothing to do in place
+		in.Unmap()
+		x.acc = ov
+	}
 	// bfReduce: the input, read where it lies — sent from there and
 	// reduced from there — until the first round's result is in the slot.
 	var input []byte
-	if in := x.n; in > 0 {
+	if in := x.n; in > 0 && acc == nil {
 		at, src := int64(0), x.src
 		switch x.mode {
 		case bfGather:
@@ -436,8 +457,8 @@ func (x *bfCall) exchange(stop <-chan struct{}) error {
 	// first is sent, since a partner may be rounds ahead.
 	var steers bfSteers
 	defer steers.end()
-	if x.mode == bfGather && x.n > 0 && !x.tree() {
-		x.steerGather(&steers, own(cur))
+	if acc != nil {
+		x.steerGather(&steers)
 	}
 	plo, phi := int64(0), int64(size) // halve: the parts this rank's partial result covers
 	for i, stp := range x.steps {
@@ -478,8 +499,15 @@ func (x *bfCall) exchange(stop <-chan struct{}) error {
 				// side: they land in the partner's slot from its
 				// payload's start (the partner knows which they are).
 				lo, hi := x.holds(stp)
-				payload = payload.Add(int64(lo) * x.block)
 				length, flushed = headerSize+int64(hi-lo)*x.block, headerSize+int64(hi)*x.block
+				if acc == nil {
+					payload = payload.Add(int64(lo) * x.block)
+					break
+				}
+				payload, flushed = x.out.Add(int64(lo)*x.block), headerSize
+				if err := x.acc.Flush(int64(lo)*x.block, int64(hi-lo)*x.block); err != nil {
+					return err
+				}
 			}
 			if err := st.hello.Flush(own(cur), flushed); err != nil {
 				return err
@@ -550,7 +578,9 @@ func (x *bfCall) exchange(stop <-chan struct{}) error {
 			continue
 		}
 		mine := input
-		if mine == nil {
+		if acc != nil {
+			mine = acc
+		} else if mine == nil {
 			mine = view[own(cur)+headerSize : own(cur)+headerSize+x.n]
 		}
 		switch x.mode {
@@ -603,6 +633,12 @@ func (x *bfCall) exchange(stop <-chan struct{}) error {
 	}
 	if x.mode == bfHello || x.outN == 0 {
 		return nil
+	}
+	if acc != nil {
+		if result != nil { // a folded rank: the whole output from its folder
+			copy(acc, result)
+		}
+		return x.acc.Flush(0, x.n)
 	}
 	if result == nil {
 		result = view[own(cur)+headerSize : own(cur)+headerSize+x.n]

@@ -126,9 +126,9 @@ func (b *bfSteers) end() {
 // steerGather arms, for each round of x (a butterfly all-gather, not the
 // tree's) in which the partner's hello over tcp carries blocks of other
 // ranks than this one, enough of them to be worth it, a steer of the
-// hello's blocks to their places in this rank's hello slot at off, which
-// the round would copy them to.
-func (x *bfCall) steerGather(b *bfSteers, off int64) {
+// hello's blocks to their places in the output, which the round would copy
+// them to.
+func (x *bfCall) steerGather(b *bfSteers) {
 	st := x.s.st
 	me, size := int(x.h.from), st.comm.Size()
 	r := foldR(size)
@@ -146,7 +146,7 @@ func (x *bfCall) steerGather(b *bfSteers, off int64) {
 			continue
 		}
 		at := x.s.mySlot(st.lay.helloOff(p, stp.par))
-		to := x.s.mySlot(off + headerSize + int64(lo)*x.block)
+		to := x.out.Add(int64(lo) * x.block)
 		if t, ok, err := hcomm.ChannelSteer(st.chans[p], at, headerSize+got, headerSize, to); err == nil && ok {
 			b.t[i] = t
 			b.armed |= 1 << i
