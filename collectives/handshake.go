@@ -607,11 +607,9 @@ type helloCall struct {
 	// (hcomm.ChannelSteer: tcp), and landed tells then which are in place
 	// already (steer.go). Not with extra, which reads the payload from the
 	// slot.
-	outAt   func(x *helloCall, p int) device.Ptr
-	steers  [helloFullMax]hcomm.Steer
-	steered uint16                 // bit p: steers[p] is armed
-	landed  uint16                 // bit p: peer p's payload is at outAt(x, p)
-	line    [channel.LineData]byte // sendHello's room for a line
+	outAt  func(x *helloCall, p int) device.Ptr
+	steers helloSteers
+	line   [channel.LineData]byte // sendHello's room for a line
 }
 
 // blockOf returns the payload of the hello to peer p (x.blocks).

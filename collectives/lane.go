@@ -97,6 +97,11 @@ type laneCall struct {
 	// with a notify record and a look for a peer's hello receives what
 	// its sockets hold (ChannelNotifyTryWait).
 	net bool
+	// recvPtr is recv; steers, the steers of the peers' hellos over tcp
+	// whose payloads go straight to their places in it (steer.go): an
+	// all-gather's and an all-to-all's blocks, a broadcast's data.
+	recvPtr device.Ptr
+	steers  helloSteers
 	// stop: the stream's stop channel, which a poll over the network
 	// (whose bound is Config.TCPSpin, up to a second) watches.
 	stop <-chan struct{}
@@ -291,6 +296,7 @@ func laneRun(c *hcomm.Comm, s *device.Stream, o *Options, name string, h *header
 	x.h.seq, x.h.from, x.h.size = st.seq, int32(c.Rank()), int32(c.Size())
 	x.in, x.out, x.count, x.n, x.next, x.pending = in, out, h.count, n, 0, false
 	x.algo, x.algoName, x.rd, x.part, x.sendPtr, x.net, x.bcast = AlgoOneShot, algoOneShot, fit.rd, fit.part, send, fit.net, fit.bcast
+	x.recvPtr = recv
 	if fit.rd {
 		x.readArgs(fit.algo, send, recv, in, n)
 	}
@@ -480,6 +486,10 @@ func (x *laneCall) post(stop <-chan struct{}) error {
 	st := x.st
 	me := int(x.h.from)
 	off := st.lay.helloOff(me, 0)
+	x.steers.landed = 0
+	if x.net && !x.rd && x.n >= steerMin && x.count > 0 {
+		x.steer()
+	}
 	if x.part {
 		x.packed = false
 		return x.postParts(stop)
@@ -649,10 +659,37 @@ func (x *laneCall) seen() bool {
 	return true
 }
 
+// steer arms the steers of the peers' hellos whose payloads finish would
+// copy to recv.
+func (x *laneCall) steer() {
+	st := x.st
+	switch {
+	case x.bcast:
+		if root := int(x.h.root); root != int(x.h.from) {
+			x.steers.arm(st, root, x.par[root], x.n, x.recvPtr)
+		}
+	case x.h.kind == kAllGather || x.h.kind == kAlltoAll:
+		for _, p := range st.others {
+			x.steers.arm(st, p, x.par[p], x.n, x.recvPtr.Add(int64(p)*x.n))
+		}
+	}
+}
+
+// endSteers ends the call's steers (helloSteers.end); every exit of its
+// tasks does, so that nothing lands in recv after the call.
+func (x *laneCall) endSteers() error {
+	return x.steers.end(x.st, x.name, int(x.h.from), x.n)
+}
+
 // first (run inline) sends the hello and polls for the peers' for up to
 // x.poll: when all are there it checks them and reduces; otherwise it sets
 // pending and the caller queues rest behind it.
-func (x *laneCall) first(stop <-chan struct{}) error {
+func (x *laneCall) first(stop <-chan struct{}) (err error) {
+	defer func() {
+		if err != nil || !x.pending {
+			x.endSteers()
+		}
+	}()
 	x.stop = stop
 	if err := x.post(stop); err != nil {
 		return err
@@ -723,6 +760,7 @@ func (x *laneCall) countOp() {
 // rest (a queued task behind first) waits for the hellos first did not
 // see, checks them all and reduces.
 func (x *laneCall) rest(stop <-chan struct{}) error {
+	defer x.endSteers()
 	st := x.st
 	if x.rd && x.read {
 		return x.drain(stop) // first read: only the peers' dones remain
@@ -751,6 +789,7 @@ func (x *laneCall) rest(stop <-chan struct{}) error {
 
 // run (a queued task: the stream was busy) is the whole call.
 func (x *laneCall) run(stop <-chan struct{}) error {
+	defer x.endSteers()
 	if err := x.post(stop); err != nil {
 		return err
 	}
@@ -784,6 +823,9 @@ func (x *laneCall) wake(stop <-chan struct{}) error {
 func (x *laneCall) finish() error {
 	st := x.st
 	me, size := int(x.h.from), st.comm.Size()
+	if err := x.endSteers(); err != nil {
+		return err
+	}
 	if x.packed {
 		// This rank's payload as the line carries it: a copy, which an
 		// in-place call's reduction may overwrite recv under.
@@ -818,7 +860,7 @@ func (x *laneCall) finish() error {
 		return nil
 	}
 	if x.bcast {
-		if root := int(x.h.root); root != me {
+		if root := int(x.h.root); root != me && !x.steers.in(root) {
 			copy(x.out, x.pay[root])
 		}
 		return nil
@@ -835,7 +877,9 @@ func (x *laneCall) finish() error {
 			x.pay[me] = x.in[int64(me)*x.n : int64(me+1)*x.n]
 		}
 		for r := 0; r < size; r++ {
-			copy(x.out[int64(r)*x.n:], x.pay[r])
+			if !x.steers.in(r) { // steered there as it arrived
+				copy(x.out[int64(r)*x.n:], x.pay[r])
+			}
 		}
 		return nil
 	}

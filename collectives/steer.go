@@ -32,52 +32,71 @@ const steerMin = 4 << 10
 // steersLanded counts the payloads steered into place (for the tests).
 var steersLanded atomic.Int64
 
-// steer arms a steer on the tcp channel to each peer whose hello is not a
-// flagged line, for the payload to go to outAt(x, p).
-func (x *helloCall) steer() {
-	st := x.s.st
-	if st.comm.Size() > len(x.steers) {
+// helloSteers are the steers of one call's hellos, one a peer.
+type helloSteers struct {
+	t      [helloFullMax]hcomm.Steer
+	armed  uint16 // bit p: t[p] is armed
+	landed uint16 // bit p: peer p's payload landed in place
+}
+
+// arm steers, when p's channel is tcp, the payload of p's hello of parity
+// par, n bytes after its header, to to. An error (to not in memory the host
+// sees, a channel already broken) steers nothing: the hello's own writes
+// and waits report what is wrong with the channel.
+func (b *helloSteers) arm(st *state, p int, par uint64, n int64, to device.Ptr) {
+	ch := st.chans[p]
+	if p >= len(b.t) || ch.Transport() != hcomm.TransportTCP {
 		return
 	}
-	for _, p := range x.peers {
-		ch := st.chans[p]
-		if x.isFlagged(p) || ch.Transport() != hcomm.TransportTCP {
-			continue
-		}
-		// An error (recv not in memory the host sees, a channel
-		// already broken) steers nothing: the hello's own writes and
-		// waits report what is wrong with the channel.
-		if t, ok, err := hcomm.ChannelSteer(ch, x.s.mySlot(x.slotOff(p)), headerSize+x.n, headerSize, x.outAt(x, p)); err == nil && ok {
-			x.steers[p] = t
-			x.steered |= 1 << p
-		}
+	at := st.buf.Add(st.lay.helloOff(p, par))
+	if t, ok, err := hcomm.ChannelSteer(ch, at, headerSize+n, headerSize, to); err == nil && ok {
+		b.t[p] = t
+		b.armed |= 1 << p
 	}
 }
 
-// endSteers ends every armed steer, marking the payloads that landed in
-// place. A steer whose write was cut short is an error: neither the slot
-// nor the receive buffer holds the whole payload.
-func (x *helloCall) endSteers() error {
+// end ends every armed steer, marking the payloads that landed in place. A
+// steer whose write was cut short is an error (of the collective op, rank
+// me): neither the slot nor the receive buffer holds the whole payload.
+func (b *helloSteers) end(st *state, op string, me int, n int64) error {
 	var err error
-	for x.steered != 0 {
-		p := bits.TrailingZeros16(x.steered)
-		x.steered &^= 1 << p
-		switch x.steers[p].End() {
+	for b.armed != 0 {
+		p := bits.TrailingZeros16(b.armed)
+		b.armed &^= 1 << p
+		switch b.t[p].End() {
 		case hcomm.SteerLanded:
-			x.landed |= 1 << p
+			b.landed |= 1 << p
 			steersLanded.Add(1)
 		case hcomm.SteerCut:
 			if err == nil {
-				err = &hcomm.Error{Op: x.h.kind.String(), Comm: x.s.st.comm.Name(), Rank: int(x.h.from), Peer: p, Code: hcomm.ErrInternal,
-					Err: fmt.Errorf("rank %d's hello of %d bytes was cut short as it arrived", p, headerSize+x.n)}
+				err = &hcomm.Error{Op: op, Comm: st.comm.Name(), Rank: me, Peer: p, Code: hcomm.ErrInternal,
+					Err: fmt.Errorf("rank %d's hello of %d bytes was cut short as it arrived", p, headerSize+n)}
 			}
 		}
 	}
 	return err
 }
 
+// in reports whether peer p's payload landed in place.
+func (b *helloSteers) in(p int) bool { return b.landed&(1<<p) != 0 }
+
+// steer arms a steer of each peer's hello that is not a flagged line, for
+// the payload to go to outAt(x, p).
+func (x *helloCall) steer() {
+	for _, p := range x.peers {
+		if !x.isFlagged(p) {
+			x.steers.arm(x.s.st, p, x.par[p], x.n, x.outAt(x, p))
+		}
+	}
+}
+
+// endSteers ends x's steers (helloSteers.end).
+func (x *helloCall) endSteers() error {
+	return x.steers.end(x.s.st, x.h.kind.String(), int(x.h.from), x.n)
+}
+
 // inPlace reports whether peer p's payload already lies at outAt(x, p).
-func (x *helloCall) inPlace(p int) bool { return x.landed&(1<<p) != 0 }
+func (x *helloCall) inPlace(p int) bool { return x.steers.in(p) }
 
 // alltoAllAt is the one-shot all-to-all's outAt: peer p's block goes to
 // recv + p·n.
