@@ -99,10 +99,11 @@
 // moves the bytes back, as one read would have left them. A steered write
 // found in the buffer instead is copied there from it, once. Either way the
 // block is copied once on this side, by the kernel or by the engine, where
-// it was copied twice (4 tcp processes on 2 cores, 64 KiB all-to-all, seven
-// launches interleaved: 52.9 µs against 63.2 as before, Open MPI 54.3; the
-// steer is taken by three hellos in four, the rest having been read before
-// their call armed it). The wire protocol does not change.
+// it was copied twice (4 tcp processes on 2 cores, 64 KiB all-to-all, eight
+// launches interleaved: 49.1 µs against 51.2 as before, Open MPI 50.3; two
+// hellos in three or four are steered, the rest having been read before
+// their call armed the steer, and every guess hit). The wire protocol does
+// not change.
 //
 // A write that a stop may end (hcomm's stream tasks) is watched: once it
 // has waited watchDelay for the kernel to take its bytes, a watchdog looks
