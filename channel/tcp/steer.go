@@ -18,9 +18,9 @@ import (
 // A steer is a slot of the conn's table, owned in turn by the caller that
 // armed it and by the receive engine that took it, handed over by atomic
 // state changes: the engine writes into the caller's memory only while the
-// slot says it may (steerWriting), and End, which gives the memory back,
-// waits out such a write — a copy, or a read that does not block — and
-// makes sure no later one starts.
+// slot says it may (steerWriting, or steerPeeking for a guessing read), and
+// End, which gives the memory back, waits out such a write — a copy, or a
+// read that does not block — and makes sure no later one starts.
 
 // maxSteers is how many steers a channel holds armed or in use at once: a
 // collective arms one per peer, so one call, or a few on different streams.
