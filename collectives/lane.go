@@ -678,6 +678,9 @@ func (x *laneCall) steer() {
 // endSteers ends the call's steers (helloSteers.end); every exit of its
 // tasks does, so that nothing lands in recv after the call.
 func (x *laneCall) endSteers() error {
+	if x.steers.armed == 0 {
+		return nil
+	}
 	return x.steers.end(x.st, x.name, int(x.h.from), x.n)
 }
 

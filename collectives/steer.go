@@ -90,8 +90,13 @@ func (x *helloCall) steer() {
 	}
 }
 
-// endSteers ends x's steers (helloSteers.end).
+// endSteers ends x's steers (helloSteers.end). With none armed it touches
+// nothing else of x: release calls it on a call that never got as far as
+// its schedule (x.s nil).
 func (x *helloCall) endSteers() error {
+	if x.steers.armed == 0 {
+		return nil
+	}
 	return x.steers.end(x.s.st, x.h.kind.String(), int(x.h.from), x.n)
 }
 
